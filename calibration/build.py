@@ -21,28 +21,16 @@ from gates.artifacts import (
     provenance,
     read_json,
     sha256_bytes,
-    sha256_file,
     sha256_json,
     verify_files,
     write_json,
 )
 from gates.errors import InputError, IntegrityError, ModelError, OutputExistsError, SourceError
-from quantize.models import max_sequence_length, resolve_model
+from quantize.models import max_sequence_length, resolve_model, tokenizer_hash
 
 KIND = "calibration-set"
 TOKENS_FILE = "tokens.safetensors"
 TEXT_FILE = "text.jsonl"
-# Files that define a tokenizer's behaviour; their hashes make up the tokenizer hash.
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "added_tokens.json",
-    "tokenizer.model",
-    "vocab.json",
-    "merges.txt",
-    "chat_template.jinja",
-)
 _ENCODE_BATCH = 64
 
 
@@ -75,13 +63,6 @@ class CalibrationSet:
         return datasets.Dataset.from_dict(
             {"input_ids": self.input_ids.tolist(), "attention_mask": self.attention_mask.tolist()}
         )
-
-
-def tokenizer_hash(model_dir: Path) -> tuple[str, dict[str, str]]:
-    files = {name: sha256_file(model_dir / name) for name in TOKENIZER_FILES if (model_dir / name).is_file()}
-    if not any(name in files for name in ("tokenizer.json", "tokenizer.model", "vocab.json")):
-        raise ModelError(f"model directory {model_dir} has no tokenizer (tokenizer.json, tokenizer.model or vocab.json)")
-    return sha256_json(files), files
 
 
 def selection_settings(cfg: CalibrationConfig) -> dict[str, Any]:

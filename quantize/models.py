@@ -22,6 +22,7 @@ from gates.artifacts import (
     provenance,
     read_json,
     sha256_file,
+    sha256_json,
     verify_files,
     write_json,
 )
@@ -29,6 +30,18 @@ from gates.errors import IntegrityError, ModelError, did_you_mean
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 SAFE_WEIGHTS = ("model.safetensors", "model.safetensors.index.json")
+# Files that define a tokenizer's behaviour; their hashes make up the tokenizer hash.
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+    "chat_template.jinja",
+)
+
 # A fixed prompt for smoke checks: the logits of a rebuilt or quantized model on it must be finite.
 SMOKE_PROMPT = "The capital of France is Paris. The capital of Italy is"
 
@@ -295,3 +308,47 @@ def max_sequence_length(model_dir: Path) -> int | None:
         if isinstance(value, int) and value > 0:
             return value
     return None
+
+
+def weight_files(model_dir: Path) -> list[Path]:
+    """The safetensors files holding a model's weights (one file, or the shards of an index)."""
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        shards = sorted(set(read_json(index)["weight_map"].values()))
+        return [model_dir / shard for shard in shards]
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise ModelError(f"model directory {model_dir} has no safetensors weights")
+    return files
+
+
+def weights_sha256(model_dir: Path) -> str:
+    """One hash for a model's weight bytes: the file's sha256, or a hash over the shards'."""
+    files = weight_files(model_dir)
+    if len(files) == 1:
+        return sha256_file(files[0])
+    return sha256_json({path.name: sha256_file(path) for path in files})
+
+
+def baseline_dtype(model_dir: Path) -> str:
+    """The floating dtype most of a model's stored parameters have (e.g. 'BF16')."""
+    from collections import Counter
+
+    from quantize.headers import read_header
+
+    counts: Counter[str] = Counter()
+    for path in weight_files(model_dir):
+        for name, entry in read_header(path).items():
+            if name != "__metadata__" and entry["dtype"] in ("BF16", "F16", "F32"):
+                start, end = entry["data_offsets"]
+                counts[entry["dtype"]] += end - start
+    if not counts:
+        raise ModelError(f"model directory {model_dir} has no floating-point weights")
+    return counts.most_common(1)[0][0]
+
+
+def tokenizer_hash(model_dir: Path) -> tuple[str, dict[str, str]]:
+    files = {name: sha256_file(model_dir / name) for name in TOKENIZER_FILES if (model_dir / name).is_file()}
+    if not any(name in files for name in ("tokenizer.json", "tokenizer.model", "vocab.json")):
+        raise ModelError(f"model directory {model_dir} has no tokenizer (tokenizer.json, tokenizer.model or vocab.json)")
+    return sha256_json(files), files

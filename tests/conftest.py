@@ -51,3 +51,22 @@ def cli(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch):
         return CliResult(code, captured.out, captured.err)
 
     return run
+
+
+@pytest.fixture(scope="session")
+def quant_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny Llama shaped like the demo model where it matters for quantization: hidden
+    size 192 (not a multiple of 128, like 576) and intermediate size 512 (a multiple)."""
+    return build_tiny_llama(
+        tmp_path_factory.mktemp("quant") / "tiny-192",
+        hidden_size=192, intermediate_size=512, heads=3, kv_heads=1, layers=2,
+    )
+
+
+@pytest.fixture(scope="session")
+def quant_calibration(quant_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    import calibration
+
+    out = tmp_path_factory.mktemp("quant-calibration") / "calib"
+    calibration.run(calibration.CalibrationConfig(model=str(quant_model), source="demo", samples=16, seq_len=64), out)
+    return out
