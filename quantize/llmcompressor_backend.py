@@ -24,36 +24,56 @@ def plan_for(model: Any, preset: Preset, cfg: QuantizeConfig) -> GroupPlan | Non
     return plan_group_sizes(linear_layers(model, list(cfg.ignore)), cfg.group_size)
 
 
-def _scheme(targets: list[str], weights: dict[str, Any], activations: dict[str, Any] | None) -> Any:
+def _scheme(targets: list[str], weights: dict[str, Any], activations: dict[str, Any] | None, storage_dtype: str) -> Any:
+    import torch
     from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
 
+    # Scales are rounded to the baseline's dtype while they are computed, so a model
+    # calibrated in FP32 (on a CPU) is optimised for the very scales that get stored.
+    scale_dtype = {"scale_dtype": getattr(torch, storage_dtype)}
+    static_activations = activations and not activations.get("dynamic", False)
     return QuantizationScheme(
         targets=targets,
-        weights=QuantizationArgs(**weights),
-        input_activations=QuantizationArgs(**activations) if activations else None,
+        weights=QuantizationArgs(**weights, **scale_dtype),
+        input_activations=QuantizationArgs(**activations, **(scale_dtype if static_activations else {})) if activations else None,
     )
 
 
-def config_groups(preset: Preset, cfg: QuantizeConfig, plan: GroupPlan | None) -> dict[str, Any]:
+def config_groups(preset: Preset, cfg: QuantizeConfig, plan: GroupPlan | None, storage_dtype: str = "bfloat16") -> dict[str, Any]:
     if plan is not None:
         return {
-            f"group_{index}": _scheme(targets, {**preset.weights, "group_size": size}, preset.input_activations)
+            f"group_{index}": _scheme(targets, {**preset.weights, "group_size": size}, preset.input_activations, storage_dtype)
             for index, (size, targets) in enumerate(plan.targets_by_group_size().items())
         }
     weights, activations = preset.weights, preset.input_activations
     if cfg.fp8_dynamic and preset.dynamic_input_activations:
         weights, activations = FP8_DYNAMIC_WEIGHTS, preset.dynamic_input_activations
-    return {"group_0": _scheme(["Linear"], weights, activations)}
+    return {"group_0": _scheme(["Linear"], weights, activations, storage_dtype)}
 
 
-def build_recipe(preset: Preset, cfg: QuantizeConfig, plan: GroupPlan | None) -> list[Any]:
+def restore_storage_dtype(model: Any, storage_dtype: str) -> None:
+    """Cast a model calibrated in a wider dtype back to the baseline's for saving: every
+    floating tensor except the quantized layers' weights, which compression turns into
+    integers or FP8 from their exact (wider) fake-quantized values."""
+    import torch
+
+    target = getattr(torch, storage_dtype)
+    for module in model.modules():
+        quantized = getattr(module, "quantization_scheme", None) is not None
+        for name, parameter in module.named_parameters(recurse=False):
+            if parameter.is_floating_point() and parameter.dtype != target and not (quantized and name == "weight"):
+                parameter.data = parameter.data.to(target)
+    model.config.dtype = target
+
+
+def build_recipe(preset: Preset, cfg: QuantizeConfig, plan: GroupPlan | None, storage_dtype: str = "bfloat16") -> list[Any]:
     """The llmcompressor modifiers for one format."""
     from llmcompressor.modifiers.gptq import GPTQModifier
     from llmcompressor.modifiers.quantization import QuantizationModifier
     from llmcompressor.modifiers.transform import AWQModifier, SmoothQuantModifier
 
     ignore = [*cfg.ignore, *(plan.unquantized if plan else [])]
-    groups = config_groups(preset, cfg, plan)
+    groups = config_groups(preset, cfg, plan, storage_dtype)
     gptq_knobs = {"dampening_frac": cfg.dampening_frac, "block_size": cfg.block_size}
     if preset.algorithm is Algorithm.gptq:
         return [GPTQModifier(config_groups=groups, ignore=ignore, actorder=cfg.actorder, **gptq_knobs)]

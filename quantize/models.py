@@ -352,3 +352,20 @@ def tokenizer_hash(model_dir: Path) -> tuple[str, dict[str, str]]:
     if not any(name in files for name in ("tokenizer.json", "tokenizer.model", "vocab.json")):
         raise ModelError(f"model directory {model_dir} has no tokenizer (tokenizer.json, tokenizer.model or vocab.json)")
     return sha256_json(files), files
+
+
+def compute_dtype(storage_dtype: str) -> Any:
+    """The torch dtype to run a model in: its storage dtype on an accelerator, FP32 on a CPU.
+
+    CPUs without AVX512-BF16 or AMX run BF16 matrix products far slower than FP32 (measured
+    on the 2-core AMD EPYC CI machine: 0.93 s against 0.015 s for a 512x576 @ 576x1536
+    product). FP32 compute of BF16-stored weights changes only rounding, not the model.
+    """
+    import torch
+
+    if torch.accelerator.is_available():
+        return getattr(torch, TORCH_DTYPES[storage_dtype])
+    return torch.float32
+
+
+TORCH_DTYPES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}

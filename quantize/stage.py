@@ -20,7 +20,16 @@ from gates.artifacts import (
 )
 from gates.errors import InputError, ModelError, OutputExistsError, QuantgateError
 from quantize.config import Backend, QuantizeConfig
-from quantize.models import TOKENIZER_FILES, SMOKE_PROMPT, baseline_dtype, resolve_model, tokenizer_hash, weights_sha256
+from quantize.models import (
+    SMOKE_PROMPT,
+    TOKENIZER_FILES,
+    TORCH_DTYPES,
+    baseline_dtype,
+    compute_dtype,
+    resolve_model,
+    tokenizer_hash,
+    weights_sha256,
+)
 from quantize.presets import get_preset
 
 KIND = "quantized-checkpoint"
@@ -29,7 +38,6 @@ RECIPE_FILE = "recipe.yaml"
 # vLLM open as is, and its tokenizer hash equals the baseline's.
 COPIED_FILES = (*TOKENIZER_FILES, "generation_config.json")
 SMOKE_NEW_TOKENS = 8
-TORCH_DTYPES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}
 
 
 class QuantizationFailed(QuantgateError):
@@ -80,12 +88,14 @@ def run(
     from quantize import llmcompressor_backend as backend
 
     dtype = baseline_dtype(model_dir)
-    loaded = _load_model(model_dir, dtype)
+    loaded = _load_model(model_dir, compute_dtype(dtype))
     plan = backend.plan_for(loaded, preset, cfg)
-    recipe = backend.build_recipe(preset, cfg, plan)
+    recipe = backend.build_recipe(preset, cfg, plan, storage_dtype=TORCH_DTYPES[dtype])
     samples = min(cfg.num_calibration_samples or calibration_set.samples, calibration_set.samples)
     dataset = calibration_set.to_dataset() if backend.needs_calibration(preset, cfg) else None
     _quantize(backend, loaded, recipe, dataset, samples, int(calibration_set.input_ids.shape[1]))
+
+    backend.restore_storage_dtype(loaded, TORCH_DTYPES[dtype])
 
     with atomic_directory(out, overwrite=overwrite) as staging:
         loaded.save_pretrained(staging, save_compressed=True)
@@ -124,14 +134,11 @@ def run(
     return QuantizedCheckpoint(out, manifest)
 
 
-def _load_model(model_dir: Path, dtype: str) -> Any:
-    import torch
+def _load_model(model_dir: Path, dtype: Any) -> Any:
     from transformers import AutoModelForCausalLM
 
     try:
-        # The baseline's own dtype: loading BF16 weights as FP32 would store embeddings and
-        # norms as FP32 in the checkpoint (56.6 MB of waste on the demo model).
-        return AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, TORCH_DTYPES[dtype]))
+        return AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
     except (OSError, ValueError, KeyError) as error:
         raise ModelError(f"cannot load {model_dir} as a causal LM: {str(error).splitlines()[0]}") from error
 
@@ -155,7 +162,7 @@ def smoke_check(checkpoint: Path, dtype: str) -> dict[str, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     try:
-        reloaded = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=getattr(torch, TORCH_DTYPES[dtype]))
+        reloaded = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=compute_dtype(dtype))
         tokenizer = AutoTokenizer.from_pretrained(checkpoint)
     except Exception as error:  # any load failure means the checkpoint is not publishable
         raise QuantizationFailed(f"the quantized checkpoint does not load: {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}") from error

@@ -70,3 +70,14 @@ def quant_calibration(quant_model: Path, tmp_path_factory: pytest.TempPathFactor
     out = tmp_path_factory.mktemp("quant-calibration") / "calib"
     calibration.run(calibration.CalibrationConfig(model=str(quant_model), source="demo", samples=16, seq_len=64), out)
     return out
+
+
+@pytest.fixture(scope="session")
+def demo_model(tmp_path_factory: pytest.TempPathFactory):
+    """The real demo model, pulled once per test session into its own cache."""
+    from quantize.models import pull
+
+    home = tmp_path_factory.mktemp("demo-home")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("QUANTGATE_HOME", str(home))
+        return pull("smollm2-135m")

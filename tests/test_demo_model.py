@@ -15,12 +15,9 @@ from quantize.models import pull
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(scope="module")
-def pulled(tmp_path_factory: pytest.TempPathFactory):
-    home = tmp_path_factory.mktemp("demo-home")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("QUANTGATE_HOME", str(home))
-        return pull("smollm2-135m")
+@pytest.fixture
+def pulled(demo_model):
+    return demo_model
 
 
 def safetensors_header(path: Path) -> dict:
