@@ -106,13 +106,16 @@ def _smoke(checkpoint: Path, dtype: str, tokenizer: Any, failure: type[Exception
     import torch
     from awq import AutoAWQForCausalLM
 
+    from quantize.compat import autoawq_plain_torch_on_cpu
+
     try:
-        reloaded = AutoAWQForCausalLM.from_quantized(str(checkpoint), fuse_layers=False, trust_remote_code=False,
-                                                     torch_dtype=torch.float16, device_map="cpu")
+        with autoawq_plain_torch_on_cpu():
+            reloaded = AutoAWQForCausalLM.from_quantized(str(checkpoint), fuse_layers=False, trust_remote_code=False,
+                                                         torch_dtype=torch.float16, device_map={"": "cpu"})
     except Exception as error:  # any load failure means the checkpoint is not publishable
         raise failure(f"the AutoAWQ checkpoint does not load: {type(error).__name__}: {error}") from error
     ids = tokenizer(SMOKE_PROMPT, return_tensors="pt").input_ids
-    with torch.no_grad():
+    with torch.no_grad(), autoawq_plain_torch_on_cpu():
         logits = reloaded.model(ids).logits
         if not torch.isfinite(logits).all():
             raise failure("the AutoAWQ checkpoint produces NaN or Inf logits on the smoke prompt; not published")

@@ -33,3 +33,31 @@ def cpu_safe_pinning() -> Iterator[bool]:
         yield True
     finally:
         IntermediatesCache.pin_memory = original
+
+
+@contextlib.contextmanager
+def autoawq_plain_torch_on_cpu() -> Iterator[None]:
+    """AutoAWQ 0.2.9's `from_quantized` insists on intel-extension-for-pytorch kernels when
+    its best device is the CPU (`use_ipex = True`), and its GEMM layer takes Triton (GPU)
+    kernels whenever the triton package is importable, although the layer has a plain torch
+    path (dequantize, then matmul) that runs anywhere. Inside this block, on a machine
+    without CUDA, AutoAWQ's loader sees no CPU "best device" and its GEMM layer no Triton,
+    so the plain path is used."""
+    import awq.models.base as awq_base
+    import torch
+    from awq.modules.linear import gemm
+
+    if torch.cuda.is_available():
+        yield
+        return
+    original_device, original_triton = awq_base.get_best_device, gemm.TRITON_AVAILABLE
+
+    def best_device() -> str:
+        device = original_device()
+        return "cpu-without-ipex" if device == "cpu" else device
+
+    awq_base.get_best_device, gemm.TRITON_AVAILABLE = best_device, False
+    try:
+        yield
+    finally:
+        awq_base.get_best_device, gemm.TRITON_AVAILABLE = original_device, original_triton

@@ -81,3 +81,25 @@ def demo_model(tmp_path_factory: pytest.TempPathFactory):
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("QUANTGATE_HOME", str(home))
         return pull("smollm2-135m")
+
+
+DEMO_FORMATS = ("gptq-int4", "awq-int4", "smoothquant-w8a8", "fp8-e4m3")
+
+
+@pytest.fixture(scope="session")
+def demo_calibration(demo_model, tmp_path_factory: pytest.TempPathFactory):
+    """A small calibration set (8 x 256 tokens) for the demo model: keeps quantization to minutes."""
+    import calibration
+
+    out = tmp_path_factory.mktemp("demo-calibration") / "calib"
+    return calibration.run(calibration.CalibrationConfig(model=str(demo_model.path), source="demo", samples=8, seq_len=256), out)
+
+
+@pytest.fixture(scope="session")
+def demo_checkpoints(demo_model, demo_calibration, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The demo model in each of the four formats, made once per test session."""
+    import quantize
+
+    root = tmp_path_factory.mktemp("demo-checkpoints")
+    return {name: quantize.run(quantize.QuantizeConfig(format=name), demo_model.path, demo_calibration.path, root / name).path
+            for name in DEMO_FORMATS}

@@ -10,8 +10,6 @@ from pathlib import Path
 
 import pytest
 
-import calibration
-import quantize
 from tests.factories import demo_paragraphs
 
 pytestmark = pytest.mark.integration
@@ -19,23 +17,10 @@ FORMATS = ["gptq-int4", "awq-int4", "smoothquant-w8a8", "fp8-e4m3"]
 
 
 @pytest.fixture(scope="module")
-def demo_calibration(demo_model, tmp_path_factory: pytest.TempPathFactory):
-    out = tmp_path_factory.mktemp("demo-calibration") / "calib"
-    return calibration.run(calibration.CalibrationConfig(model=str(demo_model.path), source="demo", samples=8, seq_len=256), out)
-
-
-@pytest.fixture(scope="module")
 def held_out(demo_calibration) -> list[str]:
     """Demo paragraphs the calibration set did not use."""
     used = set(demo_calibration.manifest["selection"]["documents_used"])
     return [text for index, text in enumerate(demo_paragraphs()) if index not in used][:12]
-
-
-@pytest.fixture(scope="module")
-def demo_checkpoints(demo_model, demo_calibration, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("demo-checkpoints")
-    return {name: quantize.run(quantize.QuantizeConfig(format=name), demo_model.path, demo_calibration.path, root / name).path
-            for name in FORMATS}
 
 
 def perplexity(model_dir: Path, texts: list[str]) -> float:
