@@ -1,0 +1,137 @@
+"""The approval ledger: append-only JSONL, one record per verdict, each record carrying the
+hash of the previous one (a hash chain), so any edit, insertion or deletion is detected.
+
+`verify_checkpoint` is what a deployment step calls: a checkpoint is deployable only if
+its current weight bytes match an `approved` record of an intact ledger.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from enum import Enum
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from gates.artifacts import canonical_json, sha256_bytes, sha256_file
+from gates.errors import InputError, QuantgateError
+
+GENESIS = "0" * 64
+SCHEMA_VERSION = 1
+
+
+class LedgerTampered(QuantgateError):
+    exit_code = 1
+
+
+def record_hash(record: dict[str, Any]) -> str:
+    """sha256 of the record's canonical JSON without its own `record_hash` field."""
+    return sha256_bytes(canonical_json({k: v for k, v in record.items() if k != "record_hash"}).encode("utf-8"))
+
+
+def checkpoint_weights(checkpoint: Path) -> dict[str, str]:
+    """sha256 of every weight file of a checkpoint: the bytes a deployment serves."""
+    checkpoint = Path(checkpoint)
+    files = sorted(checkpoint.glob("*.safetensors"))
+    if not files:
+        raise InputError(f"{checkpoint} holds no *.safetensors weight files")
+    return {path.name: sha256_file(path) for path in files}
+
+
+def read(ledger: Path) -> list[dict[str, Any]]:
+    """Every record, after checking the whole chain; LedgerTampered names the first bad line."""
+    ledger = Path(ledger)
+    if not ledger.exists():
+        return []
+    records, previous = [], GENESIS
+    with open(ledger, encoding="utf-8") as stream:
+        for number, line in enumerate(stream, start=1):
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise LedgerTampered(f"ledger {ledger} tampered: line {number} is not JSON") from error
+            if not isinstance(record, dict) or record.get("prev_hash") != previous:
+                raise LedgerTampered(f"ledger {ledger} tampered: line {number} does not follow line {number - 1}")
+            if record.get("record_hash") != record_hash(record):
+                raise LedgerTampered(f"ledger {ledger} tampered: line {number} was edited")
+            records.append(record)
+            previous = record["record_hash"]
+    return records
+
+
+def append(ledger: Path, entry: dict[str, Any]) -> dict[str, Any]:
+    """Chain `entry` onto the ledger and write the whole file anew atomically (temp + rename)."""
+    ledger = Path(ledger)
+    records = read(ledger)  # refuses to extend a tampered ledger
+    record = {
+        **entry,
+        "schema_version": SCHEMA_VERSION,
+        "time": entry.get("time") or datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "quantgate_version": metadata.version("quantgate"),
+        "prev_hash": records[-1]["record_hash"] if records else GENESIS,
+    }
+    record["record_hash"] = record_hash(record)
+    ledger.parent.mkdir(parents=True, exist_ok=True)
+    existing = ledger.read_bytes() if ledger.exists() else b""
+    handle, temporary = tempfile.mkstemp(prefix=f".{ledger.name}.", dir=ledger.parent)
+    try:
+        with os.fdopen(handle, "wb") as stream:
+            stream.write(existing)
+            stream.write((json.dumps(record, sort_keys=True, ensure_ascii=False) + "\n").encode("utf-8"))
+            stream.flush()
+            os.fsync(stream.fileno())
+        os.chmod(temporary, 0o644)
+        os.replace(temporary, ledger)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+    return record
+
+
+class Status(str, Enum):
+    approved = "approved"
+    blocked = "blocked"
+    unknown = "unknown"
+    changed = "changed since approval"
+    tampered = "ledger tampered"
+
+
+@dataclass(frozen=True)
+class Verification:
+    status: Status
+    reason: str
+    record: dict[str, Any] | None = None
+
+    @property
+    def deployable(self) -> bool:
+        return self.status is Status.approved
+
+
+def verify_checkpoint(checkpoint: Path, ledger: Path) -> Verification:
+    """Is this checkpoint, byte for byte, approved in this ledger? The newest matching record decides."""
+    try:
+        records = read(ledger)
+    except LedgerTampered as error:
+        return Verification(Status.tampered, str(error))
+    if not Path(ledger).exists():
+        return Verification(Status.unknown, f"ledger {ledger} does not exist")
+    weights = checkpoint_weights(checkpoint)
+    matching = [record for record in records if record.get("checkpoint", {}).get("weights") == weights]
+    if matching:
+        record = matching[-1]
+        if record.get("verdict") == "approved":
+            return Verification(Status.approved, f"approved {record['time']} under policy "
+                                f"{record['policy']['name']}@{record['policy']['version']}", record)
+        reasons = "; ".join(record.get("reasons") or []) or "no reason recorded"
+        return Verification(Status.blocked, f"blocked {record['time']}: {reasons}", record)
+    resolved = str(Path(checkpoint).resolve())
+    same_place = [record for record in records if record.get("checkpoint", {}).get("path") == resolved]
+    if same_place:
+        changed = sorted(name for name in set(weights) | set(same_place[-1]["checkpoint"]["weights"])
+                         if weights.get(name) != same_place[-1]["checkpoint"]["weights"].get(name))
+        return Verification(Status.changed, f"{', '.join(changed)} changed since the verdict of {same_place[-1]['time']}", same_place[-1])
+    return Verification(Status.unknown, "no verdict in the ledger for these weights")

@@ -1,0 +1,182 @@
+"""Gate policies: versioned YAML (`gates/policies/<name>/v<N>.yaml`), validated on load, and
+the decision rule that turns a point estimate and its interval into pass, fail or
+insufficient evidence. The rule compares unrounded numbers; rounding is for display only."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from gates.artifacts import sha256_file
+from gates.errors import InputError, did_you_mean
+
+POLICY_DIR = Path(__file__).parent / "policies"
+PRECISION_CLASSES = ("8bit", "4bit")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+PerClass = dict[str, float]
+
+
+class MetricGate(_Strict):
+    """Exactly one kind of bound per metric, each given per precision class."""
+
+    max_drop_points: PerClass | None = None  # accuracy: candidate may lose at most this many points
+    max_increase_percent: PerClass | None = None  # perplexity: relative increase, in percent
+    max_value: PerClass | None = None  # KL divergence
+    min_value: PerClass | None = None  # top-1 agreement
+    undecided_margin_points: float | None = Field(default=None, ge=0)
+    undecided_margin_percent: float | None = Field(default=None, ge=0)
+    undecided_margin: float | None = Field(default=None, ge=0)
+
+    @model_validator(mode="after")
+    def _one_bound(self) -> "MetricGate":
+        bounds = [name for name in ("max_drop_points", "max_increase_percent", "max_value", "min_value") if getattr(self, name) is not None]
+        if len(bounds) != 1:
+            raise ValueError(f"give exactly one of max_drop_points, max_increase_percent, max_value, min_value (got {bounds or 'none'})")
+        for precision in getattr(self, bounds[0]):
+            if precision not in PRECISION_CLASSES:
+                raise ValueError(f"unknown precision class {precision!r}; valid: {', '.join(PRECISION_CLASSES)}")
+        return self
+
+    @property
+    def kind(self) -> str:
+        return next(name for name in ("max_drop_points", "max_increase_percent", "max_value", "min_value") if getattr(self, name) is not None)
+
+    def threshold(self, precision: str) -> float:
+        values = getattr(self, self.kind)
+        if precision not in values:
+            raise InputError(f"policy gives no {self.kind} for {precision} formats")
+        return values[precision]
+
+    @property
+    def margin(self) -> float:
+        return {"max_drop_points": self.undecided_margin_points, "max_increase_percent": self.undecided_margin_percent}.get(
+            self.kind, self.undecided_margin) or 0.0
+
+
+class Statistics(_Strict):
+    confidence: float = Field(default=0.95, gt=0, lt=1)
+    resamples: int = Field(default=2000, ge=100)
+    seed: int = 0
+    insufficient_evidence: str = Field(default="block", pattern="^block$")  # fail closed, always
+
+
+class SizeGate(_Strict):
+    max_bits_per_weight_excess: float = Field(default=0.01, ge=0)
+    forbid_unexplained_bytes: bool = True
+
+
+class IntegrityGate(_Strict):
+    require_finite_logits: bool = True
+    max_calibration_overlap: float = Field(default=0.01, ge=0, le=1)
+
+
+class Policy(_Strict):
+    name: str
+    version: str = Field(pattern=r"^v\d+$")
+    description: str = ""
+    statistics: Statistics = Statistics()
+    metrics: dict[str, dict[str, MetricGate]]
+    size: SizeGate = SizeGate()
+    integrity: IntegrityGate = IntegrityGate()
+
+
+@dataclass(frozen=True)
+class LoadedPolicy:
+    policy: Policy
+    path: Path
+    sha256: str
+
+    @property
+    def identity(self) -> dict[str, str]:
+        return {"name": self.policy.name, "version": self.policy.version, "sha256": self.sha256}
+
+
+def resolve_policy(spec: str | Path) -> Path:
+    """A YAML path, or NAME[@vN] of a built-in policy (the newest version when none is given)."""
+    path = Path(spec)
+    if path.suffix in (".yaml", ".yml"):
+        if not path.is_file():
+            raise InputError(f"policy file {path} does not exist")
+        return path
+    name, _, version = str(spec).partition("@")
+    folder = POLICY_DIR / name
+    known = sorted(p.name for p in POLICY_DIR.iterdir() if p.is_dir())
+    if not folder.is_dir():
+        raise InputError(f"unknown policy {name!r}{did_you_mean(name, known)}; built in: {', '.join(known)}")
+    versions = sorted((p.stem for p in folder.glob("v*.yaml")), key=lambda v: int(v[1:]))
+    version = version or versions[-1]
+    if version not in versions:
+        raise InputError(f"policy {name} has no version {version}; it has {', '.join(versions)}")
+    return folder / f"{version}.yaml"
+
+
+def load_policy(spec: str | Path, valid_metrics: dict[str, list[str]] | None = None) -> LoadedPolicy:
+    """Load and validate a policy. `valid_metrics` maps each known golden set to its metrics;
+    a set or metric outside it is an error that lists the valid ones."""
+    path = resolve_policy(spec)
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as error:
+        raise InputError(f"policy {path}: invalid YAML ({str(error).splitlines()[0]})") from error
+    try:
+        policy = Policy.model_validate(raw)
+    except ValidationError as error:
+        first = error.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        raise InputError(f"policy {path}: {where}: {first['msg']}") from error
+    if valid_metrics is not None:
+        for set_name, gates in policy.metrics.items():
+            base = re.sub(r"@v\d+$", "", set_name)
+            if base not in valid_metrics:
+                raise InputError(f"policy {path}: unknown golden set {set_name!r}{did_you_mean(base, list(valid_metrics))}; "
+                                 f"valid: {', '.join(sorted(valid_metrics))}")
+            for metric in gates:
+                if metric not in valid_metrics[base]:
+                    raise InputError(f"policy {path}: {set_name} has no metric {metric!r}{did_you_mean(metric, valid_metrics[base])}; "
+                                     f"valid: {', '.join(valid_metrics[base])}")
+    return LoadedPolicy(policy, path, sha256_file(path))
+
+
+class Outcome(str, Enum):
+    passed = "pass"
+    failed = "fail"
+    insufficient = "insufficient evidence"
+
+
+def decide(estimate: float, low: float, high: float, limit: float, margin: float, higher_is_better: bool) -> Outcome:
+    """Compare the unrounded estimate with `limit`; then ask whether the interval settles it.
+
+    higher_is_better: the value must be >= limit (an accuracy difference >= -max drop, an
+    agreement >= its minimum); else the value must be <= limit.
+    """
+    if higher_is_better:
+        if estimate < limit:
+            return Outcome.failed
+        return Outcome.insufficient if low < limit - margin else Outcome.passed
+    if estimate > limit:
+        return Outcome.failed
+    return Outcome.insufficient if high > limit + margin else Outcome.passed
+
+
+def precision_class(preset: Any) -> str:
+    """'8bit' or '4bit' from a format preset's weight bits."""
+    bits = int(preset.weights["num_bits"])
+    return "4bit" if bits <= 4 else "8bit"
+
+
+def load_yaml_mapping(path: Path) -> dict[str, Any]:
+    value = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    if not isinstance(value, dict):
+        raise InputError(f"{path}: expected a YAML mapping")
+    return value

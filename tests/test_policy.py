@@ -1,0 +1,58 @@
+"""Gate policies load, validate with useful errors, and decide without rounding."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gates.errors import InputError
+from gates.policy import Outcome, decide, load_policy
+
+VALID = {"arc-easy": ["acc", "acc_norm"], "hellaswag": ["acc", "acc_norm"], "lambada": ["acc", "perplexity"],
+         "wiki-text": ["perplexity", "bits_per_byte", "kl_divergence", "top1_agreement"]}
+
+
+def test_default_policy_loads_with_its_hash() -> None:
+    loaded = load_policy("default", VALID)
+    assert loaded.identity["name"] == "default" and loaded.identity["version"] == "v1"
+    assert len(loaded.sha256) == 64
+    gate = loaded.policy.metrics["hellaswag"]["acc_norm"]
+    assert gate.kind == "max_drop_points" and gate.threshold("8bit") == 1.0 and gate.threshold("4bit") > 1.0
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ("metrics: {arc-easy: {acc_nrom: {max_drop_points: {8bit: 1}}}}", "has no metric 'acc_nrom' (did you mean 'acc_norm'?)"),
+    ("metrics: {arc-esay: {acc: {max_drop_points: {8bit: 1}}}}", "unknown golden set 'arc-esay' (did you mean 'arc-easy'?)"),
+    ("metrics: {arc-easy: {acc: {max_drop_pts: {8bit: 1}}}}", "Extra inputs are not permitted"),
+    ("metrics: {arc-easy: {acc: {max_drop_points: {2bit: 1}}}}", "unknown precision class '2bit'"),
+    ("metrics: {arc-easy: {acc: {max_drop_points: {8bit: 1}, max_value: {8bit: 1}}}}", "exactly one of"),
+    ("metrics: [1, 2", "invalid YAML"),
+])
+def test_invalid_policy_is_refused_with_the_valid_names(tmp_path: Path, text: str, fragment: str) -> None:
+    path = tmp_path / "policy.yaml"
+    path.write_text("name: mine\nversion: v1\n" + text + "\n")
+    with pytest.raises(InputError, match=None) as error:
+        load_policy(path, VALID)
+    assert fragment in str(error.value)
+
+
+def test_unknown_builtin_policy_and_version() -> None:
+    with pytest.raises(InputError, match="unknown policy 'defualt' \\(did you mean 'default'\\?\\)"):
+        load_policy("defualt")
+    with pytest.raises(InputError, match="has no version v7"):
+        load_policy("default@v7")
+
+
+def test_decision_does_not_round_before_comparing() -> None:
+    # 0.945 must not pass a 0.95 minimum (the llm-compressor CI gate rounds, and it does)
+    assert decide(0.945, 0.94, 0.95, limit=0.95, margin=0.0, higher_is_better=True) is Outcome.failed
+    assert decide(-1.0000001, -1.5, -0.5, limit=-1.0, margin=1.0, higher_is_better=True) is Outcome.failed
+    assert decide(-0.9999999, -1.5, -0.5, limit=-1.0, margin=1.0, higher_is_better=True) is Outcome.passed
+
+
+def test_wide_interval_on_the_failing_side_is_insufficient_evidence() -> None:
+    assert decide(-0.5, -4.5, 3.5, limit=-1.0, margin=3.0, higher_is_better=True) is Outcome.insufficient
+    assert decide(-0.5, -3.5, 2.5, limit=-1.0, margin=3.0, higher_is_better=True) is Outcome.passed
+    assert decide(0.01, 0.0, 0.05, limit=0.02, margin=0.02, higher_is_better=False) is Outcome.insufficient
+    assert decide(0.01, 0.0, 0.03, limit=0.02, margin=0.02, higher_is_better=False) is Outcome.passed
