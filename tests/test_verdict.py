@@ -1,0 +1,95 @@
+"""Verdicts on synthetic per-item results: identical candidates pass, damaged ones are
+blocked with the reason, a policy edit changes the verdict."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from gates.policy import Outcome, load_policy
+from gates.verdict import compare
+
+
+def mc_items(correct: list[int]) -> list[dict]:
+    return [{"id": str(i), "metrics": {"acc": float(c), "acc_norm": float(c)}} for i, c in enumerate(correct)]
+
+
+def text_items(nll: list[float], kl: list[float] | None = None, top1: list[int] | None = None) -> list[dict]:
+    items = [{"id": str(i), "nll": value, "tokens": 10} for i, value in enumerate(nll)]
+    for i, item in enumerate(items):
+        if kl is not None:
+            item.update(kl_sum=kl[i], top1_matches=top1[i])
+    return items
+
+
+def policy_file(tmp_path: Path, body: str) -> Path:
+    path = tmp_path / "policy.yaml"
+    path.write_text("name: test\nversion: v1\n" + body)
+    return path
+
+
+def test_identical_candidate_is_approved(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    correct = rng.integers(0, 2, 300).tolist()
+    nll = rng.uniform(20, 40, 300).tolist()
+    policy = load_policy(policy_file(tmp_path, """
+metrics:
+  arc-easy: {acc: {max_drop_points: {8bit: 1.0}, undecided_margin_points: 1.0}}
+  wiki-text:
+    perplexity: {max_increase_percent: {8bit: 3.0}, undecided_margin_percent: 1.0}
+    kl_divergence: {max_value: {8bit: 0.02}, undecided_margin: 0.01}
+    top1_agreement: {min_value: {8bit: 0.95}, undecided_margin: 0.01}
+"""))
+    baseline = {"arc-easy@v1": mc_items(correct), "wiki-text@v1": text_items(nll)}
+    candidate = {"arc-easy@v1": mc_items(correct), "wiki-text@v1": text_items(nll, [0.0] * 300, [10] * 300)}
+    verdict = compare(baseline, candidate, policy, "8bit")
+    assert verdict.approved, verdict.reasons
+    assert {gate.outcome for gate in verdict.gates} == {Outcome.passed}
+
+
+def test_damaged_candidate_is_blocked_with_the_failing_metric(tmp_path: Path) -> None:
+    correct = [1] * 150 + [0] * 150
+    damaged = [1] * 120 + [0] * 180  # 10 points worse
+    policy = load_policy(policy_file(tmp_path, "metrics: {arc-easy: {acc: {max_drop_points: {4bit: 3.0}, undecided_margin_points: 3.0}}}\n"))
+    verdict = compare({"arc-easy@v1": mc_items(correct)}, {"arc-easy@v1": mc_items(damaged)}, policy, "4bit")
+    assert not verdict.approved
+    (reason,) = verdict.reasons
+    assert reason.startswith("arc-easy acc -10.00 points [") and reason.endswith("exceeds -3.00 points")
+
+
+def test_a_policy_edit_changes_the_verdict(tmp_path: Path) -> None:
+    correct = [1] * 150 + [0] * 150
+    slightly_worse = [1] * 144 + [0] * 156  # -2 points
+    baseline, candidate = {"arc-easy@v1": mc_items(correct)}, {"arc-easy@v1": mc_items(slightly_worse)}
+    strict = load_policy(policy_file(tmp_path, "metrics: {arc-easy: {acc: {max_drop_points: {4bit: 1.0}, undecided_margin_points: 5}}}\n"))
+    lenient = load_policy(policy_file(tmp_path, "metrics: {arc-easy: {acc: {max_drop_points: {4bit: 3.0}, undecided_margin_points: 5}}}\n"))
+    assert not compare(baseline, candidate, strict, "4bit").approved
+    assert compare(baseline, candidate, lenient, "4bit").approved
+
+
+def test_too_few_items_to_tell_blocks_as_insufficient_evidence(tmp_path: Path) -> None:
+    # same accuracy (15 of 30), but the two models disagree on 16 items: the point estimate
+    # passes a 1-point bound while the interval reaches far past it
+    baseline = [1] * 15 + [0] * 15
+    candidate = [0] * 8 + [1] * 15 + [0] * 7
+    policy = load_policy(policy_file(tmp_path, "metrics: {arc-easy: {acc: {max_drop_points: {8bit: 1.0}, undecided_margin_points: 0.5}}}\n"))
+    verdict = compare({"arc-easy@v1": mc_items(baseline)}, {"arc-easy@v1": mc_items(candidate)}, policy, "8bit")
+    (gate,) = verdict.gates
+    assert gate.estimate == 0.0 and gate.low < -10
+    assert gate.outcome is Outcome.insufficient and not verdict.approved
+    assert "insufficient evidence" in verdict.reasons[0]
+
+
+def test_high_kl_and_low_agreement_block(tmp_path: Path) -> None:
+    nll = [30.0] * 100
+    policy = load_policy(policy_file(tmp_path, """
+metrics:
+  wiki-text:
+    kl_divergence: {max_value: {4bit: 0.1}, undecided_margin: 0.01}
+    top1_agreement: {min_value: {4bit: 0.85}, undecided_margin: 0.01}
+"""))
+    verdict = compare({"wiki-text@v1": text_items(nll)}, {"wiki-text@v1": text_items(nll, [3.0] * 100, [7] * 100)}, policy, "4bit")
+    assert not verdict.approved
+    assert any("kl_divergence 0.3000" in reason and "exceeds 0.1000" in reason for reason in verdict.reasons)
+    assert any("top1_agreement 0.7000" in reason and "is below 0.8500" in reason for reason in verdict.reasons)
