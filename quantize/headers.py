@@ -1,9 +1,17 @@
-"""Read a safetensors header without touching tensor data: 8-byte little-endian length N,
-then N bytes of JSON {name: {dtype, shape, data_offsets}} (plus optional __metadata__)."""
+"""Read safetensors headers without touching tensor data: 8-byte little-endian length N, then
+N bytes of JSON {name: {dtype, shape, data_offsets}} (plus optional __metadata__).
+
+`read_header` returns the raw JSON; `read_safetensors` also checks every entry (known dtype,
+offsets inside the data section, no overlaps or gaps, sizes that match the shapes) the way
+the safetensors library does, and `read_checkpoint` does so for every shard of a checkpoint.
+"""
 
 from __future__ import annotations
 
 import json
+import math
+import re
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -12,31 +20,275 @@ from gates.errors import InputError
 # A header is JSON describing tensors; even a 70B model's is a few MB. A larger claimed
 # length is a damaged or hostile file, refused before anything is allocated.
 MAX_HEADER_BYTES = 100 * 1024 * 1024
+# config.json, quantize_config.json and the shard index are small too.
+MAX_JSON_FILE_BYTES = 100 * 1024 * 1024
+INDEX_FILE = "model.safetensors.index.json"
+
+# Bits per element of every dtype the safetensors format defines (safetensors/src/tensor.rs).
+DTYPE_BITS: dict[str, int] = {
+    "BOOL": 8, "U8": 8, "I8": 8, "F8_E5M2": 8, "F8_E4M3": 8, "F8_E8M0": 8,
+    "I16": 16, "U16": 16, "F16": 16, "BF16": 16,
+    "I32": 32, "U32": 32, "F32": 32,
+    "I64": 64, "U64": 64, "F64": 64, "C64": 64,
+    "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6,
+}
+FLOATING_DTYPES = frozenset({"F16", "BF16", "F32", "F64", "F8_E5M2", "F8_E4M3", "F8_E8M0", "F4", "F6_E2M3", "F6_E3M2"})
 
 
 class HeaderError(InputError):
-    """A safetensors file whose header cannot be trusted."""
+    """A safetensors file (or shard index) whose header cannot be trusted."""
 
 
-def read_header(path: Path) -> dict[str, Any]:
+@dataclass(frozen=True)
+class TensorEntry:
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    begin: int  # offsets into the data section, which starts after the header
+    end: int
+    file: str  # the file's name, for messages and per-file sums
+
+    @property
+    def nbytes(self) -> int:
+        return self.end - self.begin
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def bits(self) -> int:
+        return DTYPE_BITS[self.dtype]
+
+
+@dataclass(frozen=True)
+class SafetensorsFile:
+    path: Path
+    file_bytes: int
+    header_bytes: int  # the 8-byte length prefix plus the JSON header
+    tensors: dict[str, TensorEntry]
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class CheckpointFiles:
+    """Everything `measure` reads from a checkpoint: headers and small JSON configs."""
+
+    root: Path
+    files: tuple[SafetensorsFile, ...]
+    config: dict[str, Any] | None
+    quantize_config: dict[str, Any] | None  # AutoGPTQ / GPTQModel quantize_config.json
+    index: Path | None
+
+    @property
+    def tensors(self) -> dict[str, TensorEntry]:
+        return {name: entry for file in self.files for name, entry in file.tensors.items()}
+
+
+def _read_raw_header(path: Path) -> tuple[bytes, int, int]:
+    """(header bytes, header length, file size), with the length checked before any read."""
     path = Path(path)
-    size = path.stat().st_size
-    with open(path, "rb") as stream:
+    try:
+        size = path.stat().st_size
+        stream = open(path, "rb")
+    except OSError as error:
+        raise HeaderError(f"{path}: cannot open ({error.strerror or type(error).__name__})") from error
+    with stream:
         prefix = stream.read(8)
         if len(prefix) < 8:
             raise HeaderError(f"{path}: truncated safetensors file ({size} bytes, no header length)")
         length = int.from_bytes(prefix, "little")
-        if length > min(MAX_HEADER_BYTES, size - 8):
+        if length > size - 8:
             raise HeaderError(f"{path}: header length {length} exceeds the file ({size} bytes)")
-        raw = stream.read(length)
+        if length > MAX_HEADER_BYTES:
+            raise HeaderError(f"{path}: header length {length} is over the {MAX_HEADER_BYTES} byte limit")
+        # The safetensors library wants '{' first; checking it costs one byte, not `length`.
+        first = stream.read(1)
+        if first != b"{":
+            raise HeaderError(f"{path}: invalid header JSON (does not start with '{{')")
+        raw = first + stream.read(length - 1)
+    return raw, length, size
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in result:
+            raise ValueError(f"key {key!r} appears twice")
+        result[key] = value
+    return result
+
+
+def _parse_json(raw: bytes, where: Path, what: str) -> Any:
     try:
-        header = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
-        raise HeaderError(f"{path}: invalid header JSON ({type(error).__name__})") from error
+        return json.loads(raw, object_pairs_hook=_no_duplicate_keys)
+    except RecursionError as error:  # deep nesting: the C decoder stops at the recursion limit
+        raise HeaderError(f"{where}: invalid {what} (nested too deeply)") from error
+    except (UnicodeDecodeError, ValueError) as error:  # JSONDecodeError, duplicates, huge ints
+        detail = str(error).splitlines()[0][:120] if str(error) else type(error).__name__
+        raise HeaderError(f"{where}: invalid {what} ({detail})") from error
+
+
+def read_header(path: Path) -> dict[str, Any]:
+    """The header as raw JSON. Use `read_safetensors` for a header whose entries are checked."""
+    path = Path(path)
+    raw, _, _ = _read_raw_header(path)
+    header = _parse_json(raw, path, "header JSON")
     if not isinstance(header, dict):
         raise HeaderError(f"{path}: header is not a JSON object")
     return header
 
 
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def parse_entries(header: dict[str, Any], data_bytes: int, where: Path) -> tuple[dict[str, TensorEntry], dict[str, Any]]:
+    """Check every tensor entry against the data section's size, as safetensors' own
+    `Metadata::validate` does: known dtype, offsets in range, sorted offsets that neither
+    overlap nor leave gaps, and byte counts equal to shape x dtype size."""
+    metadata = header.get("__metadata__", {})
+    if not isinstance(metadata, dict):
+        raise HeaderError(f"{where}: __metadata__ is not a JSON object")
+    entries: dict[str, TensorEntry] = {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        if not isinstance(entry, dict):
+            raise HeaderError(f"{where}: tensor {name!r} is not described by a JSON object")
+        dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+        if not isinstance(dtype, str) or dtype not in DTYPE_BITS:
+            raise HeaderError(f"{where}: tensor {name!r} has unknown dtype {str(dtype)[:40]!r}")
+        if not isinstance(shape, list) or not all(_is_int(dim) and dim >= 0 for dim in shape):
+            raise HeaderError(f"{where}: tensor {name!r} has an invalid shape")
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_int(value) for value in offsets)):
+            raise HeaderError(f"{where}: tensor {name!r} has invalid data_offsets")
+        begin, end = offsets
+        if not 0 <= begin <= end <= data_bytes:
+            hint = "; truncated file?" if 0 <= begin <= end and end > data_bytes else ""
+            raise HeaderError(f"{where}: tensor {name!r} offsets [{begin}, {end}] are out of range (data section is {data_bytes} bytes{hint})")
+        bits = math.prod(shape) * DTYPE_BITS[dtype]
+        if bits % 8 or bits // 8 != end - begin:
+            raise HeaderError(f"{where}: tensor {name!r} {dtype} {shape} needs {bits / 8:g} bytes but its offsets span {end - begin}")
+        entries[name] = TensorEntry(name, dtype, tuple(shape), begin, end, where.name)
+    position = 0
+    for entry in sorted(entries.values(), key=lambda item: (item.begin, item.end)):
+        if entry.begin < position:
+            raise HeaderError(f"{where}: tensor {entry.name!r} offsets [{entry.begin}, {entry.end}] overlap another tensor")
+        if entry.begin > position:
+            raise HeaderError(f"{where}: bytes {position}..{entry.begin} of the data section belong to no tensor")
+        position = entry.end
+    if position != data_bytes:
+        raise HeaderError(f"{where}: the data section has {data_bytes - position} bytes after the last tensor")
+    return entries, metadata
+
+
+def read_safetensors(path: Path) -> SafetensorsFile:
+    """A safetensors file's checked header; reads 8 + N bytes, never tensor data."""
+    path = Path(path)
+    raw, length, size = _read_raw_header(path)
+    header = _parse_json(raw, path, "header JSON")
+    if not isinstance(header, dict):
+        raise HeaderError(f"{path}: header is not a JSON object")
+    entries, metadata = parse_entries(header, size - 8 - length, path)
+    return SafetensorsFile(path, size, 8 + length, entries, metadata)
+
+
 def tensor_dtypes(path: Path) -> dict[str, str]:
     return {name: entry["dtype"] for name, entry in read_header(path).items() if name != "__metadata__"}
+
+
+def read_json_file(path: Path, what: str) -> Any:
+    """A small JSON file (config, index), size-capped, every failure one HeaderError line."""
+    try:
+        size = path.stat().st_size
+        if size > MAX_JSON_FILE_BYTES:
+            raise HeaderError(f"{path}: {what} is {size} bytes, over the {MAX_JSON_FILE_BYTES} byte limit")
+        raw = path.read_bytes()
+    except OSError as error:
+        raise HeaderError(f"{path}: cannot read {what} ({error.strerror or type(error).__name__})") from error
+    return _parse_json(raw, path, what)
+
+
+# Shard names in an index are plain file names next to it: nothing that climbs out.
+_SHARD_NAME = re.compile(r"^[^/\\]+\.safetensors$")
+
+
+def _read_index(index: Path) -> tuple[list[str], dict[str, str]]:
+    value = read_json_file(index, "shard index JSON")
+    weight_map = value.get("weight_map") if isinstance(value, dict) else None
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise HeaderError(f"{index}: shard index has no weight_map")
+    for tensor, shard in weight_map.items():
+        if not isinstance(shard, str) or not _SHARD_NAME.match(shard) or shard in (".", ".."):
+            raise HeaderError(f"{index}: tensor {tensor!r} names an invalid shard {str(shard)[:80]!r}")
+    return sorted(set(weight_map.values())), weight_map
+
+
+def read_checkpoint(path: Path) -> CheckpointFiles:
+    """Headers of every weight file of a checkpoint directory (one file, or the shards its
+    index names) or of one .safetensors file, plus config.json and quantize_config.json."""
+    path = Path(path)
+    if path.is_file():
+        if not path.name.endswith(".safetensors"):
+            raise HeaderError(f"{path}: not a .safetensors file or a checkpoint directory")
+        root, names, weight_map, index = path.parent, [path.name], None, None
+    elif path.is_dir():
+        root = path
+        index = path / INDEX_FILE
+        if index.is_file():
+            names, weight_map = _read_index(index)
+        else:
+            index, weight_map = None, None
+            names = sorted(child.name for child in path.glob("*.safetensors") if child.is_file())
+            if not names:
+                raise InputError(f"{path}: no safetensors weights (no *.safetensors, no {INDEX_FILE})")
+    else:
+        raise InputError(f"{path}: no such checkpoint (not a directory or a .safetensors file)")
+    files = []
+    for name in names:
+        shard = root / name
+        if not shard.is_file():
+            raise HeaderError(f"{index}: names shard {name}, which is missing")
+        files.append(read_safetensors(shard))
+    seen: dict[str, str] = {}
+    for file in files:
+        for tensor in file.tensors:
+            if tensor in seen:
+                raise HeaderError(f"{file.path}: tensor {tensor!r} is also in {seen[tensor]}")
+            seen[tensor] = file.path.name
+    if weight_map is not None:
+        for tensor, shard in weight_map.items():
+            if seen.get(tensor) != shard:
+                raise HeaderError(f"{index}: names tensor {tensor!r} in {shard}, but {shard} has no such tensor")
+    config = _optional_json(root / "config.json", "config JSON")
+    quantize_config = _optional_json(root / "quantize_config.json", "quantize config JSON")
+    return CheckpointFiles(root, tuple(files), config, quantize_config, index)
+
+
+def _optional_json(path: Path, what: str) -> dict[str, Any] | None:
+    if not path.is_file():
+        return None
+    value = read_json_file(path, what)
+    if not isinstance(value, dict):
+        raise HeaderError(f"{path}: {what} is not a JSON object")
+    return value
+
+
+def write_header_only(path: Path, tensors: dict[str, tuple[str, list[int]]], metadata: dict[str, str] | None = None) -> int:
+    """Write a valid safetensors file whose data section is a hole: the header, then the file
+    extended to its full size without writing data (sparse where the filesystem allows).
+    For tests and benchmarks of header-only tools; returns the file's size in bytes."""
+    header: dict[str, Any] = {"__metadata__": metadata} if metadata else {}
+    offset = 0
+    for name, (dtype, shape) in tensors.items():
+        size = math.prod(shape) * DTYPE_BITS[dtype] // 8
+        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + size]}
+        offset += size
+    raw = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    raw += b" " * (-len(raw) % 8)  # safetensors pads the header to 8-byte alignment with spaces
+    with open(path, "wb") as stream:
+        stream.write(len(raw).to_bytes(8, "little"))
+        stream.write(raw)
+        stream.truncate(8 + len(raw) + offset)
+    return 8 + len(raw) + offset

@@ -1,0 +1,515 @@
+"""Stage 3b: lower bounds on decode step time from bytes and FLOPs (token-cost.md), and what
+speculative decoding (Leviathan et al., 2023) can buy at a batch size. Pure math on plain
+numbers, a typed config, and `compute`, which builds the versioned JSON the report reads."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from gates.errors import InputError
+from quantize.hardware import HardwareProfile
+
+SCHEMA_VERSION = 1
+KIND = "bounds"
+GB = 1e9
+GIB = 2**30
+LOWER_BOUND_NOTE = "every time is a lower bound from peak bandwidth and peak dense FLOP/s, never a measurement"
+VERIFY_COST_NOTE = ("verify_cost_ratio = bound(batch, gamma + 1) / bound(batch, 1) replaces the paper's free "
+                    "verification (the +1); an extension of Leviathan et al. (2023), not part of it")
+
+
+# --- the formulas (token-cost.md) ---------------------------------------------------------
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise InputError(message)
+
+
+def check_speculative(alpha: float, gamma: int, draft_cost: float) -> None:
+    _require(0.0 <= alpha < 1.0, f"alpha must be in [0, 1), got {alpha:g}")
+    _require(gamma >= 1, f"gamma (draft length) must be at least 1, got {gamma}")
+    _require(draft_cost >= 0.0, f"draft cost c must be >= 0, got {draft_cost:g}")
+
+
+def weight_bytes(parameters: float, bits_per_weight: float) -> float:
+    _require(parameters > 0 and bits_per_weight > 0, "parameters and bits per weight must be positive")
+    return parameters * bits_per_weight / 8
+
+
+def kv_bytes_per_sequence(layers: int, kv_heads: int, head_dim: int, kv_bytes_per_element: float, context_tokens: int) -> float:
+    """2 (K and V) x layers x kv_heads x head_dim x bytes per element x context tokens."""
+    _require(min(layers, kv_heads, head_dim) >= 1, "layers, KV heads and head dim must be at least 1")
+    _require(kv_bytes_per_element > 0 and context_tokens >= 0, "KV bytes per element must be > 0 and context tokens >= 0")
+    return 2 * layers * kv_heads * head_dim * kv_bytes_per_element * context_tokens
+
+
+def memory_time(weight_bytes_: float, batch: int, kv_per_sequence: float, bytes_per_second: float) -> float:
+    """Each step reads every weight and every active sequence's KV cache once."""
+    _require(batch >= 1, f"batch must be at least 1, got {batch}")
+    _require(bytes_per_second > 0, f"memory bandwidth must be positive, got {bytes_per_second:g}")
+    return (weight_bytes_ + batch * kv_per_sequence) / bytes_per_second
+
+
+def compute_time(parameters: float, batch: int, positions: int, peak_flops: float) -> float:
+    """2 FLOPs per parameter per token (one multiply-add), batch x positions tokens."""
+    _require(batch >= 1 and positions >= 1, "batch and positions must be at least 1")
+    _require(peak_flops > 0, f"peak FLOP/s must be positive, got {peak_flops:g}")
+    return 2 * parameters * batch * positions / peak_flops
+
+
+def step_bound(weight_bytes_: float, parameters: float, batch: int, positions: int, kv_per_sequence: float,
+               hardware: HardwareProfile) -> tuple[float, str]:
+    """(seconds, 'memory' or 'compute'): the larger of the two lower bounds wins."""
+    memory = memory_time(weight_bytes_, batch, kv_per_sequence, hardware.hbm_bytes_per_second)
+    compute = compute_time(parameters, batch, positions, hardware.peak_dense_flops)
+    return (compute, "compute") if compute > memory else (memory, "memory")
+
+
+def expected_tokens_per_step(alpha: float, gamma: int) -> float:
+    """(1 - alpha^(gamma+1)) / (1 - alpha): tokens one target step yields (Leviathan et al., eq. 1)."""
+    check_speculative(alpha, gamma, 0.0)
+    return (1 - alpha ** (gamma + 1)) / (1 - alpha)
+
+
+def speedup(alpha: float, gamma: int, draft_cost: float, verify_cost_ratio: float = 1.0) -> float:
+    """Expected tokens per iteration over the iteration's cost in plain steps, gamma*c + verify."""
+    check_speculative(alpha, gamma, draft_cost)
+    _require(verify_cost_ratio >= 1.0, f"verify cost ratio must be >= 1, got {verify_cost_ratio:g}")
+    return expected_tokens_per_step(alpha, gamma) / (gamma * draft_cost + verify_cost_ratio)
+
+
+def verify_cost_ratio(weight_bytes_: float, parameters: float, batch: int, gamma: int, kv_per_sequence: float,
+                      hardware: HardwareProfile) -> float:
+    """bound(batch, gamma + 1) / bound(batch, 1): 1 while verifying stays memory bound."""
+    verify, _ = step_bound(weight_bytes_, parameters, batch, gamma + 1, kv_per_sequence, hardware)
+    plain, _ = step_bound(weight_bytes_, parameters, batch, 1, kv_per_sequence, hardware)
+    return verify / plain
+
+
+def best_gamma(alpha: float, draft_cost: float, gamma_range: tuple[int, int], ratio_for: Any) -> tuple[int, float]:
+    """The draft length in [low, high] with the largest speedup; `ratio_for(gamma)` gives the
+    verify cost ratio at that gamma. Ties go to the shorter draft."""
+    low, high = gamma_range
+    _require(1 <= low <= high, f"gamma range must satisfy 1 <= low <= high, got {low}:{high}")
+    best = (low, -math.inf)
+    for gamma in range(low, high + 1):
+        value = speedup(alpha, gamma, draft_cost, ratio_for(gamma))
+        if value > best[1] * (1 + 1e-12):
+            best = (gamma, value)
+    return best
+
+
+def compute_bound_batch(weight_bytes_: float, parameters: float, positions: int, kv_per_sequence: float,
+                        hardware: HardwareProfile) -> int | None:
+    """The smallest batch at which `positions` positions per sequence are compute bound
+    (compute_time > memory_time), or None if no batch is: solve
+    B * (2 P positions / F - kv / BW) > W / BW for the integer B."""
+    per_sequence = 2 * parameters * positions / hardware.peak_dense_flops - kv_per_sequence / hardware.hbm_bytes_per_second
+    if per_sequence <= 0:
+        return None  # each sequence adds more memory time than compute time
+    batch = max(1, math.floor(weight_bytes_ / hardware.hbm_bytes_per_second / per_sequence))
+    # settle the float at the boundary with the same comparison step_bound makes
+    while step_bound(weight_bytes_, parameters, batch, positions, kv_per_sequence, hardware)[1] != "compute":
+        batch += 1
+    while batch > 1 and step_bound(weight_bytes_, parameters, batch - 1, positions, kv_per_sequence, hardware)[1] == "compute":
+        batch -= 1
+    return batch
+
+
+def break_even_alpha(gamma: int, draft_cost: float, verify_cost_ratio_: float = 1.0) -> float | None:
+    """The acceptance rate at which speculative decoding merely breaks even (speedup = 1):
+    sum_{k=0..gamma} alpha^k = gamma*c + verify. None when no alpha < 1 reaches it."""
+    check_speculative(0.0, gamma, draft_cost)
+    target = gamma * draft_cost + verify_cost_ratio_
+    if target <= 1.0:
+        return 0.0  # even alpha = 0 breaks even
+    if target >= gamma + 1:
+        return None  # the sum only reaches gamma + 1 as alpha -> 1
+    low, high = 0.0, 1.0
+    for _ in range(200):  # bisection: the sum increases with alpha on [0, 1)
+        middle = (low + high) / 2
+        if sum(middle**k for k in range(gamma + 1)) < target:
+            low = middle
+        else:
+            high = middle
+        if high - low < 1e-15:
+            break
+    return (low + high) / 2
+
+
+# --- the typed inputs -----------------------------------------------------------------------
+
+class ModelShape(BaseModel):
+    """What the bounds need of a model: parameters and the KV cache's shape."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    parameters: float = Field(gt=0)
+    layers: int = Field(ge=1)
+    kv_heads: int = Field(ge=1)
+    head_dim: int = Field(ge=1)
+    source: str = "given"
+
+
+class FormatSpec(BaseModel):
+    """A weight format: bits per weight (a rule or a measured figure), or measured bytes."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(min_length=1)
+    bits_per_weight: float | None = Field(default=None, gt=0)
+    weight_bytes: float | None = Field(default=None, gt=0)
+    source: str = "given"
+
+    @model_validator(mode="after")
+    def _one_of(self) -> "FormatSpec":
+        if (self.bits_per_weight is None) == (self.weight_bytes is None):
+            raise ValueError(f"format {self.name!r} needs exactly one of bits_per_weight and weight_bytes")
+        return self
+
+
+# token-cost.md's three formats; 4.15 = 4 + 16/128 scale + zero point (GPTQ paper, §5)
+DEFAULT_FORMATS = (
+    FormatSpec(name="bf16", bits_per_weight=16, source="16-bit weights"),
+    FormatSpec(name="fp8_e4m3", bits_per_weight=8, source="8-bit weights"),
+    FormatSpec(name="int4_g128", bits_per_weight=4.15, source="GPTQ's estimate for INT4 with group-128 scales"),
+)
+
+
+class BoundsConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    hardware: HardwareProfile
+    model: ModelShape
+    formats: tuple[FormatSpec, ...] = DEFAULT_FORMATS
+    batch: int = Field(default=1, ge=1)
+    context_tokens: int = Field(default=2048, ge=0)
+    kv_bytes_per_element: float = Field(default=2.0, gt=0)
+    alpha: float = Field(default=0.8, ge=0, lt=1, description="draft acceptance rate")
+    gamma: int = Field(default=4, ge=1, description="draft length")
+    draft_cost: float = Field(default=0.1, ge=0, description="one draft step / one target step")
+    plain_step_ms: float | None = Field(default=None, gt=0, description="measured plain step; default: each format's bound")
+    alphas: tuple[float, ...] = ()
+    gamma_range: tuple[int, int] | None = None
+    compare_kv_bytes: tuple[float, ...] = ()
+
+    @field_validator("alphas")
+    @classmethod
+    def _alphas_in_range(cls, values: tuple[float, ...]) -> tuple[float, ...]:
+        for value in values:
+            if not 0 <= value < 1:
+                raise ValueError(f"every alpha must be in [0, 1), got {value:g}")
+        return values
+
+    @field_validator("gamma_range")
+    @classmethod
+    def _range(cls, value: tuple[int, int] | None) -> tuple[int, int] | None:
+        if value is not None and not 1 <= value[0] <= value[1] <= 1024:
+            raise ValueError(f"gamma range must satisfy 1 <= low <= high <= 1024, got {value[0]}:{value[1]}")
+        return value
+
+    @field_validator("compare_kv_bytes")
+    @classmethod
+    def _positive(cls, values: tuple[float, ...]) -> tuple[float, ...]:
+        if any(value <= 0 for value in values):
+            raise ValueError("KV bytes per element must be positive")
+        return values
+
+    @field_validator("formats")
+    @classmethod
+    def _unique(cls, values: tuple[FormatSpec, ...]) -> tuple[FormatSpec, ...]:
+        names = [spec.name for spec in values]
+        if not names:
+            raise ValueError("at least one format is needed")
+        if len(set(names)) != len(names):
+            raise ValueError(f"format names must be unique, got {', '.join(names)}")
+        return values
+
+
+def reference_case(hardware: HardwareProfile) -> BoundsConfig:
+    """The reference case of token-cost.md (with the `reference` hardware profile)."""
+    return BoundsConfig(
+        hardware=hardware,
+        model=ModelShape(parameters=70e9, layers=80, kv_heads=8, head_dim=128, source="token-cost.md reference case"),
+        batch=32, context_tokens=2048, kv_bytes_per_element=2, alpha=0.8, gamma=4, draft_cost=0.1, plain_step_ms=25.0,
+    )
+
+
+# --- the result --------------------------------------------------------------------------------
+
+def _ms(seconds: float) -> float:
+    return seconds * 1e3
+
+
+def _format_result(cfg: BoundsConfig, spec: FormatSpec, kv_per_sequence: float, kv_bytes: float) -> dict[str, Any]:
+    model, hardware = cfg.model, cfg.hardware
+    weights = spec.weight_bytes if spec.weight_bytes is not None else weight_bytes(model.parameters, spec.bits_per_weight)
+    bits = spec.bits_per_weight if spec.bits_per_weight is not None else weights * 8 / model.parameters
+    memory = memory_time(weights, cfg.batch, kv_per_sequence, hardware.hbm_bytes_per_second)
+    compute = compute_time(model.parameters, cfg.batch, 1, hardware.peak_dense_flops)
+    step, binds = step_bound(weights, model.parameters, cfg.batch, 1, kv_per_sequence, hardware)
+    verify, verify_binds = step_bound(weights, model.parameters, cfg.batch, cfg.gamma + 1, kv_per_sequence, hardware)
+    ratio = verify / step
+    plain = cfg.plain_step_ms if cfg.plain_step_ms is not None else _ms(step)
+    tokens = expected_tokens_per_step(cfg.alpha, cfg.gamma)
+    free = speedup(cfg.alpha, cfg.gamma, cfg.draft_cost, 1.0)
+    costed = speedup(cfg.alpha, cfg.gamma, cfg.draft_cost, ratio)
+    ratio_for = lambda gamma: verify_cost_ratio(weights, model.parameters, cfg.batch, gamma, kv_per_sequence, hardware)  # noqa: E731
+    result: dict[str, Any] = {
+        "name": spec.name,
+        "source": spec.source,
+        "bits_per_weight": bits,
+        "weight_bytes": weights,
+        "weight_gb": weights / GB,
+        "weight_gib": weights / GIB,
+        "kv_bytes_per_element": kv_bytes,
+        "batch1_weight_bound_ms": _ms(weights / hardware.hbm_bytes_per_second),
+        "step": {"batch": cfg.batch, "positions": 1, "memory_bound_ms": _ms(memory), "compute_bound_ms": _ms(compute),
+                 "bound_ms": _ms(step), "binds": binds},
+        "verify": {"positions": cfg.gamma + 1, "bound_ms": _ms(verify), "binds": verify_binds, "verify_cost_ratio": ratio},
+        "speculative": {
+            "expected_tokens_per_target_step": tokens,
+            "plain_step_ms": plain,
+            "plain_step_source": "given" if cfg.plain_step_ms is not None else "this format's step bound",
+            "free_verification": {"speedup": free, "iteration_time_ms": plain * (cfg.gamma * cfg.draft_cost + 1),
+                                  "average_tpot_ms": plain / free},
+            "with_verify_cost": {"speedup": costed, "iteration_time_ms": plain * (cfg.gamma * cfg.draft_cost + ratio),
+                                 "average_tpot_ms": plain / costed},
+        },
+        "compute_bound_batch": compute_bound_batch(weights, model.parameters, cfg.gamma + 1, kv_per_sequence, hardware),
+        "break_even_alpha": break_even_alpha(cfg.gamma, cfg.draft_cost, ratio),
+    }
+    if cfg.alphas:
+        result["alpha_sweep"] = [{"alpha": alpha, "speedup": speedup(alpha, cfg.gamma, cfg.draft_cost, ratio),
+                                  "speedup_free_verification": speedup(alpha, cfg.gamma, cfg.draft_cost, 1.0)} for alpha in cfg.alphas]
+    if cfg.gamma_range:
+        gamma, value = best_gamma(cfg.alpha, cfg.draft_cost, cfg.gamma_range, ratio_for)
+        free_gamma, free_value = best_gamma(cfg.alpha, cfg.draft_cost, cfg.gamma_range, lambda _: 1.0)
+        result["best_gamma"] = {"range": list(cfg.gamma_range), "gamma": gamma, "speedup": value,
+                                "verify_cost_ratio": ratio_for(gamma),
+                                "free_verification": {"gamma": free_gamma, "speedup": free_value}}
+    return result
+
+
+def compute(cfg: BoundsConfig) -> dict[str, Any]:
+    """Every bound of token-cost.md for each format, the sweeps asked for, as versioned JSON."""
+    model = cfg.model
+    kv_per_sequence = kv_bytes_per_sequence(model.layers, model.kv_heads, model.head_dim, cfg.kv_bytes_per_element, cfg.context_tokens)
+    formats = [_format_result(cfg, spec, kv_per_sequence, cfg.kv_bytes_per_element) for spec in cfg.formats]
+    first = formats[0]
+    comparisons = [{
+        "format": entry["name"], "against": first["name"],
+        "byte_ratio": first["weight_bytes"] / entry["weight_bytes"],
+        "step_bound_improvement": first["step"]["bound_ms"] / entry["step"]["bound_ms"],
+        "batch1_bound_improvement": first["batch1_weight_bound_ms"] / entry["batch1_weight_bound_ms"],
+    } for entry in formats[1:]]
+    alternatives = []
+    for kv_bytes in cfg.compare_kv_bytes:
+        alt_cfg = cfg.model_copy(update={"kv_bytes_per_element": kv_bytes, "alphas": (), "gamma_range": None})
+        alt_kv = kv_bytes_per_sequence(model.layers, model.kv_heads, model.head_dim, kv_bytes, cfg.context_tokens)
+        alternatives.append({
+            "kv_bytes_per_element": kv_bytes,
+            "kv_bytes_per_sequence": alt_kv,
+            "formats": [_format_result(alt_cfg, spec, alt_kv, kv_bytes) for spec in cfg.formats],
+        })
+    return {
+        "kind": KIND,
+        "schema_version": SCHEMA_VERSION,
+        "lower_bounds": True,
+        "hardware": cfg.hardware.model_dump(mode="json"),
+        "model": model.model_dump(mode="json"),
+        "inputs": {
+            "batch": cfg.batch, "context_tokens": cfg.context_tokens, "kv_bytes_per_element": cfg.kv_bytes_per_element,
+            "alpha": cfg.alpha, "gamma": cfg.gamma, "draft_cost": cfg.draft_cost, "plain_step_ms": cfg.plain_step_ms,
+            "alphas": list(cfg.alphas), "gamma_range": list(cfg.gamma_range) if cfg.gamma_range else None,
+            "compare_kv_bytes": list(cfg.compare_kv_bytes),
+        },
+        "kv_bytes_per_sequence": kv_per_sequence,
+        "kv_bytes_per_step": kv_per_sequence * cfg.batch,
+        "expected_tokens_per_target_step": expected_tokens_per_step(cfg.alpha, cfg.gamma),
+        "break_even_alpha_free_verification": break_even_alpha(cfg.gamma, cfg.draft_cost, 1.0),
+        "formats": formats,
+        "comparisons": comparisons,
+        "kv_alternatives": alternatives,
+        "notes": [LOWER_BOUND_NOTE, VERIFY_COST_NOTE,
+                  "speedups assume independent acceptances with rate alpha (Leviathan et al., 2023)",
+                  f"compute bounds use the profile's peak dense {cfg.hardware.flops_dtype.upper()} FLOP/s for every format"],
+    }
+
+
+def model_from_checkpoint(checkpoint: Any, config: dict[str, Any] | None, parameters: int) -> ModelShape:
+    """Layers, KV heads and head dim from a checkpoint's config.json; parameters from `measure`."""
+    if not config:
+        raise InputError(f"{checkpoint}: no config.json, so the KV cache's shape is unknown; give --layers, --kv-heads, --head-dim")
+    text_config = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    layers = text_config.get("num_hidden_layers", text_config.get("n_layer"))
+    heads = text_config.get("num_attention_heads", text_config.get("n_head"))
+    kv_heads = text_config.get("num_key_value_heads", heads)
+    head_dim = text_config.get("head_dim")
+    if head_dim is None and isinstance(text_config.get("hidden_size"), int) and isinstance(heads, int) and heads:
+        head_dim = text_config["hidden_size"] // heads
+    missing = [name for name, value in (("num_hidden_layers", layers), ("num_key_value_heads", kv_heads), ("head_dim", head_dim))
+               if not isinstance(value, int) or value < 1]
+    if missing:
+        raise InputError(f"{checkpoint}: config.json does not give {', '.join(missing)}; pass them with --layers, --kv-heads, --head-dim")
+    return ModelShape(parameters=parameters, layers=layers, kv_heads=kv_heads, head_dim=head_dim, source=f"{checkpoint} (config.json, measure)")
+
+
+# --- presentation (rich) ------------------------------------------------------------------------
+
+def render(result: dict[str, Any]) -> list[Any]:
+    """Rich renderables for the terminal: the per-format table, comparisons, notes."""
+    hardware, inputs = result["hardware"], result["inputs"]
+    out: list[Any] = [
+        f"[bold]lower bounds[/] on {hardware['name']} ({hardware['kind']}: {hardware['hbm_bytes_per_second']:.3g} B/s, "
+        f"{hardware['peak_dense_flops']:.3g} dense FLOP/s); model {result['model']['parameters']:.4g} parameters, "
+        f"{result['model']['layers']} layers, {result['model']['kv_heads']} KV heads x {result['model']['head_dim']}",
+        f"  batch {inputs['batch']}, context {inputs['context_tokens']:,} tokens, KV {inputs['kv_bytes_per_element']:g} B/element: "
+        f"{result['kv_bytes_per_sequence']:,.0f} KV bytes a sequence; alpha {inputs['alpha']:g}, gamma {inputs['gamma']}, c {inputs['draft_cost']:g}",
+    ]
+    out.append(_format_table(result["formats"], inputs, "bounds per format (all times are lower bounds)"))
+    for comparison in result["comparisons"]:
+        out.append(f"  {comparison['against']} -> {comparison['format']}: weight bytes / {comparison['byte_ratio']:.2f}, "
+                   f"batch-{inputs['batch']} step bound / {comparison['step_bound_improvement']:.2f}")
+    for alternative in result["kv_alternatives"]:
+        out.append(_format_table(alternative["formats"], inputs | {"kv_bytes_per_element": alternative["kv_bytes_per_element"]},
+                                 f"with {alternative['kv_bytes_per_element']:g}-byte KV ({alternative['kv_bytes_per_sequence']:,.0f} bytes a sequence)"))
+    free = result["break_even_alpha_free_verification"]
+    out.append(f"  expected tokens per target step {result['expected_tokens_per_target_step']:.4f}; break-even alpha (free verification) "
+               f"{'none' if free is None else f'{free:.4f}'}")
+    for note in result["notes"]:
+        out.append(f"  note: {note}")
+    return out
+
+
+def _format_table(formats: list[dict[str, Any]], inputs: dict[str, Any], title: str) -> Any:
+    from rich.table import Table
+
+    table = Table(title=title, title_justify="left")
+    table.add_column("quantity")
+    for entry in formats:
+        table.add_column(entry["name"], justify="right")
+    batch, gamma = inputs["batch"], inputs["gamma"]
+    rows = [
+        ("bits per weight", lambda e: f"{e['bits_per_weight']:.4g}"),
+        ("weight bytes (GB, 1e9)", lambda e: _fixed(e["weight_gb"], 4)),
+        ("weight GiB", lambda e: _fixed(e["weight_gib"], 2)),
+        ("batch-1 weight bound (ms, >=)", lambda e: _fixed(e["batch1_weight_bound_ms"], 3)),
+        (f"batch-{batch} step bound (ms, >=)", lambda e: _fixed(e["step"]["bound_ms"], 3)),
+        ("binds", lambda e: e["step"]["binds"]),
+        (f"verify_cost_ratio (gamma+1 = {gamma + 1})", lambda e: f"{e['verify']['verify_cost_ratio']:.4f}"),
+        (f"speculative speedup at batch {batch}", lambda e: f"{e['speculative']['with_verify_cost']['speedup']:.4f}"),
+        ("iteration time (ms, >=)", lambda e: _fixed(e["speculative"]["with_verify_cost"]["iteration_time_ms"], 3)),
+        ("average TPOT (ms, >=)", lambda e: _fixed(e["speculative"]["with_verify_cost"]["average_tpot_ms"], 4)),
+        (f"compute-bound batch at {gamma + 1} positions", lambda e: str(e["compute_bound_batch"] or "never")),
+        ("break-even alpha", lambda e: "none" if e["break_even_alpha"] is None else f"{e['break_even_alpha']:.4f}"),
+    ]
+    if formats and "best_gamma" in formats[0]:
+        rows.append(("best gamma (speedup)", lambda e: f"{e['best_gamma']['gamma']} ({e['best_gamma']['speedup']:.4f})"))
+    for entry in (formats[0].get("alpha_sweep") or []) if formats else []:
+        alpha = entry["alpha"]
+        rows.append((f"speedup at alpha {alpha:g}", lambda e, alpha=alpha: next(f"{s['speedup']:.4f}" for s in e["alpha_sweep"] if s["alpha"] == alpha)))
+    for label, cell in rows:
+        table.add_row(label, *(cell(entry) for entry in formats))
+    return table
+
+
+# --- glue: options to a config ----------------------------------------------------------------
+
+# config field -> the CLI option a user typed, for one-line messages
+OPTION_NAMES = {"context_tokens": "context", "kv_bytes_per_element": "kv-bytes", "draft_cost": "draft-cost",
+                "plain_step_ms": "plain-step-ms", "gamma_range": "gamma-range", "compare_kv_bytes": "compare-kv-bytes",
+                "bits_per_weight": "format", "hbm_bytes_per_second": "hardware bandwidth"}
+
+
+def _validated(config_class: type[BaseModel], **values: Any) -> Any:
+    from pydantic import ValidationError
+
+    try:
+        return config_class(**values)
+    except ValidationError as error:
+        first = error.errors()[0]
+        field = next((str(part) for part in first["loc"] if isinstance(part, str)), "")
+        where = OPTION_NAMES.get(field, field.replace("_", "-")) or "settings"
+        message = first["msg"].removeprefix("Value error, ")
+        raise InputError(f"invalid {where}: {message}") from error
+
+
+def parse_format(text: str) -> FormatSpec:
+    """'int4_g128=4.15' -> FormatSpec(name='int4_g128', bits_per_weight=4.15)."""
+    name, separator, value = text.partition("=")
+    try:
+        bits = float(value)
+    except ValueError:
+        bits = None
+    if not separator or not name or bits is None:
+        raise InputError(f"invalid --format {text!r}: expected NAME=BITS_PER_WEIGHT, e.g. int4_g128=4.15")
+    return _validated(FormatSpec, name=name, bits_per_weight=bits, source="given")
+
+
+def parse_gamma_range(text: str) -> tuple[int, int]:
+    low, separator, high = text.partition(":")
+    try:
+        return int(low), int(high if separator else low)
+    except ValueError as error:
+        raise InputError(f"invalid --gamma-range {text!r}: expected LOW:HIGH, e.g. 1:8") from error
+
+
+def configure(hardware: str = "reference", checkpoints: list[Any] = (), parameters: float | None = None,  # type: ignore[assignment]
+              layers: int | None = None, kv_heads: int | None = None, head_dim: int | None = None,
+              formats: list[str] = (), reference: bool = False, gamma_range: str | tuple[int, int] | None = None,  # type: ignore[assignment]
+              **settings: Any) -> BoundsConfig:
+    """A BoundsConfig from what a user typed: a hardware name or YAML, the model as numbers or
+    checkpoints (shape from config.json, parameters and stored bytes from `measure`), formats as
+    NAME=BPW, the reference case as a starting point; unset (None) settings keep defaults."""
+    from pathlib import Path
+
+    from quantize.hardware import load_profile
+
+    profile = load_profile(hardware)
+    values: dict[str, Any] = reference_case(profile).model_dump() if reference else {}
+    values["hardware"] = profile
+    specs = [parse_format(text) for text in formats]
+    if checkpoints:
+        from quantize.accounting import measure
+        from quantize.headers import read_checkpoint
+
+        shapes, measured_specs = [], []
+        for path in checkpoints:
+            measured = measure(path)
+            shapes.append(model_from_checkpoint(path, read_checkpoint(Path(path)).config, measured.parameters))
+            measured_specs.append(_validated(FormatSpec, name=Path(path).name or str(path), weight_bytes=measured.tensor_bytes,
+                                             source=f"measured: {measured.format.name}"))
+        if len({(shape.layers, shape.kv_heads, shape.head_dim) for shape in shapes}) > 1:
+            raise InputError("the --checkpoint models differ in layers, KV heads or head dim; bound one model at a time")
+        values["model"] = shapes[0].model_dump()
+        specs = [*(specs or DEFAULT_FORMATS), *measured_specs]
+    explicit = {"parameters": parameters, "layers": layers, "kv_heads": kv_heads, "head_dim": head_dim}
+    if any(value is not None for value in explicit.values()):
+        merged = dict(values.get("model") or {}) | {key: value for key, value in explicit.items() if value is not None}
+        missing = [key for key in explicit if key not in merged]
+        if missing:
+            raise InputError(f"the model needs {', '.join('--' + key.replace('_', '-') for key in missing)} (or --checkpoint DIR)")
+        merged["source"] = "given" if not checkpoints else f"{merged.get('source')}, with given overrides"
+        values["model"] = merged
+    if "model" not in values:
+        raise InputError("give a model: --checkpoint DIR, or --parameters, --layers, --kv-heads and --head-dim (or --reference-case)")
+    values["model"] = _validated(ModelShape, **values["model"])
+    if specs:
+        values["formats"] = tuple(specs)
+    if isinstance(gamma_range, str):
+        gamma_range = parse_gamma_range(gamma_range)
+    if gamma_range is not None:
+        values["gamma_range"] = tuple(gamma_range)
+    for key, value in settings.items():
+        if value is not None:
+            values[key] = tuple(value) if isinstance(value, list) else value
+    return _validated(BoundsConfig, **values)
+
+
+def _fixed(value: float, decimals: int) -> str:
+    """Fixed decimals as token-cost.md prints them; significant digits for values below 1."""
+    return f"{value:.{decimals}f}" if value == 0 or abs(value) >= 1 else f"{value:.4g}"

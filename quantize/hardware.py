@@ -1,0 +1,59 @@
+"""Hardware profiles for the decode-time bounds: memory bandwidth and peak dense FLOP/s, each
+with its source and whether it is a spec-sheet figure or an assumption. Built-ins are YAML
+data in quantize/hardware/; a user's own profile is a YAML file of the same shape."""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from gates.errors import InputError, did_you_mean
+
+
+class HardwareProfile(BaseModel):
+    """Peak figures of one accelerator. Bounds from them are lower bounds, never predictions."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(min_length=1)
+    kind: Literal["spec sheet", "assumption"]
+    description: str = ""
+    hbm_bytes_per_second: float = Field(gt=0, description="peak memory bandwidth, bytes per second")
+    peak_dense_flops: float = Field(gt=0, description="peak dense (not sparse) FLOP/s in flops_dtype")
+    flops_dtype: str = "bf16"
+    source: str = Field(min_length=1, description="where the figures come from")
+
+
+def builtin_profiles() -> dict[str, Path]:
+    folder = resources.files("quantize") / "hardware"
+    return {Path(str(entry)).stem: Path(str(entry)) for entry in folder.iterdir() if str(entry).endswith(".yaml")}
+
+
+def load_profile(spec: str | Path) -> HardwareProfile:
+    """A built-in profile by name (reference, h100-sxm, h200) or a YAML file."""
+    text = str(spec)
+    builtins = builtin_profiles()
+    if text in builtins:
+        path = builtins[text]
+    else:
+        path = Path(text).expanduser()
+        if not path.is_file():
+            valid = sorted(builtins)
+            raise InputError(f"unknown hardware profile {text!r}{did_you_mean(text, valid)}; built in: {', '.join(valid)}, or a YAML file")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as error:
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise InputError(f"hardware profile {path}: cannot read it as YAML ({first})") from error
+    if not isinstance(data, dict):
+        raise InputError(f"hardware profile {path}: expected a YAML mapping of hbm_bytes_per_second, peak_dense_flops, ...")
+    try:
+        return HardwareProfile(**data)
+    except ValidationError as error:
+        first = error.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "profile"
+        raise InputError(f"hardware profile {path}: invalid {where}: {first['msg']}") from error
