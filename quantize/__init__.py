@@ -1,6 +1,6 @@
 """Stages 2 and 3: quantize a baseline into compressed-tensors checkpoints (`run`), the
-formats as data (`PRESETS`), and baseline models (`quantize.models`). Byte accounting and
-decode-time bounds join in a later issue."""
+formats as data (`PRESETS`), baseline models (`quantize.models`), byte accounting from
+safetensors headers (`quantize.accounting.measure`) and decode-time bounds (`quantize.bounds`)."""
 
 from quantize.config import Backend, QuantizeConfig
 from quantize.presets import PRESETS, Preset, get_preset
