@@ -1,1 +1,11 @@
-"""Stage 4: versioned golden sets and the evaluator (issue 5; not built yet)."""
+"""Stage 4: versioned golden sets (`load`, `verify`, `add`) and the evaluator (`run`): lm-eval
+tasks generated from the sets' manifests, per-item results, KL / top-1 agreement with the baseline."""
+
+from evalsets.config import AddConfig, EvalBackend, EvaluateConfig, GenerationSettings, Kind
+from evalsets.evaluate import EvaluationResults, load_results, run
+from evalsets.sets import AddedSet, GoldenSet, add, demo_limits, list_sets, load, verify
+
+__all__ = [
+    "AddConfig", "AddedSet", "EvalBackend", "EvaluateConfig", "EvaluationResults", "GenerationSettings",
+    "GoldenSet", "Kind", "add", "demo_limits", "list_sets", "load", "load_results", "run", "verify",
+]

@@ -189,6 +189,24 @@ def overlap(
         typer.echo(f"{result.shared_ngrams} of {result.candidate_ngrams} calibration {n}-grams occur in the collection ({result.share:.4%})")
 
 
+@app.command("verify")
+def verify_command(
+    checkpoint: Path = typer.Argument(..., help="checkpoint directory about to be deployed"),
+    ledger_path: Path = typer.Option(..., "--ledger", help="the approval ledger (JSONL)"),
+) -> None:
+    """Exit 0 only if the checkpoint's current weight bytes match an approved ledger record.
+
+    Otherwise exit 1 and say why: blocked, unknown, changed since approval, or ledger tampered.
+
+    Example: quantgate verify ckpt/gptq-int4 --ledger runs/demo/ledger.jsonl
+    """
+    from gates.ledger import verify_checkpoint
+
+    result = verify_checkpoint(checkpoint, ledger_path)
+    typer.echo(f"{checkpoint}: {result.status.value}: {result.reason}")
+    raise typer.Exit(0 if result.deployable else 1)
+
+
 @app.command("demo")
 def demo(
     out: Path = typer.Option(Path("demo-out"), "--out", help="where the run's artifacts go"),
@@ -217,6 +235,263 @@ def demo(
     )
     built = calibration.run(cfg, out / "calibration", overwrite=True)
     _report_calibration(built)
+
+
+@app.command("measure")
+def measure_command(
+    checkpoint: Path = typer.Argument(..., help="checkpoint directory (one file or sharded with an index) or a .safetensors file"),
+    as_json: bool = typer.Option(False, "--json", help="print the measurement as JSON (schema: docs/measure-and-bounds.md)"),
+    baseline: Optional[Path] = typer.Option(None, "--baseline", help="baseline directory: report bytes as a ratio of its bytes"),
+) -> None:
+    """Account for every byte of a checkpoint from its safetensors headers, never its tensor data.
+
+    States the format (compressed-tensors, GPTQ, AWQ GEMM or unquantized), the bytes of
+    quantized weights, scales, zero points, g_idx, embeddings, lm_head, norms and the rest,
+    per block and in all; bits per weight of every quantized linear layer against the
+    format's exact figure and the 4.15-bit rule, and the gap explained line by line.
+
+    Example: quantgate measure ckpt/gptq-int4 --baseline ~/.cache/quantgate/models/smollm2-135m
+    """
+    from quantize.accounting import measure, render
+
+    measurement = measure(checkpoint, baseline)
+    if as_json:
+        _print_json(measurement.to_json())
+        return
+    from rich.console import Console
+
+    console = Console()
+    for item in render(measurement):
+        console.print(item)
+
+
+def _parse_list(text: Optional[str], kind: type, option: str) -> Optional[list[Any]]:
+    if text is None:
+        return None
+    try:
+        return [kind(part) for part in text.replace(" ", "").split(",") if part]
+    except ValueError as error:
+        raise InputError(f"invalid {option} {text!r}: expected comma-separated numbers") from error
+
+
+@app.command("bounds")
+def bounds_command(
+    hardware: str = typer.Option("reference", "--hardware", help="reference, h100-sxm, h200 or a YAML profile"),
+    checkpoint: Optional[list[Path]] = typer.Option(None, "--checkpoint", help="measure this checkpoint: its shape, parameters and stored bytes; repeatable"),
+    parameters: Optional[float] = typer.Option(None, "--parameters", help="model parameters, e.g. 70e9"),
+    layers: Optional[int] = typer.Option(None, "--layers"),
+    kv_heads: Optional[int] = typer.Option(None, "--kv-heads"),
+    head_dim: Optional[int] = typer.Option(None, "--head-dim"),
+    formats: Optional[list[str]] = typer.Option(None, "--format", help="NAME=BITS_PER_WEIGHT; repeatable (default bf16=16, fp8_e4m3=8, int4_g128=4.15)"),
+    batch: Optional[int] = typer.Option(None, "--batch", help="sequences decoded together (default 1)"),
+    context: Optional[int] = typer.Option(None, "--context", help="context tokens per sequence (default 2048)"),
+    kv_bytes: Optional[float] = typer.Option(None, "--kv-bytes", help="bytes per KV element (default 2)"),
+    alpha: Optional[float] = typer.Option(None, "--alpha", help="draft acceptance rate in [0, 1) (default 0.8)"),
+    gamma: Optional[int] = typer.Option(None, "--gamma", help="draft length >= 1 (default 4)"),
+    draft_cost: Optional[float] = typer.Option(None, "--draft-cost", help="c: a draft step over a target step (default 0.1)"),
+    plain_step_ms: Optional[float] = typer.Option(None, "--plain-step-ms", help="measured plain step (default: each format's bound)"),
+    alphas: Optional[str] = typer.Option(None, "--alphas", help="alpha sweep, comma-separated: 0.5,0.6,0.7"),
+    gamma_range: Optional[str] = typer.Option(None, "--gamma-range", help="find the best gamma in LOW:HIGH"),
+    compare_kv_bytes: Optional[str] = typer.Option(None, "--compare-kv-bytes", help="also bound with these KV bytes per element, e.g. 1"),
+    reference_case: bool = typer.Option(False, "--reference-case", help="start from token-cost.md's reference case (70B, batch 32, ...)"),
+    as_json: bool = typer.Option(False, "--json", help="print JSON (schema: docs/measure-and-bounds.md)"),
+) -> None:
+    """Lower bounds on decode step time per weight format, and what speculative decoding buys.
+
+    step >= max((weights + batch x KV) / bandwidth, 2 x parameters x batch x positions / FLOP/s).
+    Every time printed is a lower bound from peak figures, never a measurement.
+
+    Example: quantgate bounds --reference-case --gamma-range 1:8 --alphas 0.6,0.7,0.9 --compare-kv-bytes 1
+    """
+    from quantize import bounds
+
+    cfg = bounds.configure(
+        hardware=hardware, checkpoints=checkpoint or [], parameters=parameters, layers=layers, kv_heads=kv_heads,
+        head_dim=head_dim, formats=formats or [], reference=reference_case, batch=batch, context_tokens=context,
+        kv_bytes_per_element=kv_bytes, alpha=alpha, gamma=gamma, draft_cost=draft_cost, plain_step_ms=plain_step_ms,
+        alphas=_parse_list(alphas, float, "--alphas"), gamma_range=gamma_range,
+        compare_kv_bytes=_parse_list(compare_kv_bytes, float, "--compare-kv-bytes"),
+    )
+    result = bounds.compute(cfg)
+    if as_json:
+        _print_json(result)
+        return
+    from rich.console import Console
+
+    console = Console()
+    for item in bounds.render(result):
+        console.print(item)
+
+
+evalsets_app = typer.Typer(help="Versioned golden sets: list, show, verify, add your own.", no_args_is_help=True)
+app.add_typer(evalsets_app, name="evalsets")
+
+
+@evalsets_app.command("list")
+def evalsets_list(as_json: bool = typer.Option(False, "--json", help="print JSON")) -> None:
+    """List every version of every golden set, built-in and your own ($QUANTGATE_HOME/evalsets).
+
+    Example: quantgate evalsets list
+    """
+    import evalsets
+
+    rows = evalsets.list_sets()
+    if as_json:
+        _print_json(rows)
+        return
+    for row in rows:
+        typer.echo(f"{row['spec']}\t{row['kind']}\t{row['items']} items\t{row['origin']}\t{row['licence']}\t{row['title']}")
+
+
+@evalsets_app.command("show")
+def evalsets_show(
+    spec: str = typer.Argument(..., help="NAME or NAME@vN (default: the latest version)"),
+    items: int = typer.Option(0, "--items", help="also print the first N items"),
+    as_json: bool = typer.Option(False, "--json", help="print the manifest as JSON"),
+) -> None:
+    """Show a golden set's manifest (source, licence, prompt, scoring, hashes), verified first.
+
+    Example: quantgate evalsets show arc-easy@v1 --items 2
+    """
+    import evalsets
+
+    golden = evalsets.load(spec)
+    if as_json:
+        _print_json(golden.manifest)
+    else:
+        manifest = golden.manifest
+        source = manifest["source"]
+        typer.echo(f"{golden.spec} ({golden.origin}): {manifest['title']}")
+        typer.echo(f"  kind {manifest['kind']}, {manifest['items']} items, sha256 {golden.sha256}")
+        typer.echo(f"  scoring: {', '.join(manifest['scoring']['metrics'])} (primary {manifest['scoring']['primary']})")
+        typer.echo(f"  order: {manifest['order']['rule']}")
+        typer.echo(f"  source: {source.get('package', source.get('file'))} {source.get('version', '')} {source.get('file', '')}".rstrip())
+        typer.echo(f"  licence: {manifest['licence']}")
+        typer.echo(f"  attribution: {manifest['attribution']}")
+        typer.echo(f"  rebuild: {manifest['rebuild']}")
+        typer.echo(f"  path: {golden.path}")
+    for item in golden.items(items) if items else []:
+        typer.echo(json.dumps(item, ensure_ascii=False))
+
+
+@evalsets_app.command("verify")
+def evalsets_verify() -> None:
+    """Check every file of every golden set against its manifest's sha256; exit 2 if one fails.
+
+    Example: quantgate evalsets verify
+    """
+    import evalsets
+    from gates.errors import IntegrityError
+
+    results = evalsets.verify()
+    for result in results:
+        typer.echo(f"{'ok' if result.ok else 'FAILED'}\t{result.spec}\t{result.message}")
+    failed = [result.spec for result in results if not result.ok]
+    if failed:
+        raise IntegrityError(f"{len(failed)} of {len(results)} golden sets failed verification: {', '.join(failed)}")
+
+
+@evalsets_app.command("add")
+def evalsets_add(
+    name: str = typer.Option(..., "--name", help="your set's name (lower case, digits, '.', '_', '-')"),
+    kind: str = typer.Option(..., "--kind", help="multiple-choice, text, last-word or generation"),
+    source: Path = typer.Option(..., "--from", help="JSONL file, one item a line (fields per kind: docs/evaluate.md)"),
+    title: Optional[str] = typer.Option(None, "--title"),
+    description: str = typer.Option("", "--description"),
+    licence: str = typer.Option("unspecified (user supplied)", "--licence"),
+    attribution: str = typer.Option("user supplied", "--attribution"),
+    stop: Optional[list[str]] = typer.Option(None, "--stop", help="generation: a stop sequence; repeatable (default: newline)"),
+    max_new_tokens: Optional[int] = typer.Option(None, "--max-new-tokens", help="generation: greedy tokens at most (default 64)"),
+) -> None:
+    """Add your own golden set: the JSONL becomes v1, or the next version if the items changed.
+
+    multiple-choice lines hold query, choices, gold; text: text; last-word: context, target
+    (with its leading space); generation: prompt, reference. Optional on every kind: id, meta.
+
+    Example: quantgate evalsets add --name support-faq --kind multiple-choice --from faq.jsonl
+    """
+    import evalsets
+
+    generation = None
+    if stop is not None or max_new_tokens is not None:
+        generation = _config(
+            evalsets.GenerationSettings,
+            **({"until": tuple(stop)} if stop is not None else {}),
+            **({"max_new_tokens": max_new_tokens} if max_new_tokens is not None else {}),
+        )
+    cfg = _config(
+        evalsets.AddConfig, name=name, kind=kind, title=title, description=description, licence=licence,
+        attribution=attribution, generation=generation,
+    )
+    added = evalsets.add(cfg, source)
+    state = "added" if added.created else "unchanged, already"
+    typer.echo(f"{state} {added.golden.spec}: {added.golden.size} {cfg.kind.value} items, sha256 {added.golden.sha256}")
+    typer.echo(f"  at {added.golden.path}")
+
+
+def _parse_limits(values: Optional[list[str]], demo_limits: bool) -> tuple[Optional[int], dict[str, int]]:
+    """--limit N (every set) and --limit NAME=N (one set); --demo-limits starts from the shipped table."""
+    import evalsets
+
+    common: Optional[int] = None
+    per_set: dict[str, int] = dict(evalsets.demo_limits()) if demo_limits else {}
+    for value in values or []:
+        name, _, number = value.rpartition("=")
+        try:
+            limit = int(number)
+        except ValueError as error:
+            raise InputError(f"invalid --limit {value!r}: expected N or NAME=N") from error
+        if name:
+            per_set[name] = limit
+        else:
+            common = limit
+    return common, per_set
+
+
+@app.command("evaluate")
+def evaluate_command(
+    model: str = typer.Option(..., "--model", help="model or checkpoint directory, or a demo model name"),
+    evalset: list[str] = typer.Option(..., "--evalset", help="NAME or NAME@vN; repeatable"),
+    out: Path = typer.Option(..., "--out", help="results directory (appears only when complete)"),
+    limit: Optional[list[str]] = typer.Option(None, "--limit", help="first N items of each set (N), or of one set (NAME=N); repeatable"),
+    demo_limits: bool = typer.Option(False, "--demo-limits", help="use the per-set demo limits (evalsets/demo_limits.yaml)"),
+    baseline_results: Optional[Path] = typer.Option(None, "--baseline-results", help="the baseline's results directory: KL divergence and top-1 agreement on text sets"),
+    no_cache: bool = typer.Option(False, "--no-cache", help="recompute even if the cache holds these results"),
+    batch_size: int = typer.Option(4, "--batch-size"),
+    backend: str = typer.Option("hf", "--backend", help="hf (transformers, FP32 on a CPU) or vllm (where installed)"),
+    max_tokens: int = typer.Option(512, "--max-tokens", help="text sets: tokens scored per item"),
+    top_k: int = typer.Option(64, "--top-k", help="text sets: baseline log-probabilities cached per position"),
+    device: Optional[str] = typer.Option(None, "--device", help="cpu or cuda (default: cuda when available)"),
+    allow_pickle: bool = typer.Option(False, "--allow-pickle", help="accept a model whose weights are pickle files"),
+    overwrite: bool = typer.Option(False, "--overwrite", help="replace an existing results directory at --out"),
+    as_json: bool = typer.Option(False, "--json", help="print the results manifest as JSON"),
+) -> None:
+    """Evaluate a model on golden sets: metrics, per-item results, agreement with a baseline.
+
+    Multiple-choice, last-word and generation sets run through lm-eval (tasks generated from
+    the sets' manifests, offline); text sets through transformers. Results are cached by
+    weights, set, settings and library versions: asking again returns them at once.
+
+    Example: quantgate evaluate --model ckpt/gptq-int4 --evalset arc-easy --evalset wiki-text --limit 100 --baseline-results results/baseline --out results/gptq-int4
+    """
+    import evalsets
+
+    common, per_set = _parse_limits(limit, demo_limits)
+    cfg = _config(
+        evalsets.EvaluateConfig,
+        evalsets=tuple(evalset), limit=common, limits=per_set, backend=backend, batch_size=batch_size,
+        max_tokens=max_tokens, top_k=top_k, device=device, use_cache=not no_cache, allow_pickle=allow_pickle,
+    )
+    results = evalsets.run(cfg, model, out, baseline_results=baseline_results, overwrite=overwrite)
+    if as_json:
+        _print_json(results.manifest)
+        return
+    for spec, entry in results.manifest["sets"].items():
+        metrics = entry["metrics"]
+        shown = ", ".join(f"{name} {metrics[name]:.4g}" for name in sorted(metrics) if "stderr" not in name)
+        source = "cached" if entry["from_cache"] else f"{entry['seconds']:.1f} s"
+        typer.echo(f"{spec}\t{entry['items']} items\t{source}\t{shown}")
+    typer.echo(f"results written to {results.path}")
 
 
 def main() -> None:

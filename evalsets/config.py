@@ -1,0 +1,237 @@
+"""Typed configs of the evaluation stage: golden-set kinds and the JSONL item each kind needs,
+a golden set's manifest, `evalsets add`, and the evaluator's settings."""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from gates.errors import did_you_mean
+
+
+class Kind(str, Enum):
+    multiple_choice = "multiple-choice"  # lm-eval multiple_choice: acc and acc_norm
+    text = "text"  # perplexity, bits per byte, KL / top-1 agreement against the baseline
+    last_word = "last-word"  # lm-eval loglikelihood: greedy accuracy and perplexity of the target
+    generation = "generation"  # lm-eval generate_until, greedy: exact match against a reference
+
+
+def parse_kind(value: str) -> Kind:
+    valid = [kind.value for kind in Kind]
+    if value not in valid:
+        raise ValueError(f"unknown kind {value!r}{did_you_mean(value, valid)}; valid: {', '.join(valid)}")
+    return Kind(value)
+
+
+# ---- items: one JSON object per line of a golden set's items.jsonl ---------------------------
+
+
+class _Item(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: str | int | None = Field(default=None, description="unique within the set; default: the line number")
+    meta: dict[str, Any] | None = Field(default=None, description="carried along, never scored")
+
+
+def _non_blank(value: str, field: str) -> str:
+    if not value.strip():
+        raise ValueError(f"{field} must not be empty")
+    return value
+
+
+class MultipleChoiceItem(_Item):
+    query: str  # the prompt; each choice is appended after one space (lm-eval target_delimiter)
+    choices: list[str] = Field(min_length=2)
+    gold: int = Field(ge=0)  # index of the right choice
+
+    @field_validator("query")
+    @classmethod
+    def _query(cls, value: str) -> str:
+        return _non_blank(value, "query")
+
+    @field_validator("choices")
+    @classmethod
+    def _choices(cls, value: list[str]) -> list[str]:
+        for choice in value:
+            _non_blank(choice, "every choice")
+        return value
+
+    @model_validator(mode="after")
+    def _gold_in_range(self) -> MultipleChoiceItem:
+        if self.gold >= len(self.choices):
+            raise ValueError(f"gold {self.gold} is not an index of the {len(self.choices)} choices")
+        return self
+
+
+class TextItem(_Item):
+    text: str
+
+    @field_validator("text")
+    @classmethod
+    def _text(cls, value: str) -> str:
+        return _non_blank(value, "text")
+
+
+class LastWordItem(_Item):
+    context: str
+    target: str  # appended to the context verbatim: include the leading space (" signs")
+
+    @field_validator("context", "target")
+    @classmethod
+    def _present(cls, value: str, info: Any) -> str:
+        return _non_blank(value, info.field_name)
+
+
+class GenerationItem(_Item):
+    prompt: str
+    reference: str  # compared with the greedy output, both stripped of surrounding whitespace
+
+    @field_validator("prompt", "reference")
+    @classmethod
+    def _present(cls, value: str, info: Any) -> str:
+        return _non_blank(value, info.field_name)
+
+
+ITEM_MODELS: dict[Kind, type[_Item]] = {
+    Kind.multiple_choice: MultipleChoiceItem,
+    Kind.text: TextItem,
+    Kind.last_word: LastWordItem,
+    Kind.generation: GenerationItem,
+}
+
+
+def item_fields(kind: Kind) -> str:
+    """'query, choices, gold (optional: id, meta)': what a JSONL line of this kind holds."""
+    model = ITEM_MODELS[kind]
+    required = [name for name, field in model.model_fields.items() if field.is_required()]
+    optional = [name for name, field in model.model_fields.items() if not field.is_required()]
+    return f"{', '.join(required)} (optional: {', '.join(optional)})"
+
+
+# ---- a golden set's manifest ----------------------------------------------------------------
+
+
+class GenerationSettings(BaseModel):
+    """Greedy decoding of a generation set (lm-eval generate_until)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    until: tuple[str, ...] = Field(default=("\n",), description="stop sequences")
+    max_new_tokens: int = Field(default=64, gt=0, le=4096)
+
+
+class SetManifest(BaseModel):
+    """manifest.json of `evalsets/data/<name>/v<N>/` (and of user sets); validated on load."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    artifact: str = Field(pattern="^golden-set$")
+    schema_version: int = Field(ge=1, le=1)
+    name: str
+    version: str = Field(pattern=r"^v[1-9][0-9]*$")
+    kind: Kind
+    title: str
+    description: str = ""
+    data_file: str
+    files: dict[str, str]
+    items: int = Field(gt=0)
+    sha256: str = Field(pattern="^[0-9a-f]{64}$")
+    order: dict[str, Any]
+    source: dict[str, Any]
+    licence: str
+    attribution: str
+    prompt: dict[str, Any]
+    scoring: dict[str, Any]
+    generation: GenerationSettings | None = None
+    rebuild: str
+    provenance: dict[str, Any] | None = None  # user sets: when and with what they were added
+
+    @model_validator(mode="after")
+    def _consistent(self) -> SetManifest:
+        if self.data_file not in self.files:
+            raise ValueError(f"data_file {self.data_file!r} is not among the hashed files")
+        if (self.kind is Kind.generation) != (self.generation is not None):
+            raise ValueError("generation settings belong to, and only to, a generation set")
+        return self
+
+
+# ---- evalsets add ---------------------------------------------------------------------------
+
+NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,63}$"
+
+
+class AddConfig(BaseModel):
+    """A user's golden set: its name and kind, and what the manifest should say about it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(pattern=NAME_PATTERN, description="lower-case letters, digits, '.', '_', '-'")
+    kind: Kind
+    title: str | None = None
+    description: str = ""
+    licence: str = "unspecified (user supplied)"
+    attribution: str = "user supplied"
+    generation: GenerationSettings | None = None  # generation sets only; default: GenerationSettings()
+
+    @field_validator("kind", mode="before")
+    @classmethod
+    def _kind(cls, value: Any) -> Any:
+        return parse_kind(value) if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _generation_only(self) -> AddConfig:
+        if self.generation is not None and self.kind is not Kind.generation:
+            raise ValueError("stop sequences and max new tokens apply to generation sets only")
+        return self
+
+
+# ---- the evaluator --------------------------------------------------------------------------
+
+
+class EvalBackend(str, Enum):
+    hf = "hf"  # lm-eval's HF backend on an already-loaded transformers model (CPU: FP32)
+    vllm = "vllm"  # lm-eval's vLLM backend, where vllm is installed (text sets still use transformers)
+
+
+class EvaluateConfig(BaseModel):
+    """What to evaluate a model on, and the settings that can change a number (all in the cache key)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    evalsets: tuple[str, ...] = Field(min_length=1, description="NAME or NAME@vN, built-in or added")
+    limit: int | None = Field(default=None, gt=0, description="first N items of each set's seeded order")
+    limits: dict[str, int] = Field(default_factory=dict, description="per-set limit by NAME or NAME@vN; beats `limit`")
+    backend: EvalBackend = EvalBackend.hf
+    batch_size: int = Field(default=4, gt=0, le=512)
+    # text sets: tokens scored per item (longer items are truncated, recorded per item)
+    max_tokens: int = Field(default=512, gt=1)
+    # text sets: baseline tokens whose log-probabilities are cached per position (docs/evaluate.md)
+    top_k: int = Field(default=64, gt=0, le=1024)
+    # text sets: positions where the whole baseline distribution is cached, to measure the
+    # top-k estimate's shortfall against the exact KL divergence
+    exact_positions: int = Field(default=32, ge=0, le=4096)
+    bootstrap_iters: int = Field(default=1000, ge=0, description="lm-eval's stderr bootstrap (perplexity)")
+    device: str | None = Field(default=None, description="default: cuda when available, else cpu")
+    use_cache: bool = True
+    allow_pickle: bool = False
+
+    @field_validator("evalsets")
+    @classmethod
+    def _distinct(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        if len(set(value)) != len(value):
+            raise ValueError("an evalset is named twice")
+        return value
+
+    @field_validator("limits")
+    @classmethod
+    def _positive(cls, value: dict[str, int]) -> dict[str, int]:
+        for name, limit in value.items():
+            if limit <= 0:
+                raise ValueError(f"the limit of {name} must be positive, got {limit}")
+        return value
+
+    def limit_for(self, name: str, spec: str) -> int | None:
+        """The first-N limit of one set: by NAME@vN, else by NAME, else the common limit."""
+        return self.limits.get(spec, self.limits.get(name, self.limit))

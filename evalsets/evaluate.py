@@ -1,0 +1,469 @@
+"""Stage 4's entry: evaluate one model on golden sets into a results directory, with per-item
+results, lm-eval's provenance, and (against a baseline's results) the text-set agreement
+metrics. Results are cached by what decides them, so a baseline is evaluated once."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from evalsets import sets as golden_sets
+from evalsets.config import EvalBackend, EvaluateConfig, Kind
+from evalsets.sets import GoldenSet
+from gates.artifacts import (
+    MANIFEST,
+    Stopwatch,
+    atomic_directory,
+    file_hashes,
+    library_versions,
+    provenance,
+    read_json,
+    sha256_file,
+    sha256_json,
+    verify_files,
+    write_json,
+)
+from gates.errors import InputError, IntegrityError, OutputExistsError
+
+RESULTS_KIND = "evaluation-results"
+SCHEMA_VERSION = 1
+# Bump when a change to this package changes a number: every cached result is then recomputed.
+EVALUATOR_VERSION = 1
+RECORD_FILE = "record.json"
+ITEMS_FILE = "items.json"
+TOPK_FILE = "topk.safetensors"
+ORDER_RULE = "the first N items of the set's seeded order (items.jsonl line order)"
+
+
+@dataclass(frozen=True)
+class EvaluationResults:
+    """A results directory on disk, verified against its manifest."""
+
+    path: Path
+    manifest: dict[str, Any]
+
+    def set_dir(self, spec: str) -> Path:
+        if spec not in self.manifest["sets"]:
+            raise InputError(f"results in {self.path} hold no {spec}; they hold {', '.join(self.manifest['sets'])}")
+        return self.path / self.manifest["sets"][spec]["dir"]
+
+    def record(self, spec: str) -> dict[str, Any]:
+        return read_json(self.set_dir(spec) / RECORD_FILE)
+
+    def items(self, spec: str) -> dict[str, Any]:
+        """The per-item results of one set (docs/evaluate.md, schema_version 1)."""
+        return read_json(self.set_dir(spec) / ITEMS_FILE)
+
+    @property
+    def from_cache(self) -> dict[str, bool]:
+        return {spec: entry["from_cache"] for spec, entry in self.manifest["sets"].items()}
+
+
+def load_results(path: str | Path) -> EvaluationResults:
+    path = Path(path)
+    manifest_path = path / MANIFEST
+    if not manifest_path.is_file():
+        raise InputError(f"{path} is not an evaluation results directory (no {MANIFEST})")
+    manifest = read_json(manifest_path)
+    if manifest.get("artifact") != RESULTS_KIND:
+        raise InputError(f"{path} holds a {manifest.get('artifact', 'different artifact')}, not evaluation results")
+    verify_files(path, manifest["files"], f"evaluation results {path}")
+    return EvaluationResults(path, manifest)
+
+
+# ---- identities and the cache key -----------------------------------------------------------
+
+
+def model_identity(model_dir: Path) -> dict[str, Any]:
+    """What decides a model's numbers: its weight bytes, its config (quantization scheme
+    included: two checkpoints may share weights and differ in activation quantization), its tokenizer."""
+    from quantize.models import baseline_dtype, tokenizer_hash, weights_sha256
+
+    return {
+        "path": str(model_dir),
+        "weights_sha256": weights_sha256(model_dir),
+        "config_sha256": sha256_file(model_dir / "config.json"),
+        "tokenizer_sha256": tokenizer_hash(model_dir)[0],
+        "storage_dtype": baseline_dtype(model_dir),
+    }
+
+
+def run_settings(cfg: EvaluateConfig, golden: GoldenSet, device: str, dtype: str) -> dict[str, Any]:
+    """The settings that can change one set's numbers (and nothing else, so the cache hits)."""
+    kind = golden.kind
+    common = {"limit": cfg.limit_for(golden.name, golden.spec), "batch_size": cfg.batch_size, "device": device, "dtype": dtype,
+              "evaluator_version": EVALUATOR_VERSION}
+    if kind is Kind.text:
+        return {**common, "runner": "transformers", "max_tokens": cfg.max_tokens, "top_k": cfg.top_k,
+                "exact_positions": cfg.exact_positions}
+    return {**common, "runner": f"lm-eval/{cfg.backend.value}", "num_fewshot": 0,
+            "bootstrap_iters": cfg.bootstrap_iters}
+
+
+def cache_key(identity: dict[str, Any], golden: GoldenSet, settings: dict[str, Any], baseline_topk: str | None) -> str:
+    return sha256_json(
+        {
+            "model": {key: identity[key] for key in ("weights_sha256", "config_sha256", "tokenizer_sha256")},
+            "evalset": {"spec": golden.spec, "sha256": golden.sha256},
+            "settings": settings,
+            "libraries": library_versions(),
+            "baseline_topk_sha256": baseline_topk,
+        }
+    )
+
+
+def cache_root(home: Path | None = None) -> Path:
+    from quantize.models import quantgate_home
+
+    return (home or quantgate_home()) / "eval-cache"
+
+
+def _cached(root: Path, key: str) -> Path | None:
+    entry = root / key
+    try:
+        manifest = read_json(entry / MANIFEST)
+        verify_files(entry, manifest["files"], f"cached evaluation {key[:12]}")
+    except (OSError, ValueError, KeyError, IntegrityError):
+        return None  # absent or damaged: computed again
+    return entry
+
+
+# ---- the stage ------------------------------------------------------------------------------
+
+
+@dataclass
+class _Plan:
+    golden: GoldenSet
+    settings: dict[str, Any]
+    key: str
+    baseline_topk: str | None
+    entry: Path | None = None
+    from_cache: bool = False
+
+
+def run(
+    cfg: EvaluateConfig,
+    model: str | Path,
+    out: str | Path,
+    baseline_results: str | Path | None = None,
+    overwrite: bool = False,
+    home: Path | None = None,
+) -> EvaluationResults:
+    """Evaluate `model` on `cfg.evalsets` into `out` (written atomically).
+
+    Text sets need `baseline_results` (a results directory of the baseline on the same sets and
+    limits) for KL divergence and top-1 agreement; without it they report perplexity and bits
+    per byte. Either way the results keep this model's own text-set cache (final hidden states,
+    output head, top-k), so it can serve as a baseline itself without being run again.
+    """
+    from quantize.models import resolve_model
+
+    stopwatch = Stopwatch()
+    out = Path(out)
+    if out.exists() and not overwrite:
+        raise OutputExistsError(f"{out} already exists (pass --overwrite to replace it)")
+    if cfg.backend is EvalBackend.vllm and importlib.util.find_spec("vllm") is None:
+        raise InputError("--backend vllm needs vllm installed (pip install vllm); the default is --backend hf")
+    model_dir = resolve_model(model, allow_pickle=cfg.allow_pickle)
+    goldens = [golden_sets.load(spec, home) for spec in cfg.evalsets]
+    identity = model_identity(model_dir)
+    baseline = load_results(baseline_results) if baseline_results is not None else None
+    device = cfg.device or _default_device()
+    dtype = compute_dtype_name(device, identity["storage_dtype"])
+    root = cache_root(home)
+
+    plans = []
+    for golden in goldens:
+        settings = run_settings(cfg, golden, device, dtype)
+        topk = _baseline_topk_sha256(baseline, golden, settings) if golden.kind is Kind.text and baseline else None
+        plan = _Plan(golden, settings, cache_key(identity, golden, settings, topk), topk)
+        if cfg.use_cache and (entry := _cached(root, plan.key)) is not None:
+            plan.entry, plan.from_cache = entry, True
+        plans.append(plan)
+
+    missing = [plan for plan in plans if plan.entry is None]
+    load_seconds = _compute(cfg, model_dir, identity, baseline, missing, root, device) if missing else None
+
+    with atomic_directory(out, overwrite=overwrite) as staging:
+        entries = {}
+        for plan in plans:
+            directory = plan.golden.spec
+            shutil.copytree(plan.entry, staging / directory, ignore=shutil.ignore_patterns(MANIFEST), copy_function=_link_or_copy)
+            record = read_json(staging / directory / RECORD_FILE)
+            entries[plan.golden.spec] = {
+                "dir": directory,
+                "kind": plan.golden.kind.value,
+                "sha256": plan.golden.sha256,
+                "primary": record["primary"],
+                "metrics": record["metrics"],
+                "items": record["items"],
+                "limit": plan.settings["limit"],
+                "cache_key": plan.key,
+                "from_cache": plan.from_cache,
+                "seconds": record["timing"]["seconds"],
+            }
+        manifest = {
+            "artifact": RESULTS_KIND,
+            "schema_version": SCHEMA_VERSION,
+            "model": identity,
+            "baseline": None if baseline is None else {"results": str(baseline.path.resolve()), "model": baseline.manifest["model"]},
+            "config": cfg.model_dump(mode="json"),
+            "sets": entries,
+            "model_load_seconds": load_seconds,
+            "files": file_hashes(staging),
+            "provenance": provenance(stopwatch),
+        }
+        write_json(staging / MANIFEST, manifest)
+    return EvaluationResults(out, manifest)
+
+
+def _link_or_copy(source: str, target: str) -> None:
+    """Results share the cache's bytes where the filesystem allows (a text set's cache is tens of MB);
+    both sides stay verifiable by their manifests' hashes."""
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copy2(source, target)
+
+
+def _default_device() -> str:
+    # No GPU device node, no CUDA (or ROCm) device: answer without importing torch (~1.5 s),
+    # so that a cache hit from the command line stays quick.
+    if sys.platform == "linux" and not any(os.path.exists(node) for node in ("/dev/nvidiactl", "/dev/kfd")):
+        return "cpu"
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def compute_dtype_name(device: str, storage_dtype: str) -> str:
+    """FP32 on a CPU (BF16 matrix products are ~60x slower there, quantize.models.compute_dtype),
+    the storage dtype on an accelerator."""
+    from quantize.models import TORCH_DTYPES
+
+    return "float32" if device == "cpu" else TORCH_DTYPES.get(storage_dtype, "float32")
+
+
+def _baseline_topk_sha256(baseline: EvaluationResults, golden: GoldenSet, settings: dict[str, Any]) -> str:
+    """The baseline's cached top-k for a text set, checked to line up with this evaluation."""
+    if golden.spec not in baseline.manifest["sets"]:
+        raise InputError(f"the baseline results in {baseline.path} hold no {golden.spec}; evaluate the baseline on it first")
+    entry = baseline.manifest["sets"][golden.spec]
+    if entry["sha256"] != golden.sha256:
+        raise IntegrityError(f"the baseline results for {golden.spec} were made on a different set (sha256 differs)")
+    base_settings = baseline.record(golden.spec)["settings"]
+    for name in ("limit", "max_tokens"):
+        if base_settings.get(name) != settings[name]:
+            raise InputError(
+                f"{golden.spec}: the baseline was evaluated with {name}={base_settings.get(name)}, this run uses "
+                f"{settings[name]}; evaluate both with the same --limit and max tokens"
+            )
+    return baseline.manifest["files"][f"{entry['dir']}/{TOPK_FILE}"]
+
+
+def _compute(
+    cfg: EvaluateConfig,
+    model_dir: Path,
+    identity: dict[str, Any],
+    baseline: EvaluationResults | None,
+    plans: list[_Plan],
+    root: Path,
+    device: str,
+) -> float:
+    """Load the model once, evaluate every set not in the cache, store each result in the cache;
+    returns the seconds the model took to load (kept out of every set's own timing)."""
+    from evalsets.progress import item_progress
+    from gates.console import stderr
+
+    loaded = _LoadedModel(model_dir, device, compute_dtype_name(device, identity["storage_dtype"]))
+    loading = Stopwatch()
+    if cfg.backend is EvalBackend.hf or any(plan.golden.kind is Kind.text for plan in plans):
+        loaded.transformers()
+    load_seconds = loading.seconds
+    with item_progress() as bar:
+        for plan in plans:
+            golden = plan.golden
+            items = golden.items(plan.settings["limit"])
+            task = bar.add_task(f"{golden.spec} ({golden.kind.value})", total=len(items))
+            stopwatch = Stopwatch()
+            with atomic_directory(root / plan.key, overwrite=True) as staging:
+                if golden.kind is Kind.text:
+                    result = _run_text(cfg, loaded, plan, items, baseline, lambda n, task=task: bar.advance(task, n))
+                else:
+                    result = _run_lm_eval(cfg, loaded, plan, items, staging, bar, task)
+                bar.update(task, completed=len(items))
+                _write_entry(staging, cfg, plan, identity, baseline, items, result, stopwatch)
+                write_json(staging / MANIFEST, {"artifact": "evaluation-cache-entry", "key": plan.key, "files": file_hashes(staging)})
+            plan.entry = root / plan.key
+            record = read_json(plan.entry / RECORD_FILE)
+            shown = ", ".join(f"{name} {value:.4g}" for name, value in record["metrics"].items() if "stderr" not in name)
+            stderr.print(
+                f"{golden.spec}: {len(items)} items in {record['timing']['seconds']:.1f} s "
+                f"({record['timing']['items_per_second']:.2f} items/s): {shown}",
+                soft_wrap=True, highlight=False,
+            )
+    return load_seconds
+
+
+class _LoadedModel:
+    """The model under evaluation, loaded on first use (FP32 on a CPU) and decompressed up front."""
+
+    def __init__(self, model_dir: Path, device: str, dtype: str) -> None:
+        self.model_dir, self.device, self.dtype = model_dir, device, dtype
+        self._model: Any = None
+        self._tokenizer: Any = None
+        self._lm: Any = None
+
+    def transformers(self) -> tuple[Any, Any]:
+        if self._model is None:
+            import torch
+            from transformers import AutoModelForCausalLM, AutoTokenizer
+
+            from gates.console import stderr
+
+            with stderr.status(f"loading {self.model_dir}"):
+                self._tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
+                dtype = getattr(torch, self.dtype)
+                model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=dtype).to(self.device).eval()
+                # compressed-tensors checkpoints decompress on the first full forward pass;
+                # do it here, before lm-eval or anything else touches a submodule
+                with torch.no_grad():
+                    model(input_ids=torch.tensor([[self._tokenizer.eos_token_id or 0]], device=self.device))
+            self._model = model
+        return self._model, self._tokenizer
+
+    def lm(self, cfg: EvaluateConfig) -> Any:
+        from evalsets import lm_eval_tasks
+
+        if self._lm is None:
+            if cfg.backend is EvalBackend.vllm:
+                self._lm = lm_eval_tasks.vllm_model(self.model_dir, cfg.batch_size)
+            else:
+                model, tokenizer = self.transformers()
+                self._lm = lm_eval_tasks.hf_model(model, tokenizer, cfg.batch_size)
+        return self._lm
+
+
+def _run_lm_eval(cfg: EvaluateConfig, loaded: _LoadedModel, plan: _Plan, items: list[dict[str, Any]], staging: Path, bar: Any, task: Any) -> dict[str, Any]:
+    from evalsets import lm_eval_tasks
+
+    golden = plan.golden
+    lm = loaded.lm(cfg)
+    per_request = lm_eval_tasks.requests_per_item(golden, items)
+    lm.on_rows = lambda rows: bar.advance(task, rows / per_request)
+    results = lm_eval_tasks.run_task(lm, golden, staging, plan.settings["limit"], cfg.bootstrap_iters)
+    return {
+        "metrics": lm_eval_tasks.summary(golden, results),
+        "details": {"samples": results["n-samples"][lm_eval_tasks.task_name(golden)]},
+        "items": lm_eval_tasks.per_item(golden, results["samples"][lm_eval_tasks.task_name(golden)]),
+        "lm_eval": lm_eval_tasks.provenance(golden, results),
+    }
+
+
+def _run_text(cfg: EvaluateConfig, loaded: _LoadedModel, plan: _Plan, items: list[dict[str, Any]], baseline: EvaluationResults | None, advance: Any) -> dict[str, Any]:
+    from evalsets import text_eval
+    from quantize.models import max_sequence_length
+
+    model, tokenizer = loaded.transformers()
+    side = None
+    if plan.baseline_topk is not None and baseline is not None:
+        side = _load_baseline_side(baseline, plan.golden.spec, plan.baseline_topk)
+    positions = max_sequence_length(loaded.model_dir)
+    max_tokens = min(cfg.max_tokens, positions) if positions else cfg.max_tokens
+    run = text_eval.evaluate_text(
+        model, tokenizer, items, max_tokens=max_tokens, top_k=cfg.top_k, exact_positions=cfg.exact_positions,
+        batch_size=cfg.batch_size, baseline=side, advance=advance,
+    )
+    return {"metrics": run.metrics, "details": run.details, "items": run.items, "tensors": run.tensors, "lm_eval": None}
+
+
+def _load_baseline_side(baseline: EvaluationResults, spec: str, sha256: str) -> Any:
+    from safetensors.torch import load_file
+
+    from evalsets.text_eval import BaselineSide
+
+    tensors = load_file(baseline.set_dir(spec) / TOPK_FILE)
+    weight = tensors.get("head_weight")
+    return BaselineSide(
+        token_ids=tensors["token_ids"],
+        item_tokens=tensors["item_tokens"].tolist(),
+        topk_ids=tensors["topk_ids"],
+        topk_logprobs=tensors["topk_logprobs"],
+        topk_residual=tensors["topk_residual"],
+        head_inputs=tensors.get("head_inputs"),
+        head_weight=None if weight is None else weight.float(),  # once, not per item
+        head_bias=tensors.get("head_bias"),
+        exact_positions=tensors["exact_positions"].tolist() if "exact_positions" in tensors else [],
+        exact_logprobs=tensors.get("exact_logprobs"),
+        sha256=sha256,
+    )
+
+
+def _write_entry(
+    staging: Path,
+    cfg: EvaluateConfig,
+    plan: _Plan,
+    identity: dict[str, Any],
+    baseline: EvaluationResults | None,
+    items: list[dict[str, Any]],
+    result: dict[str, Any],
+    stopwatch: Stopwatch,
+) -> None:
+    seconds = stopwatch.seconds
+    golden = plan.golden
+    primary = golden.manifest["scoring"]["primary"]
+    metrics = dict(result["metrics"])
+    baseline_model = None if baseline is None else {
+        key: baseline.manifest["model"][key] for key in ("weights_sha256", "config_sha256", "tokenizer_sha256")
+    }
+    if golden.kind is Kind.text and "kl_divergence" not in metrics:
+        primary = "perplexity"  # no baseline to agree with: perplexity is what this run measured
+    model = {key: identity[key] for key in ("weights_sha256", "config_sha256", "tokenizer_sha256")}
+    write_json(
+        staging / ITEMS_FILE,
+        {
+            "schema_version": SCHEMA_VERSION,
+            "evalset": golden.spec,
+            "sha256": golden.sha256,
+            "kind": golden.kind.value,
+            "primary": primary,
+            "limit": plan.settings["limit"],
+            "items_total": golden.size,
+            "order": ORDER_RULE,
+            "model": model,
+            "baseline": baseline_model if golden.kind is Kind.text else None,
+            "items": result["items"],
+        },
+    )
+    if result.get("tensors"):
+        from safetensors.torch import save_file
+
+        save_file(result["tensors"], staging / TOPK_FILE, metadata={"evalset": golden.spec, "top_k": str(cfg.top_k)})
+    write_json(
+        staging / RECORD_FILE,
+        {
+            "schema_version": SCHEMA_VERSION,
+            "evalset": golden.spec,
+            "sha256": golden.sha256,
+            "kind": golden.kind.value,
+            "primary": primary,
+            "metrics": metrics,
+            "details": result["details"],
+            "items": len(items),
+            "items_total": golden.size,
+            "limit": plan.settings["limit"],
+            "settings": plan.settings,
+            "cache_key": plan.key,
+            "model": model,
+            "baseline": baseline_model,
+            "lm_eval": result["lm_eval"],
+            "timing": {"seconds": round(seconds, 3), "items_per_second": round(len(items) / seconds, 3) if seconds else None},
+            "provenance": provenance(stopwatch),
+        },
+    )

@@ -1,0 +1,325 @@
+"""Text sets, scored directly with transformers: per-item negative log-likelihood, tokens and
+UTF-8 bytes (perplexity, bits per byte), this model's top-k cache (so it can serve as a
+baseline), and, given a baseline's cache, KL divergence and top-1 agreement per position.
+
+Why not lm-eval here: its loglikelihood_rolling returns one number per document, while the
+agreement metrics need the whole next-token distribution at every position; one forward pass
+gives both, so the text sets never run the model twice.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from evalsets import agreement
+from gates.errors import IntegrityError, ModelError
+
+EXACT_SEED = 0
+
+
+@dataclass
+class BaselineSide:
+    """What a candidate is compared with: a baseline's cache on the same items and tokens."""
+
+    token_ids: Any  # int32 [positions]: the scored tokens, which a candidate's must equal
+    item_tokens: list[int]
+    topk_ids: Any  # int32 [positions, k]
+    topk_logprobs: Any  # float32 [positions, k]
+    topk_residual: Any  # float64 [positions]: the mass outside the top-k
+    head_inputs: Any  # float32 [positions, hidden] or None: the output layer's inputs
+    head_weight: Any  # [vocab, hidden] or None: the output layer itself
+    head_bias: Any  # [vocab] or None
+    exact_positions: list[int]  # top-k mode only: where the whole distribution is kept
+    exact_logprobs: Any  # float32 [m, vocab] or None
+    sha256: str
+
+    @property
+    def exact(self) -> bool:
+        return self.head_inputs is not None
+
+
+@dataclass
+class TextRun:
+    items: list[dict[str, Any]]
+    metrics: dict[str, float]
+    details: dict[str, Any]
+    tensors: dict[str, Any] = field(default_factory=dict)  # this model's cache, for topk.safetensors
+
+
+def encode(tokenizer: Any, texts: list[str], max_tokens: int) -> list[tuple[list[int], int, bool]]:
+    """(token ids, UTF-8 bytes they cover, truncated) per text; at most `max_tokens` ids each."""
+    encoded = []
+    for text in texts:
+        if getattr(tokenizer, "is_fast", False):
+            batch = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+            ids, offsets = batch["input_ids"], batch["offset_mapping"]
+            truncated = len(ids) > max_tokens
+            ids = ids[:max_tokens]
+            covered = text[: offsets[len(ids) - 1][1]] if truncated else text
+        else:
+            ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+            truncated = len(ids) > max_tokens
+            ids = ids[:max_tokens]
+            covered = tokenizer.decode(ids) if truncated else text
+        encoded.append((ids, len(covered.encode("utf-8")), truncated))
+    return encoded
+
+
+def prefix_token(tokenizer: Any) -> int:
+    # The first token needs a context: bos where the tokenizer has one, else eos (lm-eval's choice too)
+    for token_id in (tokenizer.bos_token_id, tokenizer.eos_token_id):
+        if token_id is not None:
+            return int(token_id)
+    raise ModelError("the tokenizer has neither a bos nor an eos token to condition the first token on")
+
+
+def exact_check_positions(total_positions: int, count: int) -> list[int]:
+    """The seeded positions where the whole baseline distribution is kept (same for every model)."""
+    return sorted(random.Random(EXACT_SEED).sample(range(total_positions), min(count, total_positions)))
+
+
+class _HeadInputs:
+    """Captures what the model's output layer (a Linear: logits = h W^T + b) receives each forward."""
+
+    def __init__(self, model: Any) -> None:
+        import torch
+
+        self.module = model.get_output_embeddings()
+        self.usable = isinstance(self.module, torch.nn.Linear)
+        self.last: Any = None
+        self._hook = self.module.register_forward_hook(self._keep) if self.usable else None
+
+    def _keep(self, module: Any, inputs: tuple[Any, ...], output: Any) -> None:
+        self.last = inputs[0].detach()
+
+    def close(self) -> None:
+        if self._hook is not None:
+            self._hook.remove()
+
+
+def head_logits(hidden: Any, weight: Any, bias: Any) -> Any:
+    """Logits from the output layer's inputs: hidden [T, d] @ weight [V, d]^T (+ bias), in FP32."""
+    import torch
+
+    return torch.nn.functional.linear(hidden.float(), weight.float(), None if bias is None else bias.float())
+
+
+def _kl_rows(base_logprobs: Any, candidate_logprobs: Any, rows: int = 128) -> Any:
+    """agreement.kl_exact in chunks of positions, so [T, vocab] float64 never has to exist at once."""
+    import torch
+
+    return torch.cat([agreement.kl_exact(base_logprobs[i : i + rows], candidate_logprobs[i : i + rows])
+                      for i in range(0, base_logprobs.shape[0], rows)])
+
+
+# A reconstruction of the logits from the head's inputs must agree with the model's own logits to
+# this many logit units (FP32 products in another order differ by ~1e-5); beyond it (logit
+# soft-capping, a quantized head with activation quantization) the exact mode is not used.
+HEAD_TOLERANCE = 1e-3
+
+
+def evaluate_text(
+    model: Any,
+    tokenizer: Any,
+    items: list[dict[str, Any]],
+    *,
+    max_tokens: int,
+    top_k: int,
+    exact_positions: int,
+    batch_size: int,
+    baseline: BaselineSide | None,
+    advance: Callable[[int], None],
+) -> TextRun:
+    """Score every token of every item; against a baseline, KL(baseline || this) and top-1 agreement.
+
+    Both sides' distributions come from their output layer applied to its captured inputs
+    (checked against the model's logits): the baseline's are rebuilt exactly from its cached
+    final hidden states and head, and an identical model gives bit-identical numbers. Where a
+    head cannot be rebuilt, the baseline's top-k cache is used instead (a lower bound on KL,
+    agreement.kl_from_topk), with the whole distribution kept at a few positions to measure it.
+    """
+    import torch
+
+    encoded = encode(tokenizer, [item["text"] for item in items], max_tokens)
+    item_tokens = [len(ids) for ids, _, _ in encoded]
+    if any(count == 0 for count in item_tokens):
+        raise ModelError("a text item encodes to no tokens")
+    starts = [0]
+    for count in item_tokens:
+        starts.append(starts[-1] + count)
+    total = starts[-1]
+    token_ids = torch.tensor([token for ids, _, _ in encoded for token in ids], dtype=torch.int32)
+    if baseline is not None and (baseline.item_tokens != item_tokens or not torch.equal(baseline.token_ids, token_ids)):
+        raise IntegrityError(
+            "this model's tokenizer encodes the text set differently from the baseline's; "
+            "token-level agreement needs the same tokens"
+        )
+    prefix = prefix_token(tokenizer)
+    device = next(model.parameters()).device
+    capture = _HeadInputs(model)
+    head_ok: bool | None = None if capture.usable else False
+    head_difference: float | None = None
+    weight = capture.module.weight.detach() if capture.usable else None
+    bias = getattr(capture.module, "bias", None) if capture.usable else None
+
+    topk_ids = torch.zeros((total, top_k), dtype=torch.int32)
+    topk_logprobs = torch.zeros((total, top_k), dtype=torch.float32)
+    topk_residual = torch.zeros(total, dtype=torch.float64)
+    hidden_size = weight.shape[-1] if weight is not None else 0
+    head_inputs = torch.zeros((total, hidden_size), dtype=torch.float32) if capture.usable else None
+    full_rows: dict[int, Any] = {}  # position -> whole distribution, top-k mode only
+    sampled = frozenset(exact_check_positions(total, exact_positions))
+    nll = [0.0] * len(items)
+    kl_sum = [0.0] * len(items)
+    top1 = [0] * len(items)
+    checks: dict[str, list[float]] = {"exact": [], "estimate": [], "bound": []}
+
+    # Longest first, fixed chunks: deterministic batches, so the same model gives the same bits.
+    order = sorted(range(len(items)), key=lambda index: (-item_tokens[index], index))
+    try:
+        with torch.no_grad():
+            for chunk_start in range(0, len(order), batch_size):
+                chunk = order[chunk_start : chunk_start + batch_size]
+                width = max(item_tokens[index] for index in chunk)
+                input_ids = torch.full((len(chunk), width), prefix, dtype=torch.long)
+                attention = torch.zeros((len(chunk), width), dtype=torch.long)
+                for row, index in enumerate(chunk):
+                    ids = [prefix, *encoded[index][0][:-1]]  # position t predicts token t of the item
+                    input_ids[row, : len(ids)] = torch.tensor(ids)
+                    attention[row, : len(ids)] = 1
+                logits = model(input_ids=input_ids.to(device), attention_mask=attention.to(device)).logits
+                for row, index in enumerate(chunk):
+                    count = item_tokens[index]
+                    span = slice(starts[index], starts[index] + count)
+                    actual = logits[row, :count].float().cpu()
+                    if head_ok is not False:
+                        hidden = capture.last[row, :count].float().cpu()
+                        rebuilt = head_logits(hidden, weight.cpu(), None if bias is None else bias.cpu())
+                        if head_ok is None:  # checked once per model, on the longest item
+                            head_difference = float((rebuilt - actual).abs().max())
+                            head_ok = head_difference <= HEAD_TOLERANCE
+                        if head_ok:
+                            actual = rebuilt
+                            head_inputs[span] = hidden
+                    logprobs = torch.log_softmax(actual, dim=-1)
+                    targets = torch.tensor(encoded[index][0])
+                    nll[index] = float(-logprobs.gather(-1, targets[:, None]).double().sum())
+                    ids, values, residual = agreement.topk_cache(logprobs, top_k)
+                    topk_ids[span], topk_logprobs[span], topk_residual[span] = ids, values, residual
+                    if not head_ok:
+                        full_rows.update({position: logprobs[position - span.start].clone()
+                                          for position in range(span.start, span.stop) if position in sampled})
+                    if baseline is not None:
+                        kl = _compare(baseline, span, logprobs, checks)
+                        kl_sum[index] = float(kl.sum())
+                        top1[index] = int(agreement.top1_matches(baseline.topk_ids[span], ids).sum())
+                advance(len(chunk))
+    finally:
+        capture.close()
+
+    records = []
+    for index, item in enumerate(items):
+        record = {
+            "index": index,
+            "id": item["id"],
+            "tokens": item_tokens[index],
+            "bytes": encoded[index][1],
+            "truncated": encoded[index][2],
+            "nll": nll[index],
+        }
+        if baseline is not None:
+            record.update(kl_sum=kl_sum[index], top1_matches=top1[index])
+        records.append(record)
+    total_nll = sum(nll)
+    total_bytes = sum(record["bytes"] for record in records)
+    metrics = {
+        "perplexity": agreement.perplexity(total_nll, total),
+        "bits_per_byte": agreement.bits_per_byte(total_nll, total_bytes),
+        "residual_mass_mean": float(topk_residual.mean()),
+    }
+    details: dict[str, Any] = {
+        "items": len(items),
+        "tokens": total,
+        "bytes": total_bytes,
+        "truncated_items": sum(record["truncated"] for record in records),
+        "nll_sum": total_nll,
+        "top_k": top_k,
+        "head": {
+            "rebuilt_from_hidden_states": bool(head_ok),
+            "max_abs_logit_difference": head_difference,
+            "tolerance": HEAD_TOLERANCE,
+        },
+    }
+    if baseline is not None:
+        metrics.update(
+            kl_divergence=sum(kl_sum) / total,
+            top1_agreement=sum(top1) / total,
+            baseline_residual_mass_mean=float(baseline.topk_residual.mean()),
+        )
+        details.update(
+            agreement_mode="exact" if baseline.exact else "top-k",
+            baseline_top_k=int(baseline.topk_ids.shape[-1]),
+            baseline_cache_sha256=baseline.sha256,
+        )
+        if not baseline.exact:
+            details["exact_check"] = _exact_summary(checks["exact"], checks["estimate"], checks["bound"])
+    tensors = {
+        "token_ids": token_ids,
+        "item_tokens": torch.tensor(item_tokens, dtype=torch.int64),
+        "topk_ids": topk_ids,
+        "topk_logprobs": topk_logprobs,
+        "topk_residual": topk_residual,
+    }
+    if head_ok:
+        tensors.update(head_inputs=head_inputs, head_weight=_compact(weight.cpu()))
+        if bias is not None:
+            tensors["head_bias"] = bias.detach().float().cpu()
+    elif full_rows:  # top-k mode: the whole distribution at the sampled positions, to measure the estimate
+        positions = sorted(full_rows)
+        tensors.update(exact_positions=torch.tensor(positions, dtype=torch.int64),
+                       exact_logprobs=torch.stack([full_rows[position] for position in positions]))
+    return TextRun(records, metrics, details, tensors)
+
+
+def _compact(weight: Any) -> Any:
+    """The head's weight in BF16 when that is lossless (a BF16-stored model run in FP32), else FP32."""
+    import torch
+
+    as_bf16 = weight.to(torch.bfloat16)
+    return as_bf16 if torch.equal(as_bf16.float(), weight.float()) else weight.float()
+
+
+def _compare(baseline: BaselineSide, span: slice, logprobs: Any, checks: dict[str, list[float]]) -> Any:
+    """KL(baseline || candidate) per position of one item: exact from the baseline's head, else top-k."""
+    import torch
+
+    if baseline.exact:
+        rebuilt = head_logits(baseline.head_inputs[span], baseline.head_weight, baseline.head_bias)
+        return _kl_rows(torch.log_softmax(rebuilt, dim=-1), logprobs)
+    cached = (baseline.topk_ids[span], baseline.topk_logprobs[span], baseline.topk_residual[span])
+    for row, position in enumerate(baseline.exact_positions):
+        if span.start <= position < span.stop:
+            one = slice(position - span.start, position - span.start + 1)
+            here = tuple(part[one] for part in cached)
+            candidate = logprobs[one]
+            checks["exact"].append(float(agreement.kl_exact(baseline.exact_logprobs[row : row + 1], candidate)[0]))
+            checks["estimate"].append(float(agreement.kl_from_topk(*here, candidate)[0]))
+            checks["bound"].append(float(agreement.kl_shortfall_bound(*here, candidate)[0]))
+    return agreement.kl_from_topk(*cached, logprobs)
+
+
+def _exact_summary(exact_kl: list[float], estimate_kl: list[float], bounds: list[float]) -> dict[str, Any]:
+    if not exact_kl:
+        return {"positions": 0}
+    shortfall = [exact - estimate for exact, estimate in zip(exact_kl, estimate_kl)]
+    return {
+        "positions": len(exact_kl),
+        "kl_exact_mean": sum(exact_kl) / len(exact_kl),
+        "kl_topk_mean": sum(estimate_kl) / len(estimate_kl),
+        "shortfall_mean": sum(shortfall) / len(shortfall),
+        "shortfall_max": max(shortfall),
+        "worst_case_shortfall_mean": sum(bounds) / len(bounds),
+    }
