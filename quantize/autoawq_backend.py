@@ -9,14 +9,13 @@ largest size (no larger than requested) that divides every quantized layer's wid
 from __future__ import annotations
 
 import importlib.util
-import shutil
 from pathlib import Path
 from typing import Any
 
-from gates.artifacts import MANIFEST, Stopwatch, atomic_directory, file_hashes, provenance, write_json
+from gates.artifacts import Stopwatch, atomic_directory
 from gates.errors import InputError
 from quantize.config import QuantizeConfig
-from quantize.models import SMOKE_PROMPT, TOKENIZER_FILES, baseline_dtype, compute_dtype, weights_sha256
+from quantize.models import SMOKE_PROMPT, baseline_dtype, compute_dtype
 from quantize.plan import effective_group_size
 from quantize.presets import Preset
 
@@ -37,7 +36,7 @@ def common_group_size(widths: list[int], requested: int) -> int:
 
 def quantize_with_autoawq(cfg: QuantizeConfig, preset: Preset, model_dir: Path, calibration_set: Any,
                           out: Path, overwrite: bool, stopwatch: Stopwatch) -> Any:
-    from quantize.stage import COPIED_FILES, KIND, QuantizedCheckpoint, QuantizationFailed
+    from quantize.stage import QuantizationFailed, QuantizedCheckpoint, copy_baseline_files, write_manifest
 
     if preset.name != "awq-int4":
         raise InputError(f"--backend autoawq makes awq-int4 checkpoints only, not {preset.name}")
@@ -70,34 +69,19 @@ def quantize_with_autoawq(cfg: QuantizeConfig, preset: Preset, model_dir: Path, 
     with atomic_directory(out, overwrite=overwrite) as staging:
         model.save_quantized(str(staging), safetensors=True)
         del model
-        for name in COPIED_FILES:
-            if (model_dir / name).is_file():
-                shutil.copyfile(model_dir / name, staging / name)
+        copy_baseline_files(model_dir, staging)
         smoke = _smoke(staging, dtype, tokenizer, QuantizationFailed)
-        manifest = {
-            "kind": KIND,
-            "schema_version": 1,
-            "format": preset.name,
-            "description": "AWQ INT4 (AutoAWQ reference implementation, GEMM layout)",
-            "backend": "autoawq",
-            "config": cfg.model_dump(mode="json"),
-            "recipe": {"autoawq_quant_config": quant_config},
-            "group_size": {
-                "requested": cfg.group_size,
-                "fallbacks": [] if group_size == cfg.group_size else [
-                    {"layer": "(all)", "requested": cfg.group_size, "group_size": group_size, "quantized": True,
-                     "reason": "AutoAWQ takes one group size; this is the largest that divides every layer width"}
-                ],
-                "unquantized_layers": [],
-            },
-            "calibration": {"path": str(calibration_set.path), "fingerprint": calibration_set.fingerprint,
-                            "samples_used": samples, "seq_len": seq_len},
-            "baseline": {"path": str(model_dir), "weights_sha256": weights_sha256(model_dir), "dtype": dtype},
-            "smoke": smoke,
-            "files": file_hashes(staging),
-            "provenance": provenance(stopwatch),
-        }
-        write_json(staging / MANIFEST, manifest)
+        fallbacks = [] if group_size == cfg.group_size else [
+            {"layer": "(all)", "requested": cfg.group_size, "group_size": group_size, "quantized": True,
+             "reason": "AutoAWQ takes one group size; this is the largest that divides every layer width"}
+        ]
+        manifest = write_manifest(
+            staging, stopwatch, preset=preset, cfg=cfg,
+            description="AWQ INT4 (AutoAWQ reference implementation, GEMM layout)",
+            recipe={"autoawq_quant_config": quant_config},
+            group_size={"requested": cfg.group_size, "fallbacks": fallbacks, "unquantized_layers": []},
+            calibration_set=calibration_set, samples_used=samples, model_dir=model_dir, dtype=dtype, smoke=smoke,
+        )
     return QuantizedCheckpoint(out, manifest)
 
 

@@ -43,6 +43,8 @@ TOKENIZER_FILES = (
 )
 
 # A fixed prompt for smoke checks: the logits of a rebuilt or quantized model on it must be finite.
+# safetensors dtype names -> torch dtype names, for the floating dtypes a baseline is stored in.
+TORCH_DTYPES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}
 SMOKE_PROMPT = "The capital of France is Paris. The capital of Italy is"
 
 
@@ -367,5 +369,3 @@ def compute_dtype(storage_dtype: str) -> Any:
         return getattr(torch, TORCH_DTYPES[storage_dtype])
     return torch.float32
 
-
-TORCH_DTYPES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}

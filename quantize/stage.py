@@ -101,37 +101,55 @@ def run(
         loaded.save_pretrained(staging, save_compressed=True)
         del loaded
         gc.collect()
-        for name in COPIED_FILES:
-            if (model_dir / name).is_file():
-                shutil.copyfile(model_dir / name, staging / name)
+        copy_baseline_files(model_dir, staging)
         smoke = smoke_check(staging, dtype)
         recipe_text = (staging / RECIPE_FILE).read_text(encoding="utf-8")
-        manifest = {
-            "kind": KIND,
-            "schema_version": 1,
-            "format": preset.name,
-            "description": preset.description,
-            "backend": cfg.backend.value,
-            "config": cfg.model_dump(mode="json"),
-            "recipe": {"file": RECIPE_FILE, "sha256": sha256_bytes(recipe_text.encode("utf-8")), "text": recipe_text},
-            "group_size": {
+        manifest = write_manifest(
+            staging, stopwatch, preset=preset, cfg=cfg, description=preset.description,
+            recipe={"file": RECIPE_FILE, "sha256": sha256_bytes(recipe_text.encode("utf-8")), "text": recipe_text},
+            group_size={
                 "requested": cfg.group_size if preset.grouped else None,
                 "fallbacks": plan.fallbacks if plan else [],
                 "unquantized_layers": plan.unquantized if plan else [],
             },
-            "calibration": {
-                "path": str(calibration_set.path),
-                "fingerprint": calibration_set.fingerprint,
-                "samples_used": samples if dataset is not None else 0,
-                "seq_len": int(calibration_set.input_ids.shape[1]),
-            },
-            "baseline": {"path": str(model_dir), "weights_sha256": weights_sha256(model_dir), "dtype": dtype},
-            "smoke": smoke,
-            "files": file_hashes(staging),
-            "provenance": provenance(stopwatch),
-        }
-        write_json(staging / MANIFEST, manifest)
+            calibration_set=calibration_set, samples_used=samples if dataset is not None else 0,
+            model_dir=model_dir, dtype=dtype, smoke=smoke,
+        )
     return QuantizedCheckpoint(out, manifest)
+
+
+def copy_baseline_files(model_dir: Path, staging: Path) -> None:
+    for name in COPIED_FILES:
+        if (model_dir / name).is_file():
+            shutil.copyfile(model_dir / name, staging / name)
+
+
+def write_manifest(staging: Path, stopwatch: Stopwatch, *, preset: Any, cfg: QuantizeConfig, description: str,
+                   recipe: dict[str, Any], group_size: dict[str, Any], calibration_set: Any, samples_used: int,
+                   model_dir: Path, dtype: str, smoke: dict[str, Any]) -> dict[str, Any]:
+    """The checkpoint's manifest, the same for every backend; written last, over the final files."""
+    manifest = {
+        "kind": KIND,
+        "schema_version": 1,
+        "format": preset.name,
+        "description": description,
+        "backend": cfg.backend.value,
+        "config": cfg.model_dump(mode="json"),
+        "recipe": recipe,
+        "group_size": group_size,
+        "calibration": {
+            "path": str(calibration_set.path),
+            "fingerprint": calibration_set.fingerprint,
+            "samples_used": samples_used,
+            "seq_len": int(calibration_set.input_ids.shape[1]),
+        },
+        "baseline": {"path": str(model_dir), "weights_sha256": weights_sha256(model_dir), "dtype": dtype},
+        "smoke": smoke,
+        "files": file_hashes(staging),
+        "provenance": provenance(stopwatch),
+    }
+    write_json(staging / MANIFEST, manifest)
+    return manifest
 
 
 def _load_model(model_dir: Path, dtype: Any) -> Any:
