@@ -209,32 +209,123 @@ def verify_command(
 
 @app.command("demo")
 def demo(
-    out: Path = typer.Option(Path("demo-out"), "--out", help="where the run's artifacts go"),
-    samples: int = typer.Option(128, "--samples"),
-    seq_len: int = typer.Option(512, "--seq-len"),
+    out: Optional[Path] = typer.Option(None, "--out", help="run directory (default: the plan's, demo-out)"),
 ) -> None:
-    """Run the pipeline on the embedded demo default: SmolLM2-135M and the demo text source.
+    """Run the whole pipeline on the embedded demo plan (examples/demo.yaml): SmolLM2-135M,
+    four formats, four golden sets at demo limits, the default policy.
 
-    Today this provisions the demo model and builds its calibration set; the later stages
-    (quantize, measure, evaluate, gate) join as they land.
+    Exit 0 if every format is approved, 1 if any is blocked, 2 on bad input.
 
-    Example: quantgate demo --out demo-out
+    Example: quantgate demo
     """
-    import calibration
-    from quantize.models import DEFAULT_DEMO_MODEL, pull
+    _run_plan("demo", out)
 
-    pulled = pull(DEFAULT_DEMO_MODEL)
-    conversion = pulled.manifest["conversion"]
-    state = "already present" if pulled.already_present else "converted from GGUF"
-    typer.echo(f"baseline {DEFAULT_DEMO_MODEL}: {state} at {pulled.path}")
-    typer.echo(f"  {conversion['parameters']:,} parameters, BF16, weights sha256 {pulled.manifest['weights_sha256'][:16]}...")
-    typer.echo(f"  note: {pulled.manifest['caveat']}")
-    cfg = _config(
-        calibration.CalibrationConfig,
-        model=str(pulled.path), source="demo", samples=samples, seq_len=seq_len, seed=0,
-    )
-    built = calibration.run(cfg, out / "calibration", overwrite=True)
-    _report_calibration(built)
+
+@app.command("run")
+def run_command(
+    plan: str = typer.Argument(..., help="a plan YAML file (see examples/demo.yaml), or 'demo'"),
+    out: Optional[Path] = typer.Option(None, "--out", help="run directory (default: the plan's `out`)"),
+    quiet: bool = typer.Option(False, "--quiet", help="no stage lines, only the summary"),
+) -> None:
+    """Run every stage for one model: calibrate, quantize each format, measure and bound,
+    evaluate the baseline and each candidate, gate, append to the ledger, write the report.
+
+    Resumable: every artifact is keyed by its inputs' hashes, so a run started again redoes
+    only what is missing. Exit 0 if every format is approved, 1 if any is blocked, 2 on bad
+    input or configuration.
+
+    Example: quantgate run examples/demo.yaml
+    """
+    _run_plan(plan, out, quiet)
+
+
+def _run_plan(spec: str, out: Optional[Path], quiet: bool = False) -> None:
+    from gates import pipeline
+    from gates.plan import load_plan
+    from gates.report import build
+
+    result = pipeline.run(load_plan(spec), out, show_progress=not quiet)
+    _print_summary(build(result.out), result)
+    raise typer.Exit(result.exit_code)
+
+
+def _print_summary(data: dict[str, Any], result: Any = None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from gates.report import recommendation
+
+    table = Table(title=f"quantgate: {Path(data['model']).name} under policy {data['policy']['name']}@{data['policy']['version']}")
+    for column in ("format", "MB", "x baseline", "bits/weight", "KL", data["plot"]["y"] or "metric", "verdict", "reasons"):
+        table.add_column(column, overflow="fold")
+    for row in data["rows"]:
+        shown = row["metrics"].get(data["plot"]["y"] or "", {}).get("value")
+        verdict = {"approved": "[green]approved[/green]", "blocked": "[red]blocked[/red]"}.get(row["verdict"], row["verdict"])
+        reasons = row["reasons"]
+        table.add_row(
+            row["format"], f"{row['bytes'] / 1e6:.1f}" if row["bytes"] else "-",
+            f"{row['ratio_to_baseline']:.3f}" if row["ratio_to_baseline"] else "-",
+            f"{row['bits_per_weight_layers']:.3f}" if row["bits_per_weight_layers"] else "-",
+            f"{row['kl_divergence']:.4f}" if row["kl_divergence"] is not None else "-",
+            f"{shown:.4f}" if isinstance(shown, float) else "-", verdict,
+            "; ".join(reasons[:2]) + (f"; and {len(reasons) - 2} more" if len(reasons) > 2 else ""))
+    console = Console(width=max(Console().width, 160))
+    console.print(table)
+    for profile in data["hardware"]:
+        choice = recommendation(data["rows"], profile["name"])
+        console.print(f"recommended on {profile['name']}: {choice or 'none (no format approved)'}")
+    if result is not None:
+        redone = len(result.redone)
+        console.print(f"run directory {result.out} ({redone} of {len(result.stages)} stages run, {len(result.stages) - redone} reused) "
+                      f"in {result.seconds:.0f} s; report {result.out / 'report' / 'report.html'}")
+
+
+@app.command("gate")
+def gate_command(
+    baseline: Path = typer.Option(..., "--baseline", help="the baseline's evaluation results directory"),
+    candidate: Path = typer.Option(..., "--candidate", help="the candidate's results (evaluated with --baseline-results)"),
+    policy: str = typer.Option("default", "--policy", help="a policy YAML file, or NAME[@vN] of a built-in one"),
+    checkpoint: Optional[Path] = typer.Option(None, "--checkpoint", help="the candidate checkpoint (default: the one its results name); enables the size gate"),
+    calibration_dir: Optional[Path] = typer.Option(None, "--calibration", help="its calibration set (default: the one its manifest names); enables the overlap gate"),
+    precision: Optional[str] = typer.Option(None, "--precision", help="8bit or 4bit thresholds (default: from the checkpoint's format)"),
+    ledger_path: Optional[Path] = typer.Option(None, "--ledger", help="append the verdict to this ledger"),
+    as_json: bool = typer.Option(False, "--json", help="print the verdict record as JSON"),
+) -> None:
+    """Gate one candidate against its baseline under a policy: exit 0 approved, 1 blocked, 2 bad input.
+
+    Example: quantgate gate --baseline results/baseline --candidate results/gptq-int4 --policy default --ledger ledger.jsonl
+    """
+    from gates.gate import gate_results
+
+    record = gate_results(baseline, candidate, policy, checkpoint=checkpoint, calibration_dir=calibration_dir,
+                          precision=precision, ledger=ledger_path)
+    if as_json:
+        _print_json(record)
+    else:  # plain lines, one a gate, so a CI log can be searched
+        typer.echo(f"{record['verdict']} {record['format']} ({record['precision']} thresholds) "
+                   f"under {record['policy']['name']}@{record['policy']['version']}")
+        for gate in record["gates"]:
+            mark = {"pass": "pass", "fail": "FAIL"}.get(gate["outcome"], "UNDECIDED")
+            typer.echo(f"  {mark}  {gate['reason']}")
+    raise typer.Exit(0 if record["verdict"] == "approved" else 1)
+
+
+@app.command("report")
+def report_command(
+    run_dir: Path = typer.Argument(..., help="a run directory (quantgate run)"),
+    out: Optional[Path] = typer.Option(None, "--out", help="where to write report.{md,json,html} (default: RUN_DIR/report)"),
+) -> None:
+    """Write the size-vs-accuracy report of a run again from its artifacts, and print its summary.
+
+    Example: quantgate report demo-out
+    """
+    from gates.artifacts import sha256_json
+    from gates.report import build, write
+
+    data = build(run_dir)
+    target = write({**data, "key": sha256_json(data)}, out or run_dir / "report")
+    _print_summary(data)
+    typer.echo(f"report written to {target}/report.html, report.md, report.json")
 
 
 @app.command("measure")

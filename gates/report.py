@@ -22,13 +22,14 @@ def recommendation(rows: list[dict[str, Any]], profile: str) -> str | None:
     return min(approved, key=lambda row: row["bounds"][profile]["batch1_ms"])["format"]
 
 
-def pareto_front(points: list[tuple[float, float, str]]) -> list[tuple[float, float, str]]:
+def pareto_front(points: list[tuple[float, float, str]], higher_is_better: bool = True) -> list[tuple[float, float, str]]:
     """Points (size, quality, label) not beaten by another that is no larger and no worse."""
+    sign = 1.0 if higher_is_better else -1.0
     front, best = [], float("-inf")
-    for size, quality, label in sorted(points, key=lambda p: (p[0], -p[1])):
-        if quality > best:
+    for size, quality, label in sorted(points, key=lambda p: (p[0], -sign * p[1])):
+        if sign * quality > best:
             front.append((size, quality, label))
-            best = quality
+            best = sign * quality
     return front
 
 
@@ -48,6 +49,8 @@ def _metric_cell(entry: dict[str, Any] | None) -> str:
         unit = entry.get("unit", "")
         suffix = " pts" if unit == "points" else unit
         text += f" ({entry['difference']:+.2f}{suffix} [{entry['low']:+.2f}, {entry['high']:+.2f}])"
+    elif entry.get("low") is not None and entry.get("high") is not None:
+        text += f" [{entry['low']:.4f}, {entry['high']:.4f}]"
     return text
 
 
@@ -76,14 +79,37 @@ def markdown(report: dict[str, Any]) -> str:
              "Decode times are lower bounds from peak bandwidth and FLOP/s, not measurements.", "",
              "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows]
-    lines += ["", "## Recommendation", ""]
+    lines += ["", "## Recommendation", "",
+              "The approved format with the lowest batch-1 decode bound on each hardware profile:", ""]
     for profile, choice in report["recommendation"].items():
         lines.append(f"- {profile}: {choice or 'none (no format approved)'}")
+    lines += ["", "## What was measured", ""] + [f"- {line}" for line in context_lines(report)]
     return "\n".join(lines) + "\n"
+
+
+def context_lines(report: dict[str, Any]) -> list[str]:
+    """The sizes behind the numbers: how many items each golden set contributed, the
+    confidence level, the calibration set, the bounds' assumptions."""
+    lines = []
+    if report.get("evalsets"):
+        sets = ", ".join(f"{entry['spec']} {entry['items']} items" + (f" (first {entry['limit']} of {entry['size']})" if entry.get("limit") else "")
+                         for entry in report["evalsets"])
+        lines.append(f"Golden sets: {sets}. Differences are candidate minus baseline, item by item, with "
+                     f"{report.get('confidence', 0.95):.0%} paired-bootstrap intervals.")
+    if report.get("calibration"):
+        calibration = report["calibration"]
+        lines.append(f"Calibration set: {calibration['samples']} x {calibration['seq_len']} tokens from {calibration['source']} "
+                     f"(fingerprint {calibration['fingerprint'][:12]}).")
+    if report.get("bounds_inputs"):
+        inputs = report["bounds_inputs"]
+        lines.append(f"Decode bounds: batch 1 and 32, {inputs['context_tokens']} context tokens a sequence, "
+                     f"{inputs['kv_bytes_per_element']:g}-byte KV cache, peak bandwidth and FLOP/s of each profile.")
+    return lines
 
 
 def svg_plot(report: dict[str, Any], width: int = 640, height: int = 400) -> str:
     metric = report["plot"]["y"]
+    higher_is_better = report["plot"].get("higher_is_better", True)
     points = [(row["bytes"] / 1e6, row["metrics"][metric]["value"], row["format"], row["verdict"])
               for row in report["rows"] if row.get("metrics", {}).get(metric, {}).get("value") is not None]
     margin = 60
@@ -105,7 +131,7 @@ def svg_plot(report: dict[str, Any], width: int = 640, height: int = 400) -> str
         xv, yv = x0 + (x1 - x0) * step / 4, y0 + (y1 - y0) * step / 4
         parts.append(f'<text x="{sx(xv):.1f}" y="{height - margin + 16}" text-anchor="middle">{xv:.0f}</text>')
         parts.append(f'<text x="{margin - 6}" y="{sy(yv) + 4:.1f}" text-anchor="end">{yv:.3f}</text>')
-    front = pareto_front([(x, y, label) for x, y, label, _ in points])
+    front = pareto_front([(x, y, label) for x, y, label, _ in points], higher_is_better)
     if len(front) > 1:
         path = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y, _ in front)
         parts.append(f'<polyline class="pareto" points="{path}" fill="none" stroke="#888" stroke-dasharray="4 3"/>')
@@ -134,6 +160,7 @@ def html_page(report: dict[str, Any]) -> str:
     body = "".join("<tr class=\"{}\">{}</tr>".format(html.escape(row[-2]), "".join(f"<td>{html.escape(cell)}</td>" for cell in row)) for row in rows)
     recommendations = "".join(f"<li>{html.escape(profile)}: <b>{html.escape(choice or 'none (no format approved)')}</b></li>"
                               for profile, choice in report["recommendation"].items())
+    context = "".join(f"<li>{html.escape(line)}</li>" for line in context_lines(report))
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>quantgate report: {html.escape(report['model'])}</title>
 <style>
@@ -150,6 +177,7 @@ tr.blocked td:nth-last-child(2) {{ color: #cf222e; font-weight: bold; }}
 <h2>Size against {html.escape(report['plot']['y'])}</h2>
 {svg_plot(report)}
 <h2>Recommendation</h2><ul id="recommendation">{recommendations}</ul>
+<h2>What was measured</h2><ul>{context}</ul>
 </body></html>
 """
 
@@ -163,3 +191,109 @@ def write(report: dict[str, Any], out: Path, overwrite: bool = True) -> Path:
         (staging / "report.md").write_text(markdown(report), encoding="utf-8")
         (staging / "report.html").write_text(html_page(report), encoding="utf-8")
     return Path(out)
+
+
+# ---- a report from a run directory (`quantgate run`, `quantgate report RUN_DIR`) ------------
+
+def _value(path: Path) -> dict[str, Any] | None:
+    """The value of a keyed JSON artifact of a run (measure/, verdicts/), or None if absent."""
+    return json.loads(path.read_text(encoding="utf-8"))["value"] if path.is_file() else None
+
+
+def _row(name: str, measured: dict[str, Any] | None, results: dict[str, Any] | None, verdict: dict[str, Any] | None,
+         columns: list[str]) -> dict[str, Any]:
+    measurement = (measured or {}).get("measurement")
+    metrics: dict[str, Any] = {}
+    for column in columns:
+        spec, metric = column.split(" ", 1)
+        value = (results or {}).get("sets", {}).get(spec, {}).get("metrics", {}).get(metric)
+        gate = (verdict or {}).get("metrics", {}).get(column)
+        if verdict is None and results is not None and value is None:
+            value = {"kl_divergence": 0.0, "top1_agreement": 1.0}.get(metric)  # the baseline against itself
+        entry: dict[str, Any] = {"value": value}
+        if gate is not None:
+            if gate["unit"] in ("points", "%"):
+                entry.update(difference=gate["estimate"], low=gate["low"], high=gate["high"], unit=gate["unit"])
+            else:
+                entry.update(value=gate["estimate"], low=gate["low"], high=gate["high"], unit=gate["unit"])
+            entry["outcome"] = gate["outcome"]
+        metrics[column] = entry
+    kl = next((entry["value"] for column, entry in metrics.items() if column.endswith(" kl_divergence")), None)
+    if kl is None and results is not None:
+        kl = next((entry["metrics"].get("kl_divergence") for entry in results.get("sets", {}).values()
+                   if "kl_divergence" in entry.get("metrics", {})), None)
+    return {
+        "format": name,
+        "bytes": measurement["totals"]["file_bytes"] if measurement else None,
+        "bits_per_weight_layers": measurement["quantized_linear"]["bits_per_weight"]["measured"] if measurement else None,
+        "bits_per_parameter": measurement["whole_model"]["bits_per_parameter"]["measured"] if measurement else None,
+        "ratio_to_baseline": ((measurement.get("baseline") or {}).get("ratio_total") if verdict is not None else 1.0) if measurement else None,
+        "bounds": {profile: {"batch1_ms": entry["batch1_ms"], "batch32_ms": entry["batch32_ms"]}
+                   for profile, entry in ((measured or {}).get("bounds") or {}).items()},
+        "metrics": metrics,
+        "kl_divergence": kl,
+        "verdict": "baseline" if verdict is None else verdict["verdict"],
+        "reasons": [] if verdict is None else verdict["reasons"],
+    }
+
+
+def build(run_dir: Path) -> dict[str, Any]:
+    """The report's data from a run directory's artifacts (run.json, measure/, results/, verdicts/)."""
+    from gates.artifacts import read_json
+    from gates.errors import InputError
+
+    run_dir = Path(run_dir)
+    run_file = run_dir / "run.json"
+    if not run_file.is_file():
+        raise InputError(f"{run_dir} is not a quantgate run directory (no run.json)")
+    run = read_json(run_file)
+    if run.get("kind") != "quantgate-run":
+        raise InputError(f"{run_file} is not the record of a quantgate run")
+
+    def results_manifest(name: str) -> dict[str, Any] | None:
+        path = run_dir / "results" / name / "manifest.json"
+        return read_json(path) if path.is_file() else None
+
+    verdicts = {fmt: _value(run_dir / "verdicts" / f"{fmt}.json") for fmt in run["formats"]}
+    missing = [fmt for fmt, verdict in verdicts.items() if verdict is None]
+    if missing:
+        raise InputError(f"the run in {run_dir} has no verdict yet for {', '.join(missing)}: run it to the end first")
+    columns: list[str] = []  # every metric gate, in policy order (a format that failed to quantize has none)
+    for verdict in verdicts.values():
+        columns += [gate for gate in verdict["metrics"] if not gate.startswith(("size ", "integrity ")) and gate not in columns]
+    baseline_results = results_manifest("baseline")
+    rows = [_row("baseline", _value(run_dir / "measure" / "baseline.json"), baseline_results, None, columns)]
+    rows += [_row(fmt, _value(run_dir / "measure" / f"{fmt}.json"), results_manifest(fmt), verdicts[fmt], columns) for fmt in run["formats"]]
+    calibration = read_json(run_dir / "calibration" / "manifest.json") if (run_dir / "calibration" / "manifest.json").is_file() else None
+    baseline_measured = _value(run_dir / "measure" / "baseline.json") or {}
+    any_bounds = next(iter((baseline_measured.get("bounds") or {}).values()), None)
+    plot = dict(run["plot"])
+    if plot.get("y") not in columns and columns:
+        plot["y"] = columns[0]
+    return {
+        "model": run["model"],
+        "policy": {key: run["policy"][key] for key in ("name", "version", "sha256")},
+        "hardware": [{"name": name} for name in run["hardware"]],
+        "metric_columns": columns,
+        "plot": plot,
+        "rows": rows,
+        "evalsets": [{"spec": spec, "items": entry["items"], "limit": entry["limit"], "sha256": entry["sha256"],
+                      "size": _set_size(spec)} for spec, entry in (baseline_results or {}).get("sets", {}).items()],
+        "calibration": None if calibration is None else {
+            "samples": calibration["samples"], "seq_len": calibration["seq_len"], "fingerprint": calibration["fingerprint"],
+            "source": calibration["config"]["source"]},
+        "bounds_inputs": None if any_bounds is None else {"context_tokens": any_bounds["context_tokens"],
+                                                          "kv_bytes_per_element": any_bounds["kv_bytes_per_element"]},
+        "confidence": run.get("confidence", 0.95),
+        "ledger": run.get("ledger"),
+    }
+
+
+def _set_size(spec: str) -> int | None:
+    import evalsets
+    from gates.errors import InputError
+
+    try:
+        return evalsets.load(spec).size
+    except InputError:
+        return None

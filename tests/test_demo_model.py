@@ -87,13 +87,21 @@ def test_damaged_cache_is_rebuilt(pulled, tmp_path: Path, monkeypatch: pytest.Mo
     assert rebuilt.manifest["files"]["tokenizer.json"] == pulled.manifest["files"]["tokenizer.json"]
 
 
-def test_demo_command_builds_the_calibration_set(pulled, cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_demo_command_runs_the_embedded_plan_which_passes_its_checks(pulled, cli, tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The whole demo takes about 15 minutes (make demo); here the embedded plan goes through
+    every check a run makes before its first stage, against the real demo model."""
+    from gates import pipeline
+    from gates.errors import InputError
+
     monkeypatch.setenv("QUANTGATE_HOME", str(pulled.path.parent.parent))
-    result = cli("demo", "--out", tmp_path / "run", "--samples", 16, "--seq-len", 256)
-    assert result.code == 0, result.err
-    assert "already present" in result.out
-    assert "16 samples x 256 tokens" in result.out
-    manifest = json.loads((tmp_path / "run/calibration/manifest.json").read_text())
-    assert manifest["source"]["kind"] == "demo" and manifest["samples"] == 16
-    assert manifest["tokenizer"]["vocab_size"] == 49152
-    assert manifest["fingerprint"] in result.out
+
+    def checked_only(self):
+        self.preflight()
+        raise InputError(f"checked {self.plan.model} {','.join(self.plan.formats)} {self.policy.policy.name} into {self.out}")
+
+    monkeypatch.setattr(pipeline.Pipeline, "run", checked_only)
+    result = cli("demo", "--out", tmp_path / "run")
+    assert result.code == 2
+    assert f"checked smollm2-135m gptq-int4,awq-int4,smoothquant-w8a8,fp8-e4m3 small-model into {tmp_path / 'run'}" in result.err
+    assert not (tmp_path / "run").exists()

@@ -56,3 +56,14 @@ def test_wide_interval_on_the_failing_side_is_insufficient_evidence() -> None:
     assert decide(-0.5, -3.5, 2.5, limit=-1.0, margin=3.0, higher_is_better=True) is Outcome.passed
     assert decide(0.01, 0.0, 0.05, limit=0.02, margin=0.02, higher_is_better=False) is Outcome.insufficient
     assert decide(0.01, 0.0, 0.03, limit=0.02, margin=0.02, higher_is_better=False) is Outcome.passed
+
+
+@pytest.mark.parametrize("name", ["default", "small-model"])
+def test_builtin_policies_validate_against_the_builtin_sets(name: str) -> None:
+    from gates.pipeline import load_gate_policy
+
+    policy = load_gate_policy(name, ["arc-easy@v1", "hellaswag@v1", "lambada@v1", "wiki-text@v1"])
+    assert policy.policy.name == name and policy.policy.statistics.insufficient_evidence == "block"
+    for gates in policy.policy.metrics.values():
+        for gate in gates.values():
+            assert gate.threshold("8bit") <= gate.threshold("4bit") or gate.kind == "min_value"

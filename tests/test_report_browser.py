@@ -37,3 +37,20 @@ def test_report_renders_its_table_and_plot_in_chromium(tmp_path: Path) -> None:
     colours = {pixel for _, pixel in image.getcolors(maxcolors=1 << 20)}
     assert (0x1A, 0x7F, 0x37) in colours  # approved points and verdicts, drawn
     assert (0xCF, 0x22, 0x2E) in colours  # the blocked format's cross
+
+
+def test_a_runs_report_renders_in_chromium(quant_model: Path, tmp_path: Path) -> None:
+    """The report `quantgate run` wrote for the tiny model: every row, the plot, the recommendation."""
+    from gates import pipeline
+    from gates.plan import from_mapping
+    from tests.test_pipeline import plan_mapping
+
+    result = pipeline.run(from_mapping(plan_mapping(quant_model, tmp_path)), show_progress=False)
+    page = result.report / "report.html"
+    dom = chromium(tmp_path, "--dump-dom", page.as_uri()).stdout
+    verdicts = [entry["verdict"] for entry in result.verdicts.values()]
+    assert dom.count('<tr class="baseline">') == 1
+    assert dom.count('<tr class="approved">') == verdicts.count("approved")
+    assert dom.count('<tr class="blocked">') == verdicts.count("blocked")
+    assert dom.count('class="point') == 1 + len(verdicts) and 'id="size-accuracy"' in dom
+    assert 'id="recommendation"' in dom and "wiki-text@v1 top1_agreement" in dom

@@ -93,3 +93,51 @@ metrics:
     assert not verdict.approved
     assert any("kl_divergence 0.3000" in reason and "exceeds 0.1000" in reason for reason in verdict.reasons)
     assert any("top1_agreement 0.7000" in reason and "is below 0.8500" in reason for reason in verdict.reasons)
+
+
+def test_a_nan_estimate_fails_instead_of_slipping_through(tmp_path: Path) -> None:
+    nll = [30.0] * 20
+    policy = load_policy(policy_file(tmp_path, "metrics: {wiki-text: {kl_divergence: {max_value: {8bit: 0.1}, undecided_margin: 0.01}}}\n"))
+    candidate = text_items(nll, [float("nan")] + [0.0] * 19, [10] * 20)
+    verdict = compare({"wiki-text@v1": text_items(nll)}, {"wiki-text@v1": candidate}, policy, "8bit")
+    (gate,) = verdict.gates
+    assert gate.outcome is Outcome.failed and "NaN or Inf" in gate.reason and not verdict.approved
+
+
+def measurement(measured: float | None, exact: float | None, lines: list[dict] | None = None) -> dict:
+    return {"quantized_linear": {"bits_per_weight": {"measured": measured, "exact": exact}},
+            "explanation": {"lines": lines or []}}
+
+
+def test_size_gates_compare_bits_exactly_and_block_unexplained_bytes(tmp_path: Path) -> None:
+    from gates.verdict import size_gates
+
+    policy = load_policy(policy_file(tmp_path, "metrics: {}\nsize: {max_bits_per_weight_excess: 0.01}\n"))
+    within, over = size_gates(measurement(4.2195, 4.2095), policy)[0], size_gates(measurement(4.2196, 4.2095), policy)[0]
+    assert within.outcome is Outcome.passed and over.outcome is Outcome.failed  # 0.0100 vs 0.0101: no rounding
+    assert "exceeds the tolerance 0.01" in over.reason
+    lines = [{"cause": "other_group_size", "bytes": 9000, "detail": "g64 layers"},
+             {"cause": "wider_than_baseline", "bytes": 56623104, "detail": "model.embed_tokens.weight is F32, the baseline BF16"}]
+    bits, unexplained = size_gates(measurement(4.2, 4.2, lines), policy)
+    assert bits.outcome is Outcome.passed and unexplained.outcome is Outcome.failed
+    assert unexplained.reason == ("size: 56,623,104 bytes the format does not explain: "
+                                  "model.embed_tokens.weight is F32, the baseline BF16 (56,623,104 B)")
+    # an unquantized candidate has no quantized layers: only the unexplained-bytes gate applies
+    (only,) = size_gates(measurement(None, None), policy)
+    assert only.gate == "size unexplained_bytes" and only.outcome is Outcome.passed
+
+
+def test_integrity_gates_finite_logits_and_calibration_overlap(tmp_path: Path) -> None:
+    from gates.verdict import integrity_gates
+
+    policy = load_policy(policy_file(tmp_path, "metrics: {}\nintegrity: {max_calibration_overlap: 0.01}\n"))
+    clean = {"n": 13, "candidate_ngrams": 1000, "shared_ngrams": 10, "share": 0.01}
+    leaky = {"n": 13, "candidate_ngrams": 1000, "shared_ngrams": 11, "share": 0.011}
+    finite, overlap = integrity_gates(policy, {"logits_finite": True}, clean, {"wiki-text@v1": text_items([1.0, 2.0])})
+    assert finite.outcome is Outcome.passed and overlap.outcome is Outcome.passed
+    _, leaked = integrity_gates(policy, {"logits_finite": True}, leaky)
+    assert leaked.outcome is Outcome.failed and leaked.reason.startswith("integrity: 11 of the calibration set's 1000 13-grams")
+    (nan,) = integrity_gates(policy, {"logits_finite": True}, None, {"wiki-text@v1": text_items([1.0, float("inf")])})
+    assert nan.outcome is Outcome.failed and "wiki-text item 1 has nll inf" in nan.reason
+    (unknown,) = integrity_gates(policy, None, None)
+    assert unknown.outcome is Outcome.failed  # nothing shows the checkpoint even loads: fail closed

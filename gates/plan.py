@@ -1,0 +1,162 @@
+"""A run plan: everything `quantgate run` needs for one model, in one YAML file, validated
+before any work starts (an unknown field, format, set, metric or profile is an error that
+lists the valid ones, exit 2).
+
+Relative paths in a plan (the output directory, a calibration source file, a policy or
+hardware YAML) resolve against the directory quantgate runs in, as command-line paths do.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from gates.artifacts import sha256_json
+from gates.errors import InputError, did_you_mean
+
+SCHEMA_VERSION = 1
+DEMO_PLAN = Path(__file__).parent / "plans" / "demo.yaml"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class CalibrationPlan(_Strict):
+    """`quantgate calibrate` settings; the model is the plan's."""
+
+    source: str = "demo"
+    samples: int = Field(default=128, gt=0)
+    seq_len: int = Field(default=512, gt=0)
+    seed: int = Field(default=0, ge=0)
+    field: str = "text"
+    split: str | None = None
+    packing: str = "concat"
+    chat_template: bool = False
+
+
+class EvaluationPlan(_Strict):
+    """`quantgate evaluate` settings, the same for the baseline and every candidate."""
+
+    sets: tuple[str, ...] = Field(min_length=1)
+    limit: int | None = Field(default=None, gt=0, description="first N items of every set")
+    limits: dict[str, int] = Field(default_factory=dict, description="per set (NAME or NAME@vN); beats `limit`")
+    batch_size: int = Field(default=4, gt=0)
+    max_tokens: int = Field(default=512, gt=1)
+    top_k: int = Field(default=64, gt=0)
+    device: str | None = None
+    backend: str = "hf"
+
+
+class ReportPlan(_Strict):
+    plot_metric: str | None = Field(default=None, description="'SET METRIC' on the plot's y axis (default: the first text-set KL)")
+
+
+class RunPlan(_Strict):
+    schema_version: int = SCHEMA_VERSION
+    model: str = Field(description="baseline: a model directory or a demo model name")
+    formats: tuple[str, ...] = Field(min_length=1)
+    quantize: dict[str, dict[str, Any]] = Field(default_factory=dict, description="per format: QuantizeConfig fields")
+    calibration: CalibrationPlan = CalibrationPlan()
+    evaluation: EvaluationPlan
+    policy: str = "default"
+    hardware: tuple[str, ...] = ("reference", "h200")
+    out: str = "runs/out"
+    ledger: str | None = Field(default=None, description="default: <out>/ledger.jsonl")
+    report: ReportPlan = ReportPlan()
+    allow_pickle: bool = False
+
+    @field_validator("schema_version")
+    @classmethod
+    def _known_schema(cls, value: int) -> int:
+        if value != SCHEMA_VERSION:
+            raise ValueError(f"this quantgate reads plan schema_version {SCHEMA_VERSION}, not {value}")
+        return value
+
+    @field_validator("formats")
+    @classmethod
+    def _known_formats(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        from quantize.presets import get_preset
+
+        for name in value:
+            get_preset(name)
+        if len(set(value)) != len(value):
+            raise ValueError("a format is named twice")
+        return value
+
+    @model_validator(mode="after")
+    def _options_for_listed_formats(self) -> "RunPlan":
+        for name in self.quantize:
+            if name not in self.formats:
+                raise ValueError(f"quantize options for {name!r}, which is not in formats ({', '.join(self.formats)})")
+        return self
+
+
+@dataclass(frozen=True)
+class LoadedPlan:
+    plan: RunPlan
+    path: Path | None  # None: built from a mapping
+    base: Path  # relative paths resolve here
+
+    def resolve(self, value: str) -> Path:
+        path = Path(value).expanduser()
+        return path if path.is_absolute() else self.base / path
+
+    @property
+    def out(self) -> Path:
+        return self.resolve(self.plan.out)
+
+    @property
+    def ledger(self) -> Path:
+        return self.resolve(self.plan.ledger) if self.plan.ledger else self.out / "ledger.jsonl"
+
+    @property
+    def sha256(self) -> str:
+        return sha256_json(self.plan.model_dump(mode="json"))
+
+
+def _first_error(error: ValidationError, where: str) -> InputError:
+    first = error.errors()[0]
+    location = ".".join(str(part) for part in first["loc"]) or "plan"
+    message = first["msg"].removeprefix("Value error, ")
+    if first["type"] == "extra_forbidden":
+        parent = RunPlan
+        for part in first["loc"][:-1]:
+            annotation = parent.model_fields.get(str(part))
+            parent = annotation.annotation if annotation and isinstance(annotation.annotation, type) else None  # type: ignore[assignment]
+            if parent is None or not issubclass(parent, BaseModel):
+                break
+        if parent is not None and isinstance(parent, type) and issubclass(parent, BaseModel):
+            valid = list(parent.model_fields)
+            name = str(first["loc"][-1])
+            message = f"unknown field{did_you_mean(name, valid)}; valid: {', '.join(valid)}"
+    return InputError(f"plan {where}: {location}: {message}")
+
+
+def from_mapping(raw: Any, where: str = "(mapping)", base: Path | None = None, path: Path | None = None) -> LoadedPlan:
+    if not isinstance(raw, dict):
+        raise InputError(f"plan {where}: expected a YAML mapping with model, formats, evaluation, ...")
+    try:
+        plan = RunPlan.model_validate(raw)
+    except ValidationError as error:
+        raise _first_error(error, where) from error
+    except InputError as error:  # an unknown format from get_preset
+        raise InputError(f"plan {where}: {error}") from error
+    return LoadedPlan(plan, path, (base or Path.cwd()).resolve())
+
+
+def load_plan(spec: str | Path) -> LoadedPlan:
+    """A plan YAML file, or 'demo' for the embedded demo plan (examples/demo.yaml)."""
+    path = DEMO_PLAN if str(spec) == "demo" else Path(spec)
+    if not path.is_file():
+        raise InputError(f"plan file {path} does not exist")
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as error:
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise InputError(f"plan {path}: cannot read it as YAML ({first})") from error
+    return from_mapping(raw, str(path), Path.cwd(), path)

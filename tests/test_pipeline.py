@@ -1,0 +1,221 @@
+"""`quantgate run` on the tiny model end to end: verdicts, the ledger, the report, exit codes,
+resumption that redoes nothing; and `quantgate gate` on identical, damaged and re-policed
+candidates."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gates import pipeline
+from gates.artifacts import read_json
+from gates.plan import from_mapping, load_plan
+
+# KL and top-1 discriminate on a random tiny model; accuracy is near zero for every candidate,
+# so the lambada gate checks the paired difference machinery (identical answers: +0.00).
+TINY_POLICY = """\
+name: tiny
+version: v1
+metrics:
+  wiki-text:
+    kl_divergence: {max_value: {8bit: 0.01, 4bit: 0.05}, undecided_margin: 0.01}
+    top1_agreement: {min_value: {8bit: 0.90, 4bit: 0.80}, undecided_margin: 0.05}
+  lambada:
+    acc: {max_drop_points: {8bit: 5.0, 4bit: 10.0}, undecided_margin_points: 50.0}
+"""
+FORMATS = ["fp8-e4m3", "gptq-int4"]
+
+
+def write_policy(path: Path, text: str = TINY_POLICY) -> Path:
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def plan_mapping(model: Path, root: Path, **changes) -> dict:
+    mapping = {
+        "model": str(model), "formats": FORMATS,
+        "calibration": {"samples": 8, "seq_len": 64},
+        "evaluation": {"sets": ["wiki-text", "lambada"], "limit": 4},
+        "policy": str(write_policy(root / "policy.yaml")), "hardware": ["reference", "h200"],
+        "out": str(root / "run"),
+    }
+    mapping.update(changes)
+    return mapping
+
+
+@pytest.fixture(scope="module")
+def tiny_run(quant_model: Path, tmp_path_factory: pytest.TempPathFactory):
+    """One finished run of the tiny model in two formats, made once for this module."""
+    root = tmp_path_factory.mktemp("tiny-run")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("QUANTGATE_HOME", str(tmp_path_factory.mktemp("tiny-run-home")))
+        patch.setenv("HF_HUB_OFFLINE", "1")
+        result = pipeline.run(from_mapping(plan_mapping(quant_model, root)), show_progress=False)
+    return root, result
+
+
+def copy_run(tiny_run, tmp_path: Path) -> Path:
+    """A private copy of the finished run (paths inside it still name the original's checkpoints,
+    so only stage-level behaviour is checked on a copy)."""
+    root, _ = tiny_run
+    shutil.copytree(root, tmp_path / "copy", symlinks=True)
+    return tmp_path / "copy"
+
+
+def test_run_gates_every_format_and_writes_ledger_and_report(tiny_run) -> None:
+    root, result = tiny_run
+    out = root / "run"
+    assert set(result.verdicts) == set(FORMATS)
+    for fmt in FORMATS:
+        record = read_json(out / "verdicts" / f"{fmt}.json")["value"]
+        assert record["verdict"] == result.verdicts[fmt]["verdict"]
+        gates = {gate["gate"]: gate for gate in record["gates"]}
+        # metric gates with intervals, the size gate and the integrity gates, each with a reason
+        assert {"wiki-text@v1 kl_divergence", "wiki-text@v1 top1_agreement", "lambada@v1 acc", "size bits_per_weight",
+                "size unexplained_bytes", "integrity finite_logits", "integrity calibration_overlap"} <= set(gates)
+        assert all(gate["reason"] for gate in gates.values())
+        assert gates["wiki-text@v1 kl_divergence"]["low"] <= gates["wiki-text@v1 kl_divergence"]["estimate"] <= gates["wiki-text@v1 kl_divergence"]["high"]
+        assert record["policy"]["name"] == "tiny" and len(record["policy"]["sha256"]) == 64
+        assert {entry["name"] for entry in record["evalsets"]} == {"wiki-text", "lambada"}
+    lines = (out / "ledger.jsonl").read_text().splitlines()
+    assert [json.loads(line)["format"] for line in lines] == FORMATS
+    report = read_json(out / "report" / "report.json")
+    assert [row["format"] for row in report["rows"]] == ["baseline", *FORMATS]
+    assert set(report["recommendation"]) == {"reference", "h200"}
+    baseline, fp8, gptq = report["rows"]
+    assert gptq["bytes"] < fp8["bytes"] < baseline["bytes"] and baseline["ratio_to_baseline"] == 1.0
+    assert 4.0 < gptq["bits_per_weight_layers"] < 4.6 and 7.9 < fp8["bits_per_weight_layers"] < 8.1
+    assert all(row["bounds"]["reference"]["batch1_ms"] > 0 for row in report["rows"])
+    assert "wiki-text@v1 kl_divergence" in report["metric_columns"]
+    assert (out / "report" / "report.html").read_text().count('class="point') == 3
+    run = read_json(out / "run.json")
+    assert run["status"] == "finished" and run["verdicts"].keys() == set(FORMATS)
+
+
+def test_finished_run_started_again_does_nothing_and_prints_the_same_verdicts(tiny_run, quant_model: Path) -> None:
+    root, first = tiny_run
+    ledger_before = (root / "run" / "ledger.jsonl").read_bytes()
+    again = pipeline.run(from_mapping(plan_mapping(quant_model, root)), show_progress=False)
+    assert again.redone == []
+    assert {stage.status for stage in again.stages} == {"reused"}
+    assert {fmt: v["verdict"] for fmt, v in again.verdicts.items()} == {fmt: v["verdict"] for fmt, v in first.verdicts.items()}
+    assert [v["reasons"] for v in again.verdicts.values()] == [v["reasons"] for v in first.verdicts.values()]
+    assert (root / "run" / "ledger.jsonl").read_bytes() == ledger_before  # no duplicate records
+
+
+def test_killed_run_redoes_only_what_is_missing(tiny_run, quant_model: Path) -> None:
+    root, _ = tiny_run
+    out = root / "run"
+    # as if killed while evaluating gptq-int4: its results and its stage record never landed,
+    # and a half-written staging directory is left behind
+    shutil.rmtree(out / "results" / "gptq-int4")
+    (out / "stages" / "evaluate-gptq-int4.json").unlink()
+    (out / "results" / ".gptq-int4.partial-dead").mkdir()
+    ledger_before = (out / "ledger.jsonl").read_bytes()
+    resumed = pipeline.run(from_mapping(plan_mapping(quant_model, root)), show_progress=False)
+    assert resumed.redone == ["evaluate gptq-int4", "gate gptq-int4"]
+    assert (out / "ledger.jsonl").read_bytes() == ledger_before  # the same verdict on the same bytes
+
+
+def test_changed_checkpoint_is_quantized_again(tiny_run, quant_model: Path) -> None:
+    root, _ = tiny_run
+    out = root / "run"
+    weights = out / "checkpoints" / "fp8-e4m3" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-1] + b"\x00")  # no longer what its manifest says
+    resumed = pipeline.run(from_mapping(plan_mapping(quant_model, root)), show_progress=False)
+    assert "quantize fp8-e4m3" in resumed.redone and "quantize gptq-int4" not in resumed.redone
+
+
+def test_policy_edit_changes_the_verdict_of_a_run(tiny_run, quant_model: Path, tmp_path: Path) -> None:
+    root, first = tiny_run
+    strict = write_policy(tmp_path / "strict.yaml", TINY_POLICY.replace("4bit: 0.05", "4bit: 0.00001"))
+    rerun = pipeline.run(from_mapping(plan_mapping(quant_model, root, policy=str(strict))), show_progress=False)
+    assert rerun.redone == ["gate fp8-e4m3", "gate gptq-int4", "report"]  # nothing upstream of the gates
+    assert rerun.verdicts["gptq-int4"]["verdict"] == "blocked" and rerun.exit_code == 1
+    (reason,) = [r for r in rerun.verdicts["gptq-int4"]["reasons"] if "kl_divergence" in r]
+    assert reason.startswith("wiki-text kl_divergence 0.") and reason.endswith("exceeds 0.0000")
+    # the ledger keeps both verdicts, each under its own policy hash
+    policies = [json.loads(line)["policy"]["sha256"] for line in (root / "run" / "ledger.jsonl").read_text().splitlines()]
+    assert len(set(policies)) == 2
+
+
+def test_run_command_exit_codes_and_summary(cli, quant_model: Path, tmp_path: Path) -> None:
+    plan = tmp_path / "plan.yaml"
+    mapping = plan_mapping(quant_model, tmp_path, formats=["fp8-e4m3"])
+    plan.write_text(yaml.safe_dump(mapping))
+    approved = cli("run", plan, "--quiet")
+    assert approved.code == 0, approved.err
+    assert "approved" in approved.out and "recommended on reference: fp8-e4m3" in approved.out
+    strict = write_policy(tmp_path / "policy.yaml", TINY_POLICY.replace("8bit: 0.01,", "8bit: 0.0000001,"))
+    blocked = cli("run", plan, "--quiet")
+    assert blocked.code == 1 and "blocked" in blocked.out, blocked.err
+    (reason,) = read_json(tmp_path / "run" / "verdicts" / "fp8-e4m3.json")["value"]["reasons"]
+    assert reason.startswith("wiki-text kl_divergence") and strict.is_file()
+    again = cli("report", tmp_path / "run")
+    assert again.code == 0 and "report written to" in again.out
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"formats": ["gptq-int5"]}, "unknown format 'gptq-int5' (did you mean 'gptq-int4'?)"),
+    ({"colour": "blue"}, "colour: unknown field; valid: schema_version, model, formats"),
+    ({"calibration": {"sample": 8}}, "calibration.sample: unknown field (did you mean 'samples'?)"),
+    ({"quantize": {"awq-int4": {"awq_n_grid": 5}}}, "quantize options for 'awq-int4', which is not in formats"),
+    ({"quantize": {"gptq-int4": {"group_size": 100}}}, "quantize.gptq-int4.group_size: group size must be a positive multiple of 32"),
+    ({"evaluation": {"sets": ["lambada"], "limit": 4}}, "gates wiki-text, which is not evaluated here"),
+    ({"evaluation": {"sets": ["wiki-text", "lambda"]}}, "lambda"),
+    ({"hardware": ["h300"]}, "unknown hardware profile 'h300'"),
+    ({"model": "/nonexistent/model"}, "/nonexistent/model"),
+])
+def test_bad_plans_exit_2_in_one_line_before_any_work(cli, quant_model: Path, tmp_path: Path, change: dict, message: str) -> None:
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(yaml.safe_dump(plan_mapping(quant_model, tmp_path) | change))
+    result = cli("run", plan)
+    assert result.code == 2, result.err
+    assert result.err.startswith("quantgate: error: ") and result.err.count("\n") == 1 and message in result.err
+    assert not (tmp_path / "run").exists()  # nothing was started, nothing written
+
+
+def test_missing_plan_and_broken_yaml_exit_2(cli, tmp_path: Path) -> None:
+    assert cli("run", tmp_path / "none.yaml").code == 2
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("model: [unclosed\n")
+    result = cli("run", broken)
+    assert result.code == 2 and "cannot read it as YAML" in result.err
+
+
+def test_demo_plan_is_the_example_and_validates() -> None:
+    from gates.plan import DEMO_PLAN
+
+    example = Path(__file__).parent.parent / "examples" / "demo.yaml"
+    assert example.read_bytes() == DEMO_PLAN.read_bytes()
+    plan = load_plan("demo").plan
+    assert plan.formats == ("gptq-int4", "awq-int4", "smoothquant-w8a8", "fp8-e4m3")
+    assert plan.model == "smollm2-135m" and plan.policy == "small-model@v1"
+    assert plan.quantize["fp8-e4m3"] == {"fp8_dynamic": True}
+
+
+def test_a_format_that_fails_its_checks_is_blocked_and_stays_blocked(quant_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import quantize
+    from quantize.stage import QuantizationFailed
+
+    calls = []
+
+    def broken(cfg, *args, **kwargs):
+        calls.append(cfg.format)
+        raise QuantizationFailed("the quantized checkpoint produces NaN or Inf logits on the smoke prompt (12 values); not published")
+
+    monkeypatch.setattr(quantize, "run", broken)
+    mapping = plan_mapping(quant_model, tmp_path, formats=["gptq-int4"])
+    result = pipeline.run(from_mapping(mapping), show_progress=False)
+    assert result.exit_code == 1 and calls == ["gptq-int4"]
+    (reason,) = result.verdicts["gptq-int4"]["reasons"]
+    assert reason.startswith("integrity: the quantized checkpoint produces NaN or Inf logits")
+    assert not (tmp_path / "run" / "checkpoints" / "gptq-int4").exists()
+    again = pipeline.run(from_mapping(mapping), show_progress=False)
+    assert calls == ["gptq-int4"] and again.redone == []  # the same inputs fail the same way: not retried
+    report = read_json(tmp_path / "run" / "report" / "report.json")
+    assert report["rows"][1]["verdict"] == "blocked" and report["recommendation"]["reference"] is None
