@@ -254,6 +254,49 @@ class _Progress:
             stderr.print(f"      [{colour}]{status.status}[/{colour}] in {status.seconds:.1f} s{detail}", highlight=False)
 
 
+class _RunLock:
+    """One run at a time in a run directory: `<out>/.lock` holds the running process's pid; a
+    lock left by a process that no longer exists (a killed run) is taken over."""
+
+    def __init__(self, out: Path) -> None:
+        self.path = out / ".lock"
+
+    def __enter__(self) -> "_RunLock":
+        import os
+
+        for _ in range(2):
+            try:
+                handle = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                try:
+                    holder = int(self.path.read_text().strip() or 0)
+                except (OSError, ValueError):
+                    holder = 0
+                if holder and holder != os.getpid() and _alive(holder):
+                    raise InputError(f"another quantgate run (pid {holder}) is using {self.path.parent}; wait for it, or choose another out")
+                self.path.unlink(missing_ok=True)  # stale: its run was killed
+                continue
+            with os.fdopen(handle, "w") as stream:
+                stream.write(str(os.getpid()))
+            return self
+        raise InputError(f"cannot take the lock {self.path}")
+
+    def __exit__(self, *exc: Any) -> None:
+        self.path.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    import os
+
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def _validated(config_class: type, where: str, **values: Any) -> Any:
     from pydantic import ValidationError
 
@@ -403,14 +446,17 @@ class Pipeline:
         return ["calibration", "overlap", "measure", "evaluate", *per_format * len(self.plan.formats), "report"]
 
     def run(self) -> RunResult:
+        self.preflight()
+        self.out.mkdir(parents=True, exist_ok=True)
+        with _RunLock(self.out):
+            return self._run()
+
+    def _run(self) -> RunResult:
         import calibration
         import evalsets
-        import quantize
 
-        self.preflight()
         started = time.perf_counter()
         self.progress = _Progress(self.planned_stages(), self.show_progress)
-        self.out.mkdir(parents=True, exist_ok=True)
         write_json(self.out / RUN_FILE, self._run_manifest(status="running"))
 
         # calibration: reused by calibration.run itself when its inputs' key matches

@@ -271,7 +271,8 @@ def build(run_dir: Path) -> dict[str, Any]:
     if plot.get("y") not in columns and columns:
         plot["y"] = columns[0]
     return {
-        "model": run["model"],
+        "model": run["plan"]["model"],
+        "model_path": run["model"],
         "policy": {key: run["policy"][key] for key in ("name", "version", "sha256")},
         "hardware": [{"name": name} for name in run["hardware"]],
         "metric_columns": columns,

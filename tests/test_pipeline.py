@@ -219,3 +219,18 @@ def test_a_format_that_fails_its_checks_is_blocked_and_stays_blocked(quant_model
     assert calls == ["gptq-int4"] and again.redone == []  # the same inputs fail the same way: not retried
     report = read_json(tmp_path / "run" / "report" / "report.json")
     assert report["rows"][1]["verdict"] == "blocked" and report["recommendation"]["reference"] is None
+
+
+def test_one_run_at_a_time_in_a_run_directory(tiny_run, quant_model: Path) -> None:
+    import os
+
+    from gates.errors import InputError
+
+    root, _ = tiny_run
+    lock = root / "run" / ".lock"
+    lock.write_text(str(os.getppid()))  # a live process holds it
+    with pytest.raises(InputError, match=f"another quantgate run \\(pid {os.getppid()}\\) is using"):
+        pipeline.run(from_mapping(plan_mapping(quant_model, root)), show_progress=False)
+    lock.write_text("999999999")  # left by a killed run: taken over, and released at the end
+    pipeline.run(from_mapping(plan_mapping(quant_model, root)), show_progress=False)
+    assert not lock.exists()
