@@ -277,7 +277,7 @@ def _print_summary(data: dict[str, Any], result: Any = None) -> None:
     if result is not None:
         redone = len(result.redone)
         console.print(f"run directory {result.out} ({redone} of {len(result.stages)} stages run, {len(result.stages) - redone} reused) "
-                      f"in {result.seconds:.0f} s; report {result.out / 'report' / 'report.html'}")
+                      f"in {result.seconds:.0f} s; report {result.out / 'report' / 'report.html'}; ledger {data.get('ledger')}")
 
 
 @app.command("gate")
@@ -585,6 +585,11 @@ def evaluate_command(
     typer.echo(f"results written to {results.path}")
 
 
+# Exit codes: 0 success (every format approved), 1 a verdict said no (a format blocked, a
+# checkpoint not deployable), 2 bad input or configuration, 3 a crash (a bug: traceback shown).
+CRASH_EXIT_CODE = 3
+
+
 def main() -> None:
     try:
         app()
@@ -592,6 +597,12 @@ def main() -> None:
         message = " ".join(str(error).split())
         print(f"quantgate: error: {message}", file=sys.stderr)
         sys.exit(error.exit_code)
+    except Exception:  # noqa: BLE001 - anything else is a bug: say so, never exit 1 (= "blocked")
+        import traceback
+
+        traceback.print_exc()
+        print(f"quantgate: crashed (a bug, please report it with the traceback above); exit code {CRASH_EXIT_CODE}", file=sys.stderr)
+        sys.exit(CRASH_EXIT_CODE)
 
 
 if __name__ == "__main__":

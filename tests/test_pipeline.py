@@ -234,3 +234,13 @@ def test_one_run_at_a_time_in_a_run_directory(tiny_run, quant_model: Path) -> No
     lock.write_text("999999999")  # left by a killed run: taken over, and released at the end
     pipeline.run(from_mapping(plan_mapping(quant_model, root)), show_progress=False)
     assert not lock.exists()
+
+
+def test_a_crash_is_a_traceback_and_exit_code_3_never_1(cli, monkeypatch: pytest.MonkeyPatch) -> None:
+    def bug(self):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(pipeline.Pipeline, "run", bug)
+    result = cli("run", "demo")
+    assert result.code == 3  # 1 means "a format was blocked": a crash must not look like a verdict
+    assert "Traceback (most recent call last)" in result.err and "RuntimeError: a bug" in result.err
