@@ -20,7 +20,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from gates.errors import IntegrityError, OutputExistsError
+from gates.errors import InputError, IntegrityError, OutputExistsError
 
 MANIFEST = "manifest.json"
 
@@ -107,6 +107,23 @@ def write_json(path: Path, value: Any) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(temporary)
         raise
+
+
+def read_yaml(path: Path, what: str) -> Any:
+    """Parse a YAML file; a file that cannot be read or parsed is one InputError line naming `what`."""
+    import yaml
+
+    try:
+        return yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except yaml.YAMLError as error:
+        raise InputError(f"{what} {path}: cannot read it as YAML (invalid YAML: {_first_line(error)})") from error
+    except (OSError, UnicodeDecodeError) as error:
+        raise InputError(f"{what} {path}: cannot read it as YAML ({_first_line(error)})") from error
+
+
+def _first_line(error: Exception) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
 
 
 def read_json(path: Path) -> Any:

@@ -212,7 +212,7 @@ def demo(
     out: Optional[Path] = typer.Option(None, "--out", help="run directory (default: the plan's, demo-out)"),
 ) -> None:
     """Run the whole pipeline on the embedded demo plan (examples/demo.yaml): SmolLM2-135M,
-    four formats, four golden sets at demo limits, the default policy.
+    four formats, four golden sets at demo limits, the small-model policy.
 
     Exit 0 if every format is approved, 1 if any is blocked, 2 on bad input.
 

@@ -8,10 +8,115 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from gates.artifacts import MANIFEST, read_json
+from gates import ledger as ledger_module
+from gates.artifacts import MANIFEST, read_json, sha256_json
 from gates.errors import InputError
-from gates.policy import PRECISION_CLASSES, precision_class
-from gates.verdict import judge
+from gates.policy import PRECISION_CLASSES, LoadedPolicy, load_policy, precision_class
+from gates.verdict import Verdict, judge
+
+GATEABLE_METRICS = ("acc", "acc_norm", "exact_match", "perplexity", "kl_divergence", "top1_agreement")
+
+
+
+
+def valid_metrics(set_specs: list[str]) -> dict[str, list[str]]:
+    """Golden set name -> the metrics a policy may gate on it (those with a gate rule)."""
+    import evalsets
+    from evalsets.sets import SCORING
+
+    metrics = {}
+    for spec in set_specs:
+        golden = evalsets.load(spec)
+        metrics[golden.name] = [name for name in SCORING[golden.kind]["metrics"] if name in GATEABLE_METRICS]
+    return metrics
+
+
+def load_gate_policy(spec: str | Path, set_specs: list[str]) -> LoadedPolicy:
+    """The policy, validated against every known golden set's metrics, and then against the
+    sets that will be evaluated: it may gate only those."""
+    from evalsets.sets import all_names
+
+    known = list(dict.fromkeys([*all_names(), *set_specs]))
+    policy = load_policy(spec, valid_metrics(known))
+    names = {spec.split("@")[0] for spec in set_specs} | set(set_specs)
+    missing = [name for name in policy.policy.metrics if name not in names]
+    if missing:
+        raise InputError(f"policy {policy.policy.name}@{policy.policy.version} gates {', '.join(missing)}, "
+                         f"which is not evaluated here (sets: {', '.join(set_specs)})")
+    return policy
+
+
+def item_records(results: Any) -> dict[str, list[dict[str, Any]]]:
+    """Set spec -> per-item records of one results directory."""
+    return {spec: results.items(spec)["items"] for spec in results.manifest["sets"]}
+
+
+def golden_texts(goldens: list[Any]) -> list[str]:
+    """Every string an item of these golden sets holds (query, choices, text, context, ...): what
+    a calibration set must not leak. The whole sets, not only the items a limit evaluates."""
+    texts: list[str] = []
+    for golden in goldens:
+        for item in golden.items():
+            for key, value in item.items():
+                if key in ("id", "meta"):
+                    continue
+                if isinstance(value, str):
+                    texts.append(value)
+                elif isinstance(value, list):
+                    texts.extend(text for text in value if isinstance(text, str))
+    return texts
+
+
+def overlap_summary(calibration_set: Any, goldens: list[Any]) -> dict[str, Any]:
+    import calibration
+
+    result = calibration.ngram_overlap(calibration_set.texts(), golden_texts(goldens))
+    return {"n": result.n, "candidate_ngrams": result.candidate_ngrams, "shared_ngrams": result.shared_ngrams,
+            "share": result.share, "against": [golden.spec for golden in goldens]}
+
+
+def verdict_record(fmt: str, verdict: Verdict, *, precision: str, policy: LoadedPolicy, checkpoint: Path | None,
+                   baseline_results: Any, candidate_results: Any | None, weights: dict[str, str] | None = None) -> dict[str, Any]:
+    """A verdict as written to verdicts/<format>.json and (with the checkpoint's weights) the ledger.
+    `weights`: the weight files' sha256s where the caller already holds them verified."""
+    sets = baseline_results.manifest["sets"]
+    return {
+        "kind": "verdict",
+        "format": fmt,
+        "precision": precision,
+        "checkpoint": None if checkpoint is None else {
+            "path": str(Path(checkpoint).resolve()), "format": fmt, "weights": weights or ledger_module.checkpoint_weights(checkpoint)},
+        "baseline": {"model": baseline_results.manifest["model"]["path"],
+                     "weights_sha256": baseline_results.manifest["model"]["weights_sha256"]},
+        "policy": policy.identity,
+        "evalsets": [{"name": spec.split("@")[0], "version": spec.split("@")[1], "sha256": entry["sha256"],
+                      "limit": entry["limit"], "items": entry["items"]} for spec, entry in sorted(sets.items())],
+        "metrics": {gate.gate: {"outcome": gate.outcome.value, "estimate": gate.estimate, "low": gate.low,
+                                "high": gate.high, "limit": gate.limit, "unit": gate.unit} for gate in verdict.gates},
+        "gates": [gate.as_dict() for gate in verdict.gates],
+        "verdict": "approved" if verdict.approved else "blocked",
+        "reasons": verdict.reasons,
+        "results": None if candidate_results is None else str(Path(candidate_results.path).resolve()),
+    }
+
+
+def ledger_entry(record: dict[str, Any]) -> dict[str, Any]:
+    """The ledger's copy of a verdict, with the verdict's own hash: a rerun that reaches the
+    same verdict on the same bytes finds it there and appends nothing."""
+    return {**record, "verdict_sha256": sha256_json(record)}
+
+
+def record_verdict(ledger: Path, record: dict[str, Any]) -> bool:
+    """Append the verdict to the ledger unless the ledger holds it already; True if appended."""
+    entry = ledger_entry(record)
+    try:
+        existing = ledger_module.read(ledger)
+    except ledger_module.LedgerTampered as error:
+        raise InputError(f"{error}; refusing to append to it (restore it, or name another ledger)") from error
+    if any(old.get("verdict_sha256") == entry["verdict_sha256"] for old in existing):
+        return False
+    ledger_module.append(ledger, entry)
+    return True
 
 
 def _checkpoint_manifest(checkpoint: Path | None) -> dict[str, Any] | None:
@@ -26,7 +131,6 @@ def gate_results(baseline: Path, candidate: Path, policy_spec: str | Path, *, ch
     """The verdict record (as the pipeline writes it); appended to `ledger` when given."""
     import calibration
     import evalsets
-    from gates.pipeline import item_records, load_gate_policy, overlap_summary, record_verdict, verdict_record
     from quantize.accounting import measure
     from quantize.presets import get_preset
 
@@ -58,7 +162,7 @@ def gate_results(baseline: Path, candidate: Path, policy_spec: str | Path, *, ch
         measurement = measure(checkpoint, baseline_dir if baseline_dir.is_dir() else None).to_json()
     if calibration_dir is None and manifest is not None and Path(manifest["calibration"]["path"]).is_dir():
         calibration_dir = Path(manifest["calibration"]["path"])
-    overlap = overlap_summary(calibration.load(calibration_dir), specs) if calibration_dir is not None else None
+    overlap = overlap_summary(calibration.load(calibration_dir), [evalsets.load(spec) for spec in specs]) if calibration_dir is not None else None
 
     candidate_items = item_records(candidate_results)
     verdict = judge(item_records(baseline_results), candidate_items, policy, precision,

@@ -32,7 +32,6 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from gates import ledger as ledger_module
 from gates.artifacts import (
     MANIFEST,
     library_versions,
@@ -43,15 +42,15 @@ from gates.artifacts import (
     write_json,
 )
 from gates.console import stderr
-from gates.errors import InputError, IntegrityError, QuantgateError, did_you_mean
+from gates.errors import InputError, IntegrityError, did_you_mean
+from gates.gate import item_records, load_gate_policy, overlap_summary, record_verdict, verdict_record
 from gates.plan import LoadedPlan
-from gates.policy import LoadedPolicy, load_policy, precision_class
+from gates.policy import precision_class
 from gates.verdict import GateResult, Outcome, Verdict, judge
 
 RUN_FILE = "run.json"
 RUN_KIND = "quantgate-run"
 BASELINE = "baseline"
-GATEABLE_METRICS = ("acc", "acc_norm", "exact_match", "perplexity", "kl_divergence", "top1_agreement")
 BOUND_BATCHES = (1, 32)
 # Relative cost of each stage kind, for the run's time estimate (measured on the demo: quantizing
 # a format and evaluating a model take minutes, the rest seconds).
@@ -87,131 +86,25 @@ class RunResult:
         return [stage.stage for stage in self.stages if stage.status not in ("reused", "skipped")]
 
 
-def valid_metrics(set_specs: list[str]) -> dict[str, list[str]]:
-    """Golden set name -> the metrics a policy may gate on it (those with a gate rule)."""
-    import evalsets
-    from evalsets.sets import SCORING
-
-    metrics = {}
-    for spec in set_specs:
-        golden = evalsets.load(spec)
-        metrics[golden.name] = [name for name in SCORING[golden.kind]["metrics"] if name in GATEABLE_METRICS]
-    return metrics
-
-
-def load_gate_policy(spec: str | Path, set_specs: list[str]) -> LoadedPolicy:
-    """The policy, validated against every known golden set's metrics, and then against the
-    sets that will be evaluated: it may gate only those."""
-    from evalsets.sets import all_names
-
-    known = list(dict.fromkeys([*all_names(), *set_specs]))
-    policy = load_policy(spec, valid_metrics(known))
-    names = {spec.split("@")[0] for spec in set_specs} | set(set_specs)
-    missing = [name for name in policy.policy.metrics if name not in names]
-    if missing:
-        raise InputError(f"policy {policy.policy.name}@{policy.policy.version} gates {', '.join(missing)}, "
-                         f"which is not evaluated here (sets: {', '.join(set_specs)})")
-    return policy
-
-
-def item_records(results: Any) -> dict[str, list[dict[str, Any]]]:
-    """Set spec -> per-item records of one results directory."""
-    return {spec: results.items(spec)["items"] for spec in results.manifest["sets"]}
-
-
-def golden_texts(specs: list[str]) -> list[str]:
-    """Every string an item of these sets holds (query, choices, text, context, ...): what a
-    calibration set must not leak. The whole sets, not only the items a limit evaluates."""
-    import evalsets
-
-    texts: list[str] = []
-    for spec in specs:
-        for item in evalsets.load(spec).items():
-            for key, value in item.items():
-                if key in ("id", "meta"):
-                    continue
-                if isinstance(value, str):
-                    texts.append(value)
-                elif isinstance(value, list):
-                    texts.extend(text for text in value if isinstance(text, str))
-    return texts
-
-
-def overlap_summary(calibration_set: Any, set_specs: list[str]) -> dict[str, Any]:
-    import calibration
-
-    result = calibration.ngram_overlap(calibration_set.texts(), golden_texts(set_specs))
-    return {"n": result.n, "candidate_ngrams": result.candidate_ngrams, "shared_ngrams": result.shared_ngrams,
-            "share": result.share, "against": list(set_specs)}
-
-
-def bounds_for(checkpoint: Path, hardware: list[str]) -> dict[str, dict[str, Any]]:
-    """Decode-step lower bounds of a checkpoint's stored bytes at batch 1 and 32 per profile
-    (quantize.bounds defaults: 2048 context tokens a sequence, 16-bit KV cache)."""
+def measurement_entry(checkpoint: Path, baseline: Path | None, profiles: dict[str, Any]) -> dict[str, Any]:
+    """`quantgate measure --json` of a checkpoint, and the decode-step lower bounds its stored
+    bytes imply at batch 1 and 32 on each profile (quantize.bounds defaults: 2048 context
+    tokens a sequence, 16-bit KV cache). The headers are read once for both."""
     from quantize import bounds
-
-    table: dict[str, dict[str, Any]] = {}
-    for profile in hardware:
-        entry: dict[str, Any] = {}
-        for batch in BOUND_BATCHES:
-            result = bounds.compute(bounds.configure(hardware=profile, checkpoints=[checkpoint], batch=batch))
-            measured = result["formats"][-1]  # the checkpoint's own bytes (the others are the defaults)
-            entry[f"batch{batch}_ms"] = measured["step"]["bound_ms"]
-            entry[f"batch{batch}_binds"] = measured["step"]["binds"]
-        entry["context_tokens"] = result["inputs"]["context_tokens"]
-        entry["kv_bytes_per_element"] = result["inputs"]["kv_bytes_per_element"]
-        entry["profile"] = result["hardware"]["name"]
-        table[profile] = entry
-    return table
-
-
-def measurement_entry(checkpoint: Path, baseline: Path | None, hardware: list[str]) -> dict[str, Any]:
     from quantize.accounting import measure
 
-    return {"measurement": measure(checkpoint, baseline).to_json(), "bounds": bounds_for(checkpoint, hardware)}
-
-
-def verdict_record(fmt: str, verdict: Verdict, *, precision: str, policy: LoadedPolicy, checkpoint: Path | None,
-                   baseline_results: Any, candidate_results: Any | None) -> dict[str, Any]:
-    """A verdict as written to verdicts/<format>.json and (with the checkpoint's weights) the ledger."""
-    sets = baseline_results.manifest["sets"]
-    return {
-        "kind": "verdict",
-        "format": fmt,
-        "precision": precision,
-        "checkpoint": None if checkpoint is None else {
-            "path": str(Path(checkpoint).resolve()), "format": fmt, "weights": ledger_module.checkpoint_weights(checkpoint)},
-        "baseline": {"model": baseline_results.manifest["model"]["path"],
-                     "weights_sha256": baseline_results.manifest["model"]["weights_sha256"]},
-        "policy": policy.identity,
-        "evalsets": [{"name": spec.split("@")[0], "version": spec.split("@")[1], "sha256": entry["sha256"],
-                      "limit": entry["limit"], "items": entry["items"]} for spec, entry in sorted(sets.items())],
-        "metrics": {gate.gate: {"outcome": gate.outcome.value, "estimate": gate.estimate, "low": gate.low,
-                                "high": gate.high, "limit": gate.limit, "unit": gate.unit} for gate in verdict.gates},
-        "gates": [gate.as_dict() for gate in verdict.gates],
-        "verdict": "approved" if verdict.approved else "blocked",
-        "reasons": verdict.reasons,
-        "results": None if candidate_results is None else str(Path(candidate_results.path).resolve()),
-    }
-
-
-def ledger_entry(record: dict[str, Any]) -> dict[str, Any]:
-    """The ledger's copy of a verdict, with the verdict's own hash: a rerun that reaches the
-    same verdict on the same bytes finds it there and appends nothing."""
-    return {**record, "verdict_sha256": sha256_json(record)}
-
-
-def record_verdict(ledger: Path, record: dict[str, Any]) -> bool:
-    """Append the verdict to the ledger unless the ledger holds it already; True if appended."""
-    entry = ledger_entry(record)
-    try:
-        existing = ledger_module.read(ledger)
-    except ledger_module.LedgerTampered as error:
-        raise InputError(f"{error}; refusing to append to it (restore it, or name another ledger)") from error
-    if any(old.get("verdict_sha256") == entry["verdict_sha256"] for old in existing):
-        return False
-    ledger_module.append(ledger, entry)
-    return True
+    measured = measure(checkpoint, baseline)
+    shape, spec = bounds.measured_format(checkpoint, measured)
+    table: dict[str, dict[str, Any]] = {}
+    for name, profile in profiles.items():
+        cfg = bounds.BoundsConfig(hardware=profile, model=shape, formats=(spec,))
+        entry: dict[str, Any] = {}
+        for batch in BOUND_BATCHES:
+            step = bounds.compute(cfg.model_copy(update={"batch": batch}))["formats"][0]["step"]
+            entry[f"batch{batch}_ms"], entry[f"batch{batch}_binds"] = step["bound_ms"], step["binds"]
+        entry.update(context_tokens=cfg.context_tokens, kv_bytes_per_element=cfg.kv_bytes_per_element, profile=profile.name)
+        table[name] = entry
+    return {"measurement": measured.to_json(), "bounds": table}
 
 
 def _clock(seconds: float) -> str:
@@ -331,11 +224,13 @@ class Pipeline:
         from quantize.models import DEMO_MODELS, pull, resolve_model
 
         plan = self.plan
-        self.set_specs = [evalsets.load(spec).spec for spec in plan.evaluation.sets]
+        self.goldens = {golden.spec: golden for golden in map(evalsets.load, plan.evaluation.sets)}
+        self.set_specs = list(self.goldens)
         policy_spec = plan.policy if not plan.policy.endswith((".yaml", ".yml")) else self.loaded.resolve(plan.policy)
         self.policy = load_gate_policy(policy_spec, self.set_specs)
         self.hardware = [name if not name.endswith((".yaml", ".yml")) else str(self.loaded.resolve(name)) for name in plan.hardware]
-        self.profiles = {name: load_profile(name).model_dump(mode="json") for name in self.hardware}
+        self.profiles = {name: load_profile(name) for name in self.hardware}
+        self.profile_key = {name: profile.model_dump(mode="json") for name, profile in self.profiles.items()}
         self.quantize_cfgs = {fmt: _validated(quantize.QuantizeConfig, f"quantize.{fmt}", format=fmt, **plan.quantize.get(fmt, {}))
                               for fmt in plan.formats}
         evaluation = plan.evaluation
@@ -375,7 +270,7 @@ class Pipeline:
 
     # ---- stage machinery ----------------------------------------------------------------------
 
-    def _begin(self, kind: str, label: str) -> float:
+    def _begin(self, label: str) -> float:
         self.progress.begin(label)
         return time.perf_counter()
 
@@ -388,10 +283,12 @@ class Pipeline:
         return self.out / "stages" / f"{name}.json"
 
     def _directory_stage(self, kind: str, name: str, label: str, key: str, artifact: Path,
-                         load: Callable[[Path], Any], produce: Callable[[], Any]) -> tuple[Any, dict[str, Any]]:
+                         load: Callable[[Path], Any], produce: Callable[[], Any],
+                         failures: tuple[type[Exception], ...] = ()) -> tuple[Any, dict[str, Any]]:
         """Reuse `artifact` when its stage record has this key and the artifact still verifies;
-        else produce it (atomically, over whatever is there) and then write the record."""
-        started = self._begin(kind, label)
+        else produce it (atomically, over whatever is there) and then write the record. An
+        error in `failures` is recorded as this stage's outcome for these inputs (value None)."""
+        started = self._begin(label)
         record_path = self._record_path(name)
         record = read_json(record_path) if record_path.is_file() else None
         if record and record.get("key") == key:
@@ -409,11 +306,7 @@ class Pipeline:
                     return value, record
         try:
             value = produce()
-        except QuantgateError as error:
-            if kind != "quantize" or error.exit_code != 1:
-                raise
-            # the checkpoint failed its own checks (it does not load, or NaN/Inf logits): the
-            # format is blocked for it, and the same inputs give the same failure next time
+        except failures as error:
             record = {"stage": name, "key": key, "failed": " ".join(str(error).split())}
             write_json(record_path, record)
             self._finish(kind, label, "failed", started, record["failed"])
@@ -425,7 +318,7 @@ class Pipeline:
         return value, record
 
     def _json_stage(self, kind: str, label: str, path: Path, key: str, produce: Callable[[], Any]) -> Any:
-        started = self._begin(kind, label)
+        started = self._begin(label)
         if path.is_file():
             try:
                 stored = read_json(path)
@@ -460,21 +353,21 @@ class Pipeline:
         write_json(self.out / RUN_FILE, self._run_manifest(status="running"))
 
         # calibration: reused by calibration.run itself when its inputs' key matches
-        begun = self._begin("calibration", "calibration")
+        begun = self._begin("calibration")
         calibration_set = calibration.run(self.calibration_cfg, self.out / "calibration", overwrite=True)
         self._finish("calibration", "calibration", "reused" if calibration_set.reused else "done", begun,
                      f"{calibration_set.samples} x {calibration_set.input_ids.shape[1]} tokens, fingerprint {calibration_set.fingerprint[:12]}")
 
-        golden_shas = {spec: evalsets.load(spec).sha256 for spec in self.set_specs}
+        golden_shas = {spec: golden.sha256 for spec, golden in self.goldens.items()}
         overlap_key = sha256_json({"stage": "overlap", "calibration": calibration_set.fingerprint, "sets": golden_shas,
                                    "quantgate": self.version})
         overlap = self._json_stage("overlap", "overlap of calibration and golden sets", self.out / "overlap.json", overlap_key,
-                                   lambda: overlap_summary(calibration_set, self.set_specs))
+                                   lambda: overlap_summary(calibration_set, list(self.goldens.values())))
 
         identity_key = {key: self.identity[key] for key in ("weights_sha256", "config_sha256", "tokenizer_sha256")}
         self._json_stage("measure", "measure baseline", self.out / "measure" / f"{BASELINE}.json",
-                         sha256_json({"stage": "measure", "model": identity_key, "hardware": self.profiles, "quantgate": self.version}),
-                         lambda: measurement_entry(self.model_dir, None, self.hardware))
+                         sha256_json({"stage": "measure", "model": identity_key, "hardware": self.profile_key, "quantgate": self.version}),
+                         lambda: measurement_entry(self.model_dir, None, self.profiles))
 
         eval_settings = self.eval_cfg.model_dump(mode="json")
         baseline_results, _ = self._directory_stage(
@@ -491,7 +384,7 @@ class Pipeline:
                                          baseline_items, baseline_results_sha, overlap, overlap_key)
 
         write_json(self.out / RUN_FILE, self._run_manifest(status="finished", verdicts=verdicts))
-        begun = self._begin("report", "report")
+        begun = self._begin("report")
         from gates import report as report_module
 
         data = report_module.build(self.out)
@@ -512,6 +405,7 @@ class Pipeline:
         import evalsets
         import quantize
         from quantize.presets import get_preset
+        from quantize.stage import QuantizationFailed
 
         cfg = self.quantize_cfgs[fmt]
         checkpoint_dir = self.out / "checkpoints" / fmt
@@ -527,7 +421,10 @@ class Pipeline:
         manifest, quantize_record = self._directory_stage(
             "quantize", f"quantize-{fmt}", f"quantize {fmt}", quantize_key, checkpoint_dir, load_checkpoint,
             lambda: quantize.run(cfg, self.model_dir, calibration_set.path, checkpoint_dir, overwrite=True,
-                                 allow_pickle=self.plan.allow_pickle).manifest)
+                                 allow_pickle=self.plan.allow_pickle).manifest,
+            # the checkpoint failed its own checks (no load, NaN/Inf logits): the format is
+            # blocked for it, and the same inputs give the same failure next time
+            failures=(QuantizationFailed,))
         precision = precision_class(get_preset(fmt))
         verdict_path = self.out / "verdicts" / f"{fmt}.json"
         if manifest is None:  # the checkpoint failed its own checks: blocked, nothing to deploy
@@ -535,7 +432,7 @@ class Pipeline:
             verdict = Verdict(False, [failure])
             key = sha256_json({"stage": "gate", "quantize": quantize_key, "failed": quantize_record["failed"], "policy": self.policy.sha256})
             for kind in ("measure", "evaluate"):
-                begun = self._begin(kind, f"{kind} {fmt}")
+                begun = self._begin(f"{kind} {fmt}")
                 self._finish(kind, f"{kind} {fmt}", "skipped", begun, "no checkpoint")
             return self._json_stage("gate", f"gate {fmt}", verdict_path, key, lambda: verdict_record(
                 fmt, verdict, precision=precision, policy=self.policy, checkpoint=None,
@@ -543,9 +440,9 @@ class Pipeline:
 
         checkpoint_sha = quantize_record["manifest_sha256"]
         measure_key = sha256_json({"stage": "measure", "checkpoint": checkpoint_sha, "baseline": identity_key,
-                                   "hardware": self.profiles, "quantgate": self.version})
+                                   "hardware": self.profile_key, "quantgate": self.version})
         measured = self._json_stage("measure", f"measure {fmt}", self.out / "measure" / f"{fmt}.json", measure_key,
-                                    lambda: measurement_entry(checkpoint_dir, self.model_dir, self.hardware))
+                                    lambda: measurement_entry(checkpoint_dir, self.model_dir, self.profiles))
         results_dir = self.out / "results" / fmt
         results, _ = self._directory_stage(
             "evaluate", f"evaluate-{fmt}", f"evaluate {fmt}", sha256_json(
@@ -560,8 +457,11 @@ class Pipeline:
         def gate() -> dict[str, Any]:
             verdict = judge(baseline_items, item_records(results), self.policy, precision,
                             measurement=measured["measurement"], smoke=manifest.get("smoke"), overlap=overlap)
+            # the weight files' sha256s from the checkpoint's manifest, which the quantize stage
+            # just wrote or verified against the bytes: not hashed a third time
+            weights = {name: digest for name, digest in manifest["files"].items() if name.endswith(".safetensors") and "/" not in name}
             return verdict_record(fmt, verdict, precision=precision, policy=self.policy, checkpoint=checkpoint_dir,
-                                  baseline_results=baseline_results, candidate_results=results)
+                                  baseline_results=baseline_results, candidate_results=results, weights=weights)
 
         record = self._json_stage("gate", f"gate {fmt}", verdict_path, gate_key, gate)
         appended = record_verdict(self.ledger, record)

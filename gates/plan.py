@@ -12,10 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from gates.artifacts import sha256_json
+from gates.artifacts import read_yaml, sha256_json
 from gates.errors import InputError, did_you_mean
 
 SCHEMA_VERSION = 1
@@ -124,15 +123,14 @@ def _first_error(error: ValidationError, where: str) -> InputError:
     location = ".".join(str(part) for part in first["loc"]) or "plan"
     message = first["msg"].removeprefix("Value error, ")
     if first["type"] == "extra_forbidden":
-        parent = RunPlan
+        # the section the unknown field is in (the plan, or calibration/evaluation/report)
+        section: Any = RunPlan
         for part in first["loc"][:-1]:
-            annotation = parent.model_fields.get(str(part))
-            parent = annotation.annotation if annotation and isinstance(annotation.annotation, type) else None  # type: ignore[assignment]
-            if parent is None or not issubclass(parent, BaseModel):
-                break
-        if parent is not None and isinstance(parent, type) and issubclass(parent, BaseModel):
-            valid = list(parent.model_fields)
-            name = str(first["loc"][-1])
+            field = section.model_fields.get(str(part)) if section is not None else None
+            section = field.annotation if field is not None and isinstance(field.annotation, type) \
+                and issubclass(field.annotation, BaseModel) else None
+        if section is not None:
+            valid, name = list(section.model_fields), str(first["loc"][-1])
             message = f"unknown field{did_you_mean(name, valid)}; valid: {', '.join(valid)}"
     return InputError(f"plan {where}: {location}: {message}")
 
@@ -154,9 +152,4 @@ def load_plan(spec: str | Path) -> LoadedPlan:
     path = DEMO_PLAN if str(spec) == "demo" else Path(spec)
     if not path.is_file():
         raise InputError(f"plan file {path} does not exist")
-    try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as error:
-        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise InputError(f"plan {path}: cannot read it as YAML ({first})") from error
-    return from_mapping(raw, str(path), Path.cwd(), path)
+    return from_mapping(read_yaml(path, "plan"), str(path), Path.cwd(), path)

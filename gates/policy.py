@@ -10,10 +10,9 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from gates.artifacts import sha256_file
+from gates.artifacts import read_yaml, sha256_file
 from gates.errors import InputError, did_you_mean
 
 POLICY_DIR = Path(__file__).parent / "policies"
@@ -125,10 +124,7 @@ def load_policy(spec: str | Path, valid_metrics: dict[str, list[str]] | None = N
     """Load and validate a policy. `valid_metrics` maps each known golden set to its metrics;
     a set or metric outside it is an error that lists the valid ones."""
     path = resolve_policy(spec)
-    try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as error:
-        raise InputError(f"policy {path}: invalid YAML ({str(error).splitlines()[0]})") from error
+    raw = read_yaml(path, "policy")
     try:
         policy = Policy.model_validate(raw)
     except ValidationError as error:
@@ -174,9 +170,3 @@ def precision_class(preset: Any) -> str:
     bits = int(preset.weights["num_bits"])
     return "4bit" if bits <= 4 else "8bit"
 
-
-def load_yaml_mapping(path: Path) -> dict[str, Any]:
-    value = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-    if not isinstance(value, dict):
-        raise InputError(f"{path}: expected a YAML mapping")
-    return value

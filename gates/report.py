@@ -227,7 +227,8 @@ def _row(name: str, measured: dict[str, Any] | None, results: dict[str, Any] | N
         "bytes": measurement["totals"]["file_bytes"] if measurement else None,
         "bits_per_weight_layers": measurement["quantized_linear"]["bits_per_weight"]["measured"] if measurement else None,
         "bits_per_parameter": measurement["whole_model"]["bits_per_parameter"]["measured"] if measurement else None,
-        "ratio_to_baseline": ((measurement.get("baseline") or {}).get("ratio_total") if verdict is not None else 1.0) if measurement else None,
+        # the baseline is measured on its own; each format against it
+        "ratio_to_baseline": None if not measurement else 1.0 if verdict is None else measurement["baseline"]["ratio_total"],
         "bounds": {profile: {"batch1_ms": entry["batch1_ms"], "batch32_ms": entry["batch32_ms"]}
                    for profile, entry in ((measured or {}).get("bounds") or {}).items()},
         "metrics": metrics,
@@ -262,10 +263,10 @@ def build(run_dir: Path) -> dict[str, Any]:
     for verdict in verdicts.values():
         columns += [gate for gate in verdict["metrics"] if not gate.startswith(("size ", "integrity ")) and gate not in columns]
     baseline_results = results_manifest("baseline")
-    rows = [_row("baseline", _value(run_dir / "measure" / "baseline.json"), baseline_results, None, columns)]
+    baseline_measured = _value(run_dir / "measure" / "baseline.json") or {}
+    rows = [_row("baseline", baseline_measured, baseline_results, None, columns)]
     rows += [_row(fmt, _value(run_dir / "measure" / f"{fmt}.json"), results_manifest(fmt), verdicts[fmt], columns) for fmt in run["formats"]]
     calibration = read_json(run_dir / "calibration" / "manifest.json") if (run_dir / "calibration" / "manifest.json").is_file() else None
-    baseline_measured = _value(run_dir / "measure" / "baseline.json") or {}
     any_bounds = next(iter((baseline_measured.get("bounds") or {}).values()), None)
     plot = dict(run["plot"])
     if plot.get("y") not in columns and columns:

@@ -209,10 +209,10 @@ def integrity_gates(policy: LoadedPolicy, smoke: dict[str, Any] | None, overlap:
 
 def judge(baseline_items: dict[str, list[dict]], candidate_items: dict[str, list[dict]], policy: LoadedPolicy,
           precision: str, *, measurement: dict[str, Any] | None = None, smoke: dict[str, Any] | None = None,
-          overlap: dict[str, Any] | None = None, extra: list[GateResult] = ()) -> Verdict:  # type: ignore[assignment]
+          overlap: dict[str, Any] | None = None) -> Verdict:
     """Every gate of the policy: metrics against the baseline, then size (when the candidate was
     measured) and integrity. Approved only when every gate passes."""
-    results = [*extra, *integrity_gates(policy, smoke, overlap, candidate_items)]
+    results = integrity_gates(policy, smoke, overlap, candidate_items)
     if measurement is not None:
         results += size_gates(measurement, policy)
     results += compare(baseline_items, candidate_items, policy, precision).gates

@@ -358,6 +358,19 @@ def model_from_checkpoint(checkpoint: Any, config: dict[str, Any] | None, parame
     return ModelShape(parameters=parameters, layers=layers, kv_heads=kv_heads, head_dim=head_dim, source=f"{checkpoint} (config.json, measure)")
 
 
+def measured_format(checkpoint: Any, measured: Any) -> tuple[ModelShape, "FormatSpec"]:
+    """The model shape and the stored-bytes format of a checkpoint already measured
+    (`quantize.accounting.measure`): only its config.json is read again."""
+    from pathlib import Path
+
+    from quantize.headers import read_checkpoint
+
+    shape = model_from_checkpoint(checkpoint, read_checkpoint(Path(checkpoint)).config, measured.parameters)
+    spec = _validated(FormatSpec, name=Path(checkpoint).name or str(checkpoint), weight_bytes=measured.tensor_bytes,
+                      source=f"measured: {measured.format.name}")
+    return shape, spec
+
+
 # --- presentation (rich) ------------------------------------------------------------------------
 
 def render(result: dict[str, Any]) -> list[Any]:
@@ -465,8 +478,6 @@ def configure(hardware: str = "reference", checkpoints: list[Any] = (), paramete
     """A BoundsConfig from what a user typed: a hardware name or YAML, the model as numbers or
     checkpoints (shape from config.json, parameters and stored bytes from `measure`), formats as
     NAME=BPW, the reference case as a starting point; unset (None) settings keep defaults."""
-    from pathlib import Path
-
     from quantize.hardware import load_profile
 
     profile = load_profile(hardware)
@@ -475,14 +486,12 @@ def configure(hardware: str = "reference", checkpoints: list[Any] = (), paramete
     specs = [parse_format(text) for text in formats]
     if checkpoints:
         from quantize.accounting import measure
-        from quantize.headers import read_checkpoint
 
         shapes, measured_specs = [], []
         for path in checkpoints:
-            measured = measure(path)
-            shapes.append(model_from_checkpoint(path, read_checkpoint(Path(path)).config, measured.parameters))
-            measured_specs.append(_validated(FormatSpec, name=Path(path).name or str(path), weight_bytes=measured.tensor_bytes,
-                                             source=f"measured: {measured.format.name}"))
+            shape, spec = measured_format(path, measure(path))
+            shapes.append(shape)
+            measured_specs.append(spec)
         if len({(shape.layers, shape.kv_heads, shape.head_dim) for shape in shapes}) > 1:
             raise InputError("the --checkpoint models differ in layers, KV heads or head dim; bound one model at a time")
         values["model"] = shapes[0].model_dump()

@@ -8,9 +8,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from gates.artifacts import read_yaml
 from gates.errors import InputError, did_you_mean
 
 
@@ -44,11 +44,7 @@ def load_profile(spec: str | Path) -> HardwareProfile:
         if not path.is_file():
             valid = sorted(builtins)
             raise InputError(f"unknown hardware profile {text!r}{did_you_mean(text, valid)}; built in: {', '.join(valid)}, or a YAML file")
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as error:
-        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise InputError(f"hardware profile {path}: cannot read it as YAML ({first})") from error
+    data = read_yaml(path, "hardware profile")
     if not isinstance(data, dict):
         raise InputError(f"hardware profile {path}: expected a YAML mapping of hbm_bytes_per_second, peak_dense_flops, ...")
     try:

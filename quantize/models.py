@@ -42,9 +42,9 @@ TOKENIZER_FILES = (
     "chat_template.jinja",
 )
 
-# A fixed prompt for smoke checks: the logits of a rebuilt or quantized model on it must be finite.
 # safetensors dtype names -> torch dtype names, for the floating dtypes a baseline is stored in.
 TORCH_DTYPES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}
+# A fixed prompt for smoke checks: the logits of a rebuilt or quantized model on it must be finite.
 SMOKE_PROMPT = "The capital of France is Paris. The capital of Italy is"
 
 

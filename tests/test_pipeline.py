@@ -244,3 +244,19 @@ def test_a_crash_is_a_traceback_and_exit_code_3_never_1(cli, monkeypatch: pytest
     result = cli("run", "demo")
     assert result.code == 3  # 1 means "a format was blocked": a crash must not look like a verdict
     assert "Traceback (most recent call last)" in result.err and "RuntimeError: a bug" in result.err
+
+
+def test_progress_names_each_stage_with_elapsed_time_an_estimate_and_items_per_second(
+        quant_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import re
+
+    pipeline.run(from_mapping(plan_mapping(quant_model, tmp_path, formats=["fp8-e4m3"])), show_progress=True)
+    err = capsys.readouterr().err
+    labels = re.findall(r"^\[(\d+)/9\] (.+?)   run \d+s, ", err, flags=re.MULTILINE)
+    assert [label for _, label in labels] == [
+        "calibration", "overlap of calibration and golden sets", "measure baseline", "evaluate baseline",
+        "quantize fp8-e4m3", "measure fp8-e4m3", "evaluate fp8-e4m3", "gate fp8-e4m3", "report"]
+    assert "estimate after the first long stage" in err  # before anything long has run
+    assert re.search(r"\[6/9\] measure fp8-e4m3   run \d+s, ~\d+s left \(estimate\)", err)  # after quantize and evaluate
+    assert re.search(r"wiki-text@v1: 4 items in [\d.]+ s \([\d.]+ items/s\)", err)
+    assert len(re.findall(r"^      done in [\d.]+ s", err, flags=re.MULTILINE)) == 9

@@ -10,6 +10,7 @@ import pytest
 
 from gates import pipeline
 from gates.artifacts import read_json
+from gates.errors import InputError
 from gates.plan import from_mapping
 
 pytestmark = pytest.mark.integration
@@ -23,7 +24,7 @@ def test_demo_model_through_the_whole_pipeline(demo_model, tmp_path: Path, monke
         "evaluation": {"sets": ["wiki-text@v1", "lambada@v1"], "limits": {"wiki-text@v1": 4, "lambada@v1": 10}},
         "policy": "small-model", "out": str(tmp_path / "run"),
     })
-    with pytest.raises(Exception, match="gates arc-easy, hellaswag"):
+    with pytest.raises(InputError, match="gates arc-easy, hellaswag"):
         pipeline.run(plan, show_progress=False)  # small-model gates four sets; this plan has two
 
     policy = tmp_path / "two-sets.yaml"

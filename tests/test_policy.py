@@ -60,7 +60,7 @@ def test_wide_interval_on_the_failing_side_is_insufficient_evidence() -> None:
 
 @pytest.mark.parametrize("name", ["default", "small-model"])
 def test_builtin_policies_validate_against_the_builtin_sets(name: str) -> None:
-    from gates.pipeline import load_gate_policy
+    from gates.gate import load_gate_policy
 
     policy = load_gate_policy(name, ["arc-easy@v1", "hellaswag@v1", "lambada@v1", "wiki-text@v1"])
     assert policy.policy.name == name and policy.policy.statistics.insufficient_evidence == "block"
