@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def run_once(out: Path, env: dict[str, str]) -> tuple[float, int]:
     started = time.perf_counter()
-    completed = subprocess.run([sys.executable, "-m", "gates.cli", "run", str(ROOT / "examples" / "demo.yaml"),
+    completed = subprocess.run([sys.executable, "-m", "quantgate.cli", "run", str(ROOT / "examples" / "demo.yaml"),
                                 "--out", str(out), "--quiet"], cwd=ROOT, env=env, capture_output=True, text=True)
     seconds = time.perf_counter() - started
     if completed.returncode not in (0, 1):

@@ -61,7 +61,7 @@ def main() -> int:
 
     import evalsets
     from evalsets.lm_eval_tasks import task_name, write_task
-    from quantize.models import resolve_model
+    from quantgate.core.models import resolve_model
 
     model_dir = resolve_model(arguments.model)
     golden = evalsets.load(arguments.evalset)
@@ -130,7 +130,7 @@ def main() -> int:
 def demo_timing(model: str, checkpoints: list[Path], json_path: Path | None) -> int:
     """Per model and per set: seconds, items/s, model load; the whole demo's evaluation time."""
     import evalsets
-    from quantize.models import resolve_model
+    from quantgate.core.models import resolve_model
 
     models = [resolve_model(model), *checkpoints]  # before QUANTGATE_HOME moves to the scratch cache
     work = Path(tempfile.mkdtemp(prefix="quantgate-demo-timing-"))

@@ -53,7 +53,7 @@ def llama_70b_tensors() -> dict[str, tuple[str, list[int]]]:
 
 def build_checkpoint(root: Path) -> int:
     """A sharded header-only 70B checkpoint in `root`; returns its apparent size in bytes."""
-    from quantize.headers import write_header_only
+    from quantgate.core.headers import write_header_only
 
     tensors = llama_70b_tensors()
     shards: list[dict[str, tuple[str, list[int]]]] = [{}]
@@ -84,7 +84,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7)
     args = parser.parse_args()
 
-    from quantize.accounting import measure
+    from quantize.measure.accounting import measure
 
     root = Path(tempfile.mkdtemp(prefix="quantgate-70b-"))
     try:
@@ -97,7 +97,7 @@ def main() -> None:
             measurement = measure(root)
             times.append(time.perf_counter() - started)
         started = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "gates.cli", "measure", str(root), "--json"], cwd=ROOT, check=True,
+        subprocess.run([sys.executable, "-m", "quantgate.cli", "measure", str(root), "--json"], cwd=ROOT, check=True,
                        stdout=subprocess.DEVNULL)
         cli_seconds = time.perf_counter() - started
         print(f"checkpoint: {apparent / 1e9:.1f} GB apparent in {shards} shards ({on_disk / 1e6:.1f} MB on disk), "

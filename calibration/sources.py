@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gates.artifacts import read_json, sha256_file, sha256_tree, verify_files
-from gates.errors import SourceError, did_you_mean
+from quantgate.core.artifacts import read_json, sha256_file, sha256_tree, verify_files
+from quantgate.core.errors import SourceError, did_you_mean
 
 DATA_DIR = Path(__file__).parent / "data"
 DEMO_SOURCE = "demo"

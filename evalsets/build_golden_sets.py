@@ -27,7 +27,7 @@ from typing import Any
 from calibration.build_demo_source import PACKAGE, PACKAGE_VERSION, package_root
 from evalsets.config import Kind
 from evalsets.sets import BUILTIN_DIR, SCORING, default_prompt, write_set
-from gates.artifacts import MANIFEST, atomic_directory, read_json, sha256_file
+from quantgate.core.artifacts import MANIFEST, atomic_directory, read_json, sha256_file
 
 SEED = 0
 HELLASWAG_SUBSET = 1000

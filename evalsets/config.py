@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from gates.errors import did_you_mean
+from quantgate.core.errors import did_you_mean
 
 
 class Kind(str, Enum):

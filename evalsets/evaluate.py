@@ -16,7 +16,7 @@ from typing import Any
 from evalsets import sets as golden_sets
 from evalsets.config import EvalBackend, EvaluateConfig, Kind
 from evalsets.sets import GoldenSet
-from gates.artifacts import (
+from quantgate.core.artifacts import (
     MANIFEST,
     Stopwatch,
     atomic_directory,
@@ -29,7 +29,7 @@ from gates.artifacts import (
     verify_files,
     write_json,
 )
-from gates.errors import InputError, IntegrityError, OutputExistsError
+from quantgate.core.errors import InputError, IntegrityError, OutputExistsError
 
 RESULTS_KIND = "evaluation-results"
 SCHEMA_VERSION = 1
@@ -83,7 +83,7 @@ def load_results(path: str | Path) -> EvaluationResults:
 def model_identity(model_dir: Path) -> dict[str, Any]:
     """What decides a model's numbers: its weight bytes, its config (quantization scheme
     included: two checkpoints may share weights and differ in activation quantization), its tokenizer."""
-    from quantize.models import baseline_dtype, tokenizer_hash, weights_sha256
+    from quantgate.core.models import baseline_dtype, tokenizer_hash, weights_sha256
 
     return {
         "path": str(model_dir),
@@ -119,7 +119,7 @@ def cache_key(identity: dict[str, Any], golden: GoldenSet, settings: dict[str, A
 
 
 def cache_root(home: Path | None = None) -> Path:
-    from quantize.models import quantgate_home
+    from quantgate.core.models import quantgate_home
 
     return (home or quantgate_home()) / "eval-cache"
 
@@ -162,7 +162,7 @@ def run(
     per byte. Either way the results keep this model's own text-set cache (final hidden states,
     output head, top-k), so it can serve as a baseline itself without being run again.
     """
-    from quantize.models import resolve_model
+    from quantgate.core.models import resolve_model
 
     stopwatch = Stopwatch()
     out = Path(out)
@@ -245,7 +245,7 @@ def _default_device() -> str:
 def compute_dtype_name(device: str, storage_dtype: str) -> str:
     """FP32 on a CPU (BF16 matrix products are ~60x slower there, quantize.models.compute_dtype),
     the storage dtype on an accelerator."""
-    from quantize.models import TORCH_DTYPES
+    from quantgate.core.models import TORCH_DTYPES
 
     return "float32" if device == "cpu" else TORCH_DTYPES.get(storage_dtype, "float32")
 
@@ -278,8 +278,8 @@ def _compute(
 ) -> float:
     """Load the model once, evaluate every set not in the cache, store each result in the cache;
     returns the seconds the model took to load (kept out of every set's own timing)."""
-    from evalsets.progress import item_progress
-    from gates.console import stderr
+    from quantgate.core.progress import item_progress
+    from quantgate.core.console import stderr
 
     loaded = _LoadedModel(model_dir, device, compute_dtype_name(device, identity["storage_dtype"]))
     loading = Stopwatch()
@@ -325,7 +325,7 @@ class _LoadedModel:
             import torch
             from transformers import AutoModelForCausalLM, AutoTokenizer
 
-            from gates.console import stderr
+            from quantgate.core.console import stderr
 
             with stderr.status(f"loading {self.model_dir}"):
                 self._tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
@@ -368,7 +368,7 @@ def _run_lm_eval(cfg: EvaluateConfig, loaded: _LoadedModel, plan: _Plan, items: 
 
 def _run_text(cfg: EvaluateConfig, loaded: _LoadedModel, plan: _Plan, items: list[dict[str, Any]], baseline: EvaluationResults | None, advance: Any) -> dict[str, Any]:
     from evalsets import text_eval
-    from quantize.models import max_sequence_length
+    from quantgate.core.models import max_sequence_length
 
     model, tokenizer = loaded.transformers()
     side = None

@@ -19,7 +19,7 @@ import yaml
 
 from evalsets.config import Kind
 from evalsets.sets import GoldenSet
-from gates.errors import InputError
+from quantgate.core.errors import InputError
 
 TASK_FILE = "task.yaml"
 
@@ -29,7 +29,7 @@ def task_name(golden: GoldenSet) -> str:
 
 
 def _datasets_cache() -> Path:
-    from quantize.models import quantgate_home
+    from quantgate.core.models import quantgate_home
 
     return quantgate_home() / "eval-cache" / "datasets"
 

@@ -20,7 +20,7 @@ from evalsets.config import (
     SetManifest,
     item_fields,
 )
-from gates.artifacts import (
+from quantgate.core.artifacts import (
     MANIFEST,
     Stopwatch,
     atomic_directory,
@@ -32,7 +32,7 @@ from gates.artifacts import (
     verify_files,
     write_json,
 )
-from gates.errors import InputError, IntegrityError, did_you_mean
+from quantgate.core.errors import InputError, IntegrityError, did_you_mean
 
 BUILTIN_DIR = Path(__file__).parent / "data"
 DEMO_LIMITS = Path(__file__).parent / "demo_limits.yaml"
@@ -172,7 +172,7 @@ def default_prompt(kind: Kind, rendered: str | None = None) -> dict[str, Any]:
 
 
 def user_dir(home: Path | None = None) -> Path:
-    from quantize.models import quantgate_home
+    from quantgate.core.models import quantgate_home
 
     return (home or quantgate_home()) / "evalsets"
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from evalsets import agreement
-from gates.errors import IntegrityError, ModelError
+from quantgate.core.errors import IntegrityError, ModelError
 
 EXACT_SEED = 0
 

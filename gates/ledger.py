@@ -17,8 +17,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from gates.artifacts import canonical_json, sha256_bytes, sha256_file
-from gates.errors import InputError, QuantgateError
+from quantgate.core.artifacts import canonical_json, sha256_bytes, sha256_file
+from quantgate.core.errors import InputError, QuantgateError
 
 GENESIS = "0" * 64
 SCHEMA_VERSION = 1

@@ -12,8 +12,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from gates.artifacts import read_yaml, sha256_file
-from gates.errors import InputError, did_you_mean
+from quantgate.core.artifacts import read_yaml, sha256_file
+from quantgate.core.errors import InputError, did_you_mean
 
 POLICY_DIR = Path(__file__).parent / "policies"
 PRECISION_CLASSES = ("8bit", "4bit")

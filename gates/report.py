@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from gates.artifacts import atomic_directory
+from quantgate.core.artifacts import atomic_directory
 
 SCHEMA_VERSION = 1
 
@@ -240,8 +240,8 @@ def _row(name: str, measured: dict[str, Any] | None, results: dict[str, Any] | N
 
 def build(run_dir: Path) -> dict[str, Any]:
     """The report's data from a run directory's artifacts (run.json, measure/, results/, verdicts/)."""
-    from gates.artifacts import read_json
-    from gates.errors import InputError
+    from quantgate.core.artifacts import read_json
+    from quantgate.core.errors import InputError
 
     run_dir = Path(run_dir)
     run_file = run_dir / "run.json"
@@ -293,7 +293,7 @@ def build(run_dir: Path) -> dict[str, Any]:
 
 def _set_size(spec: str) -> int | None:
     import evalsets
-    from gates.errors import InputError
+    from quantgate.core.errors import InputError
 
     try:
         return evalsets.load(spec).size

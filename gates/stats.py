@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gates.errors import InputError
+from quantgate.core.errors import InputError
 
 DEFAULT_RESAMPLES = 2000
 DEFAULT_CONFIDENCE = 0.95

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from gates import stats
-from gates.errors import InputError
+from quantgate.core.errors import InputError
 from gates.policy import LoadedPolicy, MetricGate, Outcome, decide
 
 ACCURACY_METRICS = ("acc", "acc_norm", "exact_match")

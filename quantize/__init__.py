@@ -4,6 +4,7 @@ safetensors headers (`quantize.accounting.measure`) and decode-time bounds (`qua
 
 from quantize.config import Backend, QuantizeConfig
 from quantize.presets import PRESETS, Preset, get_preset
-from quantize.stage import QuantizedCheckpoint, run
+from quantize.checkpoint import QuantizedCheckpoint
+from quantize.stage import run
 
 __all__ = ["Backend", "PRESETS", "Preset", "QuantizeConfig", "QuantizedCheckpoint", "get_preset", "run"]

@@ -12,11 +12,12 @@ import importlib.util
 from pathlib import Path
 from typing import Any
 
-from gates.artifacts import Stopwatch, atomic_directory
-from gates.errors import InputError
+from quantgate.core.artifacts import Stopwatch, atomic_directory
+from quantgate.core.errors import InputError
+from quantize.checkpoint import QuantizationFailed, QuantizedCheckpoint, copy_baseline_files, write_manifest
 from quantize.config import QuantizeConfig
-from quantize.models import SMOKE_PROMPT, baseline_dtype, compute_dtype
-from quantize.plan import effective_group_size
+from quantgate.core.models import SMOKE_PROMPT, baseline_dtype, compute_dtype
+from quantize.groups import effective_group_size
 from quantize.presets import Preset
 
 INSTALL_HINT = "--backend autoawq needs the optional extra: pip install 'quantgate[autoawq]'"
@@ -36,7 +37,6 @@ def common_group_size(widths: list[int], requested: int) -> int:
 
 def quantize_with_autoawq(cfg: QuantizeConfig, preset: Preset, model_dir: Path, calibration_set: Any,
                           out: Path, overwrite: bool, stopwatch: Stopwatch) -> Any:
-    from quantize.stage import QuantizationFailed, QuantizedCheckpoint, copy_baseline_files, write_manifest
 
     if preset.name != "awq-int4":
         raise InputError(f"--backend autoawq makes awq-int4 checkpoints only, not {preset.name}")

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from quantize.config import QuantizeConfig
-from quantize.plan import GroupPlan, plan_group_sizes
+from quantize.groups import GroupPlan, plan_group_sizes
 from quantize.presets import FP8_DYNAMIC_WEIGHTS, Algorithm, Preset
 
 

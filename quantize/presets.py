@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from gates.errors import InputError, did_you_mean
+from quantgate.core.errors import InputError, did_you_mean
 
 
 class Algorithm(str, Enum):

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gates.artifacts import (
+from quantgate.core.artifacts import (
     MANIFEST,
     Stopwatch,
     atomic_directory,
@@ -18,9 +18,9 @@ from gates.artifacts import (
     sha256_bytes,
     write_json,
 )
-from gates.errors import InputError, ModelError, OutputExistsError, QuantgateError
+from quantgate.core.errors import InputError, ModelError, OutputExistsError, QuantgateError
 from quantize.config import Backend, QuantizeConfig
-from quantize.models import (
+from quantgate.core.models import (
     SMOKE_PROMPT,
     TOKENIZER_FILES,
     TORCH_DTYPES,
@@ -30,26 +30,13 @@ from quantize.models import (
     tokenizer_hash,
     weights_sha256,
 )
+from quantize import llmcompressor_backend
+from quantize.autoawq_backend import quantize_with_autoawq
+from quantize.checkpoint import RECIPE_FILE, QuantizationFailed, QuantizedCheckpoint, copy_baseline_files, write_manifest
 from quantize.presets import get_preset
+import calibration
 
-KIND = "quantized-checkpoint"
-RECIPE_FILE = "recipe.yaml"
-# Copied byte for byte from the baseline, so the checkpoint is a whole model that lm-eval and
-# vLLM open as is, and its tokenizer hash equals the baseline's.
-COPIED_FILES = (*TOKENIZER_FILES, "generation_config.json")
 SMOKE_NEW_TOKENS = 8
-
-
-class QuantizationFailed(QuantgateError):
-    """The quantized checkpoint failed its checks (load failure, NaN/Inf logits)."""
-
-    exit_code = 1
-
-
-@dataclass(frozen=True)
-class QuantizedCheckpoint:
-    path: Path
-    manifest: dict[str, Any]
 
 
 def run(
@@ -65,8 +52,6 @@ def run(
     Every input is checked before the (long) quantization starts; the output directory
     appears only when complete and checked.
     """
-    import calibration
-
     stopwatch = Stopwatch()
     preset = get_preset(cfg.format)
     out = Path(out)
@@ -81,12 +66,9 @@ def run(
             f"(tokenizer sha256 {calibration_set.manifest['tokenizer']['sha256'][:12]} vs {model_tokenizer[:12]})"
         )
     if cfg.backend is Backend.autoawq:
-        from quantize.autoawq_backend import quantize_with_autoawq
-
         return quantize_with_autoawq(cfg, preset, model_dir, calibration_set, out, overwrite, stopwatch)
 
-    from quantize import llmcompressor_backend as backend
-
+    backend = llmcompressor_backend
     dtype = baseline_dtype(model_dir)
     loaded = _load_model(model_dir, compute_dtype(dtype))
     plan = backend.plan_for(loaded, preset, cfg)
@@ -116,40 +98,6 @@ def run(
             model_dir=model_dir, dtype=dtype, smoke=smoke,
         )
     return QuantizedCheckpoint(out, manifest)
-
-
-def copy_baseline_files(model_dir: Path, staging: Path) -> None:
-    for name in COPIED_FILES:
-        if (model_dir / name).is_file():
-            shutil.copyfile(model_dir / name, staging / name)
-
-
-def write_manifest(staging: Path, stopwatch: Stopwatch, *, preset: Any, cfg: QuantizeConfig, description: str,
-                   recipe: dict[str, Any], group_size: dict[str, Any], calibration_set: Any, samples_used: int,
-                   model_dir: Path, dtype: str, smoke: dict[str, Any]) -> dict[str, Any]:
-    """The checkpoint's manifest, the same for every backend; written last, over the final files."""
-    manifest = {
-        "kind": KIND,
-        "schema_version": 1,
-        "format": preset.name,
-        "description": description,
-        "backend": cfg.backend.value,
-        "config": cfg.model_dump(mode="json"),
-        "recipe": recipe,
-        "group_size": group_size,
-        "calibration": {
-            "path": str(calibration_set.path),
-            "fingerprint": calibration_set.fingerprint,
-            "samples_used": samples_used,
-            "seq_len": int(calibration_set.input_ids.shape[1]),
-        },
-        "baseline": {"path": str(model_dir), "weights_sha256": weights_sha256(model_dir), "dtype": dtype},
-        "smoke": smoke,
-        "files": file_hashes(staging),
-        "provenance": provenance(stopwatch),
-    }
-    write_json(staging / MANIFEST, manifest)
-    return manifest
 
 
 def _load_model(model_dir: Path, dtype: Any) -> Any:

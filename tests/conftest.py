@@ -37,7 +37,7 @@ class CliResult:
 @pytest.fixture
 def cli(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch):
     """Run `quantgate ARGS...` in-process through the real entry point; return code and output."""
-    from gates.cli import main
+    from quantgate.cli import main
 
     def run(*args: str) -> CliResult:
         monkeypatch.setattr(sys, "argv", ["quantgate", *map(str, args)])
@@ -75,7 +75,7 @@ def quant_calibration(quant_model: Path, tmp_path_factory: pytest.TempPathFactor
 @pytest.fixture(scope="session")
 def demo_model(tmp_path_factory: pytest.TempPathFactory):
     """The real demo model, pulled once per test session into its own cache."""
-    from quantize.models import pull
+    from quantgate.core.models import pull
 
     home = tmp_path_factory.mktemp("demo-home")
     with pytest.MonkeyPatch.context() as patch:

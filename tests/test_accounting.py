@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from quantize.accounting import measure, rule_bits
-from quantize.headers import write_header_only
+from quantize.measure.accounting import measure, rule_bits
+from quantgate.core.headers import write_header_only
 
 Tensors = dict[str, tuple[str, list[int]]]
 
@@ -372,7 +372,7 @@ def test_baseline_ratio_whole_and_linear_layers(tmp_path: Path) -> None:
 def test_measure_reads_only_the_headers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import builtins
 
-    import quantize.headers
+    import quantgate.core.headers
 
     tensors, config = demo_shaped_int4(symmetric=True)
     root = write_checkpoint(tmp_path / "ckpt", tensors, config)
@@ -394,7 +394,7 @@ def test_measure_reads_only_the_headers(tmp_path: Path, monkeypatch: pytest.Monk
         def __exit__(self, *exc):
             self.stream.close()
 
-    monkeypatch.setattr(quantize.headers, "open", lambda path, mode="r", *a, **k: Counting(real_open(path, mode, *a, **k)), raising=False)
+    monkeypatch.setattr(quantgate.core.headers, "open", lambda path, mode="r", *a, **k: Counting(real_open(path, mode, *a, **k)), raising=False)
     data = measure(root).to_json()
     assert sum(read) == data["totals"]["header_bytes"] < data["totals"]["file_bytes"] / 100
 

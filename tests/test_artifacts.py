@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from gates.artifacts import atomic_directory, file_hashes, sha256_json, verify_files
-from gates.errors import IntegrityError, OutputExistsError
+from quantgate.core.artifacts import atomic_directory, file_hashes, sha256_json, verify_files
+from quantgate.core.errors import IntegrityError, OutputExistsError
 
 
 def test_failed_write_leaves_nothing_behind(tmp_path: Path) -> None:

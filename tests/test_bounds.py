@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from gates.errors import InputError
-from quantize import bounds
-from quantize.hardware import HardwareProfile, builtin_profiles, load_profile
+from quantgate.core.errors import InputError
+from quantize.measure import bounds
+from quantize.measure.hardware import HardwareProfile, builtin_profiles, load_profile
 from tests.test_calibration_errors import assert_refused
 
 
@@ -231,7 +231,7 @@ def test_library_refuses_bad_settings_with_an_input_error(call) -> None:
 # --- models from checkpoints and the JSON schema ----------------------------------------------------
 
 def test_model_from_a_checkpoint_uses_config_and_measured_bytes(tmp_path: Path, cli) -> None:
-    from quantize.headers import write_header_only
+    from quantgate.core.headers import write_header_only
 
     root = tmp_path / "ckpt"
     root.mkdir()

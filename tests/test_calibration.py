@@ -10,7 +10,7 @@ import pytest
 
 import calibration
 from calibration import CalibrationConfig, Packing
-from gates.errors import IntegrityError
+from quantgate.core.errors import IntegrityError
 
 SMALL = {"source": "demo", "samples": 8, "seq_len": 64, "seed": 0}
 

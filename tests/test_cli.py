@@ -6,7 +6,7 @@ from typing import Any
 
 import typer.main
 
-from gates.cli import app
+from quantgate.cli import app
 
 
 def all_commands() -> list[list[str]]:

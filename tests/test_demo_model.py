@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from gates.artifacts import sha256_file
-from quantize.models import pull
+from quantgate.core.artifacts import sha256_file
+from quantgate.core.models import pull
 
 pytestmark = pytest.mark.integration
 
@@ -91,8 +91,8 @@ def test_demo_command_runs_the_embedded_plan_which_passes_its_checks(pulled, cli
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """The whole demo takes about 15 minutes (make demo); here the embedded plan goes through
     every check a run makes before its first stage, against the real demo model."""
-    from gates import pipeline
-    from gates.errors import InputError
+    from quantgate.pipeline import runner as pipeline
+    from quantgate.core.errors import InputError
 
     monkeypatch.setenv("QUANTGATE_HOME", str(pulled.path.parent.parent))
 

@@ -14,8 +14,8 @@ import pytest
 import evalsets
 from evalsets import sets
 from evalsets.config import Kind
-from gates.artifacts import read_json, sha256_file, write_json
-from gates.errors import InputError, IntegrityError
+from quantgate.core.artifacts import read_json, sha256_file, write_json
+from quantgate.core.errors import InputError, IntegrityError
 from tests.test_calibration_errors import assert_refused
 
 BUILTIN_SIZES = {"arc-easy@v1": 570, "hellaswag@v1": 1000, "lambada@v1": 5153, "wiki-text@v1": 2938}

@@ -13,8 +13,8 @@ import pytest
 
 import evalsets
 from evalsets import evaluate as evaluate_module
-from gates.artifacts import read_json
-from gates.errors import InputError, IntegrityError
+from quantgate.core.artifacts import read_json
+from quantgate.core.errors import InputError, IntegrityError
 
 LIMIT = 3
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 import evalsets
-from gates import pipeline
-from gates.plan import from_mapping
+from quantgate.pipeline import runner as pipeline
+from quantgate.pipeline.plan import from_mapping
 from tests.test_pipeline import TINY_POLICY, plan_mapping, write_policy
 
 

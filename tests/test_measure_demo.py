@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from quantize.accounting import measure
+from quantize.measure.accounting import measure
 from tests.test_accounting import assert_every_byte_accounted
 
 pytestmark = pytest.mark.integration

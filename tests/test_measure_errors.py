@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from quantize.headers import write_header_only
+from quantgate.core.headers import write_header_only
 from tests.test_calibration_errors import assert_refused
 
 GOOD = {"model.norm.weight": ("BF16", [64]), "model.layers.0.mlp.up_proj.weight": ("BF16", [64, 64])}
@@ -169,7 +169,7 @@ def _quick_and_small(action) -> None:
 
 
 def test_huge_header_length_is_refused_before_any_allocation(tmp_path: Path) -> None:
-    from quantize.headers import HeaderError, read_safetensors
+    from quantgate.core.headers import HeaderError, read_safetensors
 
     # A sparse 200 GB file claiming a 150 GB header: within the file, over the limit.
     path = tmp_path / "model.safetensors"
@@ -196,7 +196,7 @@ def test_deeply_nested_header_neither_hangs_nor_crashes(cli, tmp_path: Path) -> 
 
 
 def test_header_of_zeros_claiming_a_large_length_is_refused_cheaply(tmp_path: Path) -> None:
-    from quantize.headers import HeaderError, read_safetensors
+    from quantgate.core.headers import HeaderError, read_safetensors
 
     # A 50 MB header of NUL bytes (within the limit): refused on its first byte, not parsed.
     path = raw_file(tmp_path / "model.safetensors", b"", data=50 * 2**20, length=50 * 2**20)
@@ -227,7 +227,7 @@ def test_malformed_entries(cli, tmp_path: Path, entry: str, fragment: str) -> No
 
 
 def test_huge_shape_does_not_allocate(tmp_path: Path) -> None:
-    from quantize.headers import HeaderError, read_safetensors
+    from quantgate.core.headers import HeaderError, read_safetensors
 
     path = raw_file(tmp_path / "model.safetensors", entries(a=("BF16", [10**12, 10**12], [0, 2])), data=2)
 
@@ -243,8 +243,8 @@ def test_garbled_headers_never_crash_and_every_byte_is_explained(tmp_path: Path)
     either refuses with one QuantgateError or accounts for every byte; never a traceback."""
     import random
 
-    from gates.errors import QuantgateError
-    from quantize.accounting import measure
+    from quantgate.core.errors import QuantgateError
+    from quantize.measure.accounting import measure
 
     rng = random.Random(0)
     roles = ["weight_packed", "weight_scale", "weight_zero_point", "weight_g_idx", "weight_shape", "qweight", "qzeros",

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from gates.errors import ModelError
-from quantize.models import check_model_dir, pull, quantgate_home, resolve_model
+from quantgate.core.errors import ModelError
+from quantgate.core.models import check_model_dir, pull, quantgate_home, resolve_model
 
 
 def test_local_directory_resolves_to_itself(tiny_model: Path) -> None:

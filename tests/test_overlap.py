@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from calibration import ngram_overlap
-from gates.errors import InputError
+from quantgate.core.errors import InputError
 
 
 def test_identical_text_overlaps_fully() -> None:

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gates import pipeline
-from gates.artifacts import read_json
-from gates.plan import from_mapping, load_plan
+from quantgate.pipeline import runner as pipeline
+from quantgate.core.artifacts import read_json
+from quantgate.pipeline.plan import from_mapping, load_plan
 
 # KL and top-1 discriminate on a random tiny model; accuracy is near zero for every candidate,
 # so the lambada gate checks the paired difference machinery (identical answers: +0.00).
@@ -187,11 +187,7 @@ def test_missing_plan_and_broken_yaml_exit_2(cli, tmp_path: Path) -> None:
     assert result.code == 2 and "cannot read it as YAML" in result.err
 
 
-def test_demo_plan_is_the_example_and_validates() -> None:
-    from gates.plan import DEMO_PLAN
-
-    example = Path(__file__).parent.parent / "examples" / "demo.yaml"
-    assert example.read_bytes() == DEMO_PLAN.read_bytes()
+def test_demo_plan_is_embedded_and_validates() -> None:
     plan = load_plan("demo").plan
     assert plan.formats == ("gptq-int4", "awq-int4", "smoothquant-w8a8", "fp8-e4m3")
     assert plan.model == "smollm2-135m" and plan.policy == "small-model@v1"
@@ -200,7 +196,7 @@ def test_demo_plan_is_the_example_and_validates() -> None:
 
 def test_a_format_that_fails_its_checks_is_blocked_and_stays_blocked(quant_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import quantize
-    from quantize.stage import QuantizationFailed
+    from quantize.checkpoint import QuantizationFailed
 
     calls = []
 
@@ -224,7 +220,7 @@ def test_a_format_that_fails_its_checks_is_blocked_and_stays_blocked(quant_model
 def test_one_run_at_a_time_in_a_run_directory(tiny_run, quant_model: Path) -> None:
     import os
 
-    from gates.errors import InputError
+    from quantgate.core.errors import InputError
 
     root, _ = tiny_run
     lock = root / "run" / ".lock"

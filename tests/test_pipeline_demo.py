@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from gates import pipeline
-from gates.artifacts import read_json
-from gates.errors import InputError
-from gates.plan import from_mapping
+from quantgate.pipeline import runner as pipeline
+from quantgate.core.artifacts import read_json
+from quantgate.core.errors import InputError
+from quantgate.pipeline.plan import from_mapping
 
 pytestmark = pytest.mark.integration
 

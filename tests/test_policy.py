@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from gates.errors import InputError
+from quantgate.core.errors import InputError
 from gates.policy import Outcome, decide, load_policy
 
 VALID = {"arc-easy": ["acc", "acc_norm"], "hellaswag": ["acc", "acc_norm"], "lambada": ["acc", "perplexity"],
@@ -60,7 +60,7 @@ def test_wide_interval_on_the_failing_side_is_insufficient_evidence() -> None:
 
 @pytest.mark.parametrize("name", ["default", "small-model"])
 def test_builtin_policies_validate_against_the_builtin_sets(name: str) -> None:
-    from gates.gate import load_gate_policy
+    from gates.stage import load_gate_policy
 
     policy = load_gate_policy(name, ["arc-easy@v1", "hellaswag@v1", "lambada@v1", "wiki-text@v1"])
     assert policy.policy.name == name and policy.policy.statistics.insufficient_evidence == "block"

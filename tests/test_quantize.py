@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 import quantize
-from gates.artifacts import sha256_file, verify_files
-from quantize.headers import read_header
-from quantize.stage import QuantizationFailed
+from quantgate.core.artifacts import sha256_file, verify_files
+from quantgate.core.headers import read_header
+from quantize.checkpoint import QuantizationFailed
 
 FORMATS = ["gptq-int4", "awq-int4", "smoothquant-w8a8", "fp8-e4m3"]
 

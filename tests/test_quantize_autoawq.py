@@ -37,7 +37,7 @@ def test_one_group_size_must_divide_every_layer() -> None:
 
 @pytest.mark.skipif(importlib.util.find_spec("awq") is None, reason="the autoawq extra is not installed")
 def test_autoawq_writes_an_awq_gemm_checkpoint(quant_model: Path, quant_calibration: Path, tmp_path: Path) -> None:
-    from quantize.headers import read_header
+    from quantgate.core.headers import read_header
 
     checkpoint = quantize.run(quantize.QuantizeConfig(format="awq-int4", backend="autoawq"), quant_model, quant_calibration, tmp_path / "awq")
     config = json.loads((checkpoint.path / "config.json").read_text())["quantization_config"]

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from gates.errors import InputError
+from quantgate.core.errors import InputError
 from quantize import QuantizeConfig, get_preset
-from quantize.plan import effective_group_size, plan_group_sizes
+from quantize.groups import effective_group_size, plan_group_sizes
 
 
 @pytest.mark.parametrize(

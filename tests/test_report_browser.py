@@ -41,8 +41,8 @@ def test_report_renders_its_table_and_plot_in_chromium(tmp_path: Path) -> None:
 
 def test_a_runs_report_renders_in_chromium(quant_model: Path, tmp_path: Path) -> None:
     """The report `quantgate run` wrote for the tiny model: every row, the plot, the recommendation."""
-    from gates import pipeline
-    from gates.plan import from_mapping
+    from quantgate.pipeline import runner as pipeline
+    from quantgate.pipeline.plan import from_mapping
     from tests.test_pipeline import plan_mapping
 
     result = pipeline.run(from_mapping(plan_mapping(quant_model, tmp_path)), show_progress=False)

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from gates.errors import InputError
+from quantgate.core.errors import InputError
 from gates.stats import mean_difference, paired_bootstrap, ratio_of_sums, relative_perplexity_change
 
 

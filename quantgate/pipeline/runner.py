@@ -32,7 +32,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from gates.artifacts import (
+from quantgate.core.artifacts import (
     MANIFEST,
     library_versions,
     read_json,
@@ -41,10 +41,10 @@ from gates.artifacts import (
     verify_files,
     write_json,
 )
-from gates.console import stderr
-from gates.errors import InputError, IntegrityError, did_you_mean
-from gates.gate import item_records, load_gate_policy, overlap_summary, record_verdict, verdict_record
-from gates.plan import LoadedPlan
+from quantgate.core.console import stderr
+from quantgate.core.errors import InputError, IntegrityError, did_you_mean
+from gates.stage import item_records, load_gate_policy, overlap_summary, record_verdict, verdict_record
+from quantgate.pipeline.plan import LoadedPlan
 from gates.policy import precision_class
 from gates.verdict import GateResult, Outcome, Verdict, judge
 
@@ -90,8 +90,8 @@ def measurement_entry(checkpoint: Path, baseline: Path | None, profiles: dict[st
     """`quantgate measure --json` of a checkpoint, and the decode-step lower bounds its stored
     bytes imply at batch 1 and 32 on each profile (quantize.bounds defaults: 2048 context
     tokens a sequence, 16-bit KV cache). The headers are read once for both."""
-    from quantize import bounds
-    from quantize.accounting import measure
+    from quantize.measure import bounds
+    from quantize.measure.accounting import measure
 
     measured = measure(checkpoint, baseline)
     shape, spec = bounds.measured_format(checkpoint, measured)
@@ -220,8 +220,8 @@ class Pipeline:
         import evalsets
         import quantize
         from evalsets.evaluate import model_identity
-        from quantize.hardware import load_profile
-        from quantize.models import DEMO_MODELS, pull, resolve_model
+        from quantize.measure.hardware import load_profile
+        from quantgate.core.models import DEMO_MODELS, pull, resolve_model
 
         plan = self.plan
         self.goldens = {golden.spec: golden for golden in map(evalsets.load, plan.evaluation.sets)}
@@ -405,7 +405,7 @@ class Pipeline:
         import evalsets
         import quantize
         from quantize.presets import get_preset
-        from quantize.stage import QuantizationFailed
+        from quantize.checkpoint import QuantizationFailed
 
         cfg = self.quantize_cfgs[fmt]
         checkpoint_dir = self.out / "checkpoints" / fmt

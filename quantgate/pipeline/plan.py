@@ -9,16 +9,18 @@ hardware YAML) resolve against the directory quantgate runs in, as command-line 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from gates.artifacts import read_yaml, sha256_json
-from gates.errors import InputError, did_you_mean
+from quantgate.core.artifacts import read_yaml, sha256_json
+from quantgate.core.errors import InputError, did_you_mean
 
 SCHEMA_VERSION = 1
-DEMO_PLAN = Path(__file__).parent / "plans" / "demo.yaml"
+# The embedded demo plan: one file, installed with the package (`quantgate demo`, `make demo`).
+DEMO_PLAN = Path(str(resources.files("quantgate.pipeline") / "plans" / "demo.yaml"))
 
 
 class _Strict(BaseModel):
@@ -148,7 +150,7 @@ def from_mapping(raw: Any, where: str = "(mapping)", base: Path | None = None, p
 
 
 def load_plan(spec: str | Path) -> LoadedPlan:
-    """A plan YAML file, or 'demo' for the embedded demo plan (examples/demo.yaml)."""
+    """A plan YAML file, or 'demo' for the embedded demo plan (quantgate/pipeline/plans/demo.yaml)."""
     path = DEMO_PLAN if str(spec) == "demo" else Path(spec)
     if not path.is_file():
         raise InputError(f"plan file {path} does not exist")

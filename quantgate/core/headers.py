@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gates.errors import InputError
+from quantgate.core.errors import InputError
 
 # A header is JSON describing tensors; even a 70B model's is a few MB. A larger claimed
 # length is a damaged or hostile file, refused before anything is allocated.

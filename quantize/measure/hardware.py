@@ -10,8 +10,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from gates.artifacts import read_yaml
-from gates.errors import InputError, did_you_mean
+from quantgate.core.artifacts import read_yaml
+from quantgate.core.errors import InputError, did_you_mean
 
 
 class HardwareProfile(BaseModel):
@@ -29,7 +29,7 @@ class HardwareProfile(BaseModel):
 
 
 def builtin_profiles() -> dict[str, Path]:
-    folder = resources.files("quantize") / "hardware"
+    folder = resources.files("quantize.measure") / "hardware"
     return {Path(str(entry)).stem: Path(str(entry)) for entry in folder.iterdir() if str(entry).endswith(".yaml")}
 
 

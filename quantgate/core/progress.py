@@ -14,7 +14,7 @@ from rich.progress import (
 )
 from rich.text import Text
 
-from gates.console import stderr
+from quantgate.core.console import stderr
 
 
 class ItemsPerSecond(ProgressColumn):

@@ -20,7 +20,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from gates.errors import InputError, IntegrityError, OutputExistsError
+from quantgate.core.errors import InputError, IntegrityError, OutputExistsError
 
 MANIFEST = "manifest.json"
 

@@ -9,8 +9,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from gates.errors import InputError
-from quantize.hardware import HardwareProfile
+from quantgate.core.errors import InputError
+from quantize.measure.hardware import HardwareProfile
 
 SCHEMA_VERSION = 1
 KIND = "bounds"
@@ -363,7 +363,7 @@ def measured_format(checkpoint: Any, measured: Any) -> tuple[ModelShape, "Format
     (`quantize.accounting.measure`): only its config.json is read again."""
     from pathlib import Path
 
-    from quantize.headers import read_checkpoint
+    from quantgate.core.headers import read_checkpoint
 
     shape = model_from_checkpoint(checkpoint, read_checkpoint(Path(checkpoint)).config, measured.parameters)
     spec = _validated(FormatSpec, name=Path(checkpoint).name or str(checkpoint), weight_bytes=measured.tensor_bytes,
@@ -478,14 +478,14 @@ def configure(hardware: str = "reference", checkpoints: list[Any] = (), paramete
     """A BoundsConfig from what a user typed: a hardware name or YAML, the model as numbers or
     checkpoints (shape from config.json, parameters and stored bytes from `measure`), formats as
     NAME=BPW, the reference case as a starting point; unset (None) settings keep defaults."""
-    from quantize.hardware import load_profile
+    from quantize.measure.hardware import load_profile
 
     profile = load_profile(hardware)
     values: dict[str, Any] = reference_case(profile).model_dump() if reference else {}
     values["hardware"] = profile
     specs = [parse_format(text) for text in formats]
     if checkpoints:
-        from quantize.accounting import measure
+        from quantize.measure.accounting import measure
 
         shapes, measured_specs = [], []
         for path in checkpoints:

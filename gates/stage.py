@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from gates import ledger as ledger_module
-from gates.artifacts import MANIFEST, read_json, sha256_json
-from gates.errors import InputError
+from quantgate.core.artifacts import MANIFEST, read_json, sha256_json
+from quantgate.core.errors import InputError
 from gates.policy import PRECISION_CLASSES, LoadedPolicy, load_policy, precision_class
 from gates.verdict import Verdict, judge
 
@@ -131,7 +131,7 @@ def gate_results(baseline: Path, candidate: Path, policy_spec: str | Path, *, ch
     """The verdict record (as the pipeline writes it); appended to `ledger` when given."""
     import calibration
     import evalsets
-    from quantize.accounting import measure
+    from quantize.measure.accounting import measure
     from quantize.presets import get_preset
 
     baseline_results = evalsets.load_results(baseline)

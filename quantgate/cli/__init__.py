@@ -11,7 +11,7 @@ from typing import Any, Optional
 import typer
 from pydantic import BaseModel, ValidationError
 
-from gates.errors import InputError, QuantgateError
+from quantgate.core.errors import InputError, QuantgateError
 
 app = typer.Typer(
     name="quantgate",
@@ -49,7 +49,7 @@ def models_pull(
 
     Example: quantgate models pull smollm2-135m
     """
-    from quantize.models import pull
+    from quantgate.core.models import pull
 
     pulled = pull(name, force=force)
     state = "already present" if pulled.already_present else "converted"
@@ -64,7 +64,7 @@ def models_list() -> None:
 
     Example: quantgate models list
     """
-    from quantize.models import DEMO_MODELS, demo_model_dir
+    from quantgate.core.models import DEMO_MODELS, demo_model_dir
 
     for name, demo in DEMO_MODELS.items():
         pulled = (demo_model_dir(name) / "manifest.json").is_file()
@@ -141,7 +141,7 @@ def quantize_command(
     Example: quantgate quantize --model smollm2-135m --format gptq-int4 --calibration calib/ --out ckpt/gptq-int4
     """
     import quantize
-    from gates.artifacts import peak_memory_bytes
+    from quantgate.core.artifacts import peak_memory_bytes
 
     cfg = _config(
         quantize.QuantizeConfig,
@@ -240,8 +240,8 @@ def run_command(
 
 
 def _run_plan(spec: str, out: Optional[Path], quiet: bool = False) -> None:
-    from gates import pipeline
-    from gates.plan import load_plan
+    from quantgate.pipeline import runner as pipeline
+    from quantgate.pipeline.plan import load_plan
     from gates.report import build
 
     result = pipeline.run(load_plan(spec), out, show_progress=not quiet)
@@ -295,7 +295,7 @@ def gate_command(
 
     Example: quantgate gate --baseline results/baseline --candidate results/gptq-int4 --policy default --ledger ledger.jsonl
     """
-    from gates.gate import gate_results
+    from gates.stage import gate_results
 
     record = gate_results(baseline, candidate, policy, checkpoint=checkpoint, calibration_dir=calibration_dir,
                           precision=precision, ledger=ledger_path)
@@ -319,7 +319,7 @@ def report_command(
 
     Example: quantgate report demo-out
     """
-    from gates.artifacts import sha256_json
+    from quantgate.core.artifacts import sha256_json
     from gates.report import build, write
 
     data = build(run_dir)
@@ -343,7 +343,7 @@ def measure_command(
 
     Example: quantgate measure ckpt/gptq-int4 --baseline ~/.cache/quantgate/models/smollm2-135m
     """
-    from quantize.accounting import measure, render
+    from quantize.measure.accounting import measure, render
 
     measurement = measure(checkpoint, baseline)
     if as_json:
@@ -394,7 +394,7 @@ def bounds_command(
 
     Example: quantgate bounds --reference-case --gamma-range 1:8 --alphas 0.6,0.7,0.9 --compare-kv-bytes 1
     """
-    from quantize import bounds
+    from quantize.measure import bounds
 
     cfg = bounds.configure(
         hardware=hardware, checkpoints=checkpoint or [], parameters=parameters, layers=layers, kv_heads=kv_heads,
@@ -472,7 +472,7 @@ def evalsets_verify() -> None:
     Example: quantgate evalsets verify
     """
     import evalsets
-    from gates.errors import IntegrityError
+    from quantgate.core.errors import IntegrityError
 
     results = evalsets.verify()
     for result in results:

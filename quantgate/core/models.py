@@ -15,7 +15,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from gates.artifacts import (
+from quantgate.core.artifacts import (
     Stopwatch,
     atomic_directory,
     file_hashes,
@@ -26,7 +26,7 @@ from gates.artifacts import (
     verify_files,
     write_json,
 )
-from gates.errors import IntegrityError, ModelError, did_you_mean
+from quantgate.core.errors import IntegrityError, ModelError, did_you_mean
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 SAFE_WEIGHTS = ("model.safetensors", "model.safetensors.index.json")
@@ -170,7 +170,7 @@ def _convert_gguf(gguf_path: Path, out: Path) -> dict[str, Any]:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
-    from gates.console import stderr
+    from quantgate.core.console import stderr
 
     with stderr.status(f"loading {gguf_path.name} (dequantizing)"):
         tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
@@ -336,7 +336,7 @@ def baseline_dtype(model_dir: Path) -> str:
     """The floating dtype most of a model's stored parameters have (e.g. 'BF16')."""
     from collections import Counter
 
-    from quantize.headers import read_header
+    from quantgate.core.headers import read_header
 
     counts: Counter[str] = Counter()
     for path in weight_files(model_dir):

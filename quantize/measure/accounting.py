@@ -16,8 +16,8 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-from gates.errors import InputError
-from quantize.headers import DTYPE_BITS, FLOATING_DTYPES, CheckpointFiles, TensorEntry, read_checkpoint
+from quantgate.core.errors import InputError
+from quantgate.core.headers import DTYPE_BITS, FLOATING_DTYPES, CheckpointFiles, TensorEntry, read_checkpoint
 
 SCHEMA_VERSION = 1
 KIND = "measurement"
