@@ -1,0 +1,56 @@
+"""`quantgate gate` and `quantgate verify`: stage 5 for CI systems that run the stages themselves."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from gates.ledger import verify_checkpoint
+from gates.stage import gate_results
+from quantgate.cli.app import app, print_json
+
+
+@app.command("verify")
+def verify_command(
+    checkpoint: Path = typer.Argument(..., help="checkpoint directory about to be deployed"),
+    ledger_path: Path = typer.Option(..., "--ledger", help="the approval ledger (JSONL)"),
+) -> None:
+    """Exit 0 only if the checkpoint's current weight bytes match an approved ledger record.
+
+    Otherwise exit 1 and say why: blocked, unknown, changed since approval, or ledger tampered.
+
+    Example: quantgate verify ckpt/gptq-int4 --ledger runs/demo/ledger.jsonl
+    """
+    result = verify_checkpoint(checkpoint, ledger_path)
+    typer.echo(f"{checkpoint}: {result.status.value}: {result.reason}")
+    raise typer.Exit(0 if result.deployable else 1)
+
+
+
+@app.command("gate")
+def gate_command(
+    baseline: Path = typer.Option(..., "--baseline", help="the baseline's evaluation results directory"),
+    candidate: Path = typer.Option(..., "--candidate", help="the candidate's results (evaluated with --baseline-results)"),
+    policy: str = typer.Option("default", "--policy", help="a policy YAML file, or NAME[@vN] of a built-in one"),
+    checkpoint: Path | None = typer.Option(None, "--checkpoint", help="the candidate checkpoint (default: the one its results name); enables the size gate"),
+    calibration_dir: Path | None = typer.Option(None, "--calibration", help="its calibration set (default: the one its manifest names); enables the overlap gate"),
+    precision: str | None = typer.Option(None, "--precision", help="8bit or 4bit thresholds (default: from the checkpoint's format)"),
+    ledger_path: Path | None = typer.Option(None, "--ledger", help="append the verdict to this ledger"),
+    as_json: bool = typer.Option(False, "--json", help="print the verdict record as JSON"),
+) -> None:
+    """Gate one candidate against its baseline under a policy: exit 0 approved, 1 blocked, 2 bad input.
+
+    Example: quantgate gate --baseline results/baseline --candidate results/gptq-int4 --policy default --ledger ledger.jsonl
+    """
+    record = gate_results(baseline, candidate, policy, checkpoint=checkpoint, calibration_dir=calibration_dir,
+                          precision=precision, ledger=ledger_path)
+    if as_json:
+        print_json(record)
+    else:  # plain lines, one a gate, so a CI log can be searched
+        typer.echo(f"{record['verdict']} {record['format']} ({record['precision']} thresholds) "
+                   f"under {record['policy']['name']}@{record['policy']['version']}")
+        for gate in record["gates"]:
+            mark = {"pass": "pass", "fail": "FAIL"}.get(gate["outcome"], "UNDECIDED")
+            typer.echo(f"  {mark}  {gate['reason']}")
+    raise typer.Exit(0 if record["verdict"] == "approved" else 1)

@@ -1,0 +1,94 @@
+"""`quantgate measure` and `quantgate bounds`: stage 3, bytes from headers and decode-time bounds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+
+from quantgate.cli.app import app, print_json
+from quantgate.core.errors import InputError
+from quantize.measure import bounds
+from quantize.measure.accounting import measure, render
+
+
+@app.command("measure")
+def measure_command(
+    checkpoint: Path = typer.Argument(..., help="checkpoint directory (one file or sharded with an index) or a .safetensors file"),
+    as_json: bool = typer.Option(False, "--json", help="print the measurement as JSON (schema: docs/measure-and-bounds.md)"),
+    baseline: Path | None = typer.Option(None, "--baseline", help="baseline directory: report bytes as a ratio of its bytes"),
+) -> None:
+    """Account for every byte of a checkpoint from its safetensors headers, never its tensor data.
+
+    States the format (compressed-tensors, GPTQ, AWQ GEMM or unquantized), the bytes of
+    quantized weights, scales, zero points, g_idx, embeddings, lm_head, norms and the rest,
+    per block and in all; bits per weight of every quantized linear layer against the
+    format's exact figure and the 4.15-bit rule, and the gap explained line by line.
+
+    Example: quantgate measure ckpt/gptq-int4 --baseline ~/.cache/quantgate/models/smollm2-135m
+    """
+    measurement = measure(checkpoint, baseline)
+    if as_json:
+        print_json(measurement.to_json())
+        return
+
+    console = Console()
+    for item in render(measurement):
+        console.print(item)
+
+
+def _parse_list(text: str | None, kind: type, option: str) -> list[Any] | None:
+    if text is None:
+        return None
+    try:
+        return [kind(part) for part in text.replace(" ", "").split(",") if part]
+    except ValueError as error:
+        raise InputError(f"invalid {option} {text!r}: expected comma-separated numbers") from error
+
+
+@app.command("bounds")
+def bounds_command(
+    hardware: str = typer.Option("reference", "--hardware", help="reference, h100-sxm, h200 or a YAML profile"),
+    checkpoint: list[Path] | None = typer.Option(None, "--checkpoint", help="measure this checkpoint: its shape, parameters and stored bytes; repeatable"),
+    parameters: float | None = typer.Option(None, "--parameters", help="model parameters, e.g. 70e9"),
+    layers: int | None = typer.Option(None, "--layers"),
+    kv_heads: int | None = typer.Option(None, "--kv-heads"),
+    head_dim: int | None = typer.Option(None, "--head-dim"),
+    formats: list[str] | None = typer.Option(None, "--format", help="NAME=BITS_PER_WEIGHT; repeatable (default bf16=16, fp8_e4m3=8, int4_g128=4.15)"),
+    batch: int | None = typer.Option(None, "--batch", help="sequences decoded together (default 1)"),
+    context: int | None = typer.Option(None, "--context", help="context tokens per sequence (default 2048)"),
+    kv_bytes: float | None = typer.Option(None, "--kv-bytes", help="bytes per KV element (default 2)"),
+    alpha: float | None = typer.Option(None, "--alpha", help="draft acceptance rate in [0, 1) (default 0.8)"),
+    gamma: int | None = typer.Option(None, "--gamma", help="draft length >= 1 (default 4)"),
+    draft_cost: float | None = typer.Option(None, "--draft-cost", help="c: a draft step over a target step (default 0.1)"),
+    plain_step_ms: float | None = typer.Option(None, "--plain-step-ms", help="measured plain step (default: each format's bound)"),
+    alphas: str | None = typer.Option(None, "--alphas", help="alpha sweep, comma-separated: 0.5,0.6,0.7"),
+    gamma_range: str | None = typer.Option(None, "--gamma-range", help="find the best gamma in LOW:HIGH"),
+    compare_kv_bytes: str | None = typer.Option(None, "--compare-kv-bytes", help="also bound with these KV bytes per element, e.g. 1"),
+    reference_case: bool = typer.Option(False, "--reference-case", help="start from token-cost.md's reference case (70B, batch 32, ...)"),
+    as_json: bool = typer.Option(False, "--json", help="print JSON (schema: docs/measure-and-bounds.md)"),
+) -> None:
+    """Lower bounds on decode step time per weight format, and what speculative decoding buys.
+
+    step >= max((weights + batch x KV) / bandwidth, 2 x parameters x batch x positions / FLOP/s).
+    Every time printed is a lower bound from peak figures, never a measurement.
+
+    Example: quantgate bounds --reference-case --gamma-range 1:8 --alphas 0.6,0.7,0.9 --compare-kv-bytes 1
+    """
+    cfg = bounds.configure(
+        hardware=hardware, checkpoints=checkpoint or [], parameters=parameters, layers=layers, kv_heads=kv_heads,
+        head_dim=head_dim, formats=formats or [], reference=reference_case, batch=batch, context_tokens=context,
+        kv_bytes_per_element=kv_bytes, alpha=alpha, gamma=gamma, draft_cost=draft_cost, plain_step_ms=plain_step_ms,
+        alphas=_parse_list(alphas, float, "--alphas"), gamma_range=gamma_range,
+        compare_kv_bytes=_parse_list(compare_kv_bytes, float, "--compare-kv-bytes"),
+    )
+    result = bounds.compute(cfg)
+    if as_json:
+        print_json(result)
+        return
+
+    console = Console()
+    for item in bounds.render(result):
+        console.print(item)

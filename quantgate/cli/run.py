@@ -1,0 +1,99 @@
+"""`quantgate run`, `quantgate demo` and `quantgate report`: the whole pipeline and its report."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from gates.report import build, recommendation, write
+from quantgate.cli.app import app
+from quantgate.core.artifacts import sha256_json
+from quantgate.pipeline import runner as pipeline
+from quantgate.pipeline.plan import load_plan
+
+
+@app.command("demo")
+def demo(
+    out: Path | None = typer.Option(None, "--out", help="run directory (default: the plan's, demo-out)"),
+) -> None:
+    """Run the whole pipeline on the embedded demo plan (quantgate/pipeline/plans/demo.yaml): SmolLM2-135M,
+    four formats, four golden sets at demo limits, the small-model policy.
+
+    Exit 0 if every format is approved, 1 if any is blocked, 2 on bad input.
+
+    Example: quantgate demo
+    """
+    _run_plan("demo", out)
+
+
+@app.command("run")
+def run_command(
+    plan: str = typer.Argument(..., help="a plan YAML file (see quantgate/pipeline/plans/demo.yaml), or 'demo'"),
+    out: Path | None = typer.Option(None, "--out", help="run directory (default: the plan's `out`)"),
+    quiet: bool = typer.Option(False, "--quiet", help="no stage lines, only the summary"),
+) -> None:
+    """Run every stage for one model: calibrate, quantize each format, measure and bound,
+    evaluate the baseline and each candidate, gate, append to the ledger, write the report.
+
+    Resumable: every artifact is keyed by its inputs' hashes, so a run started again redoes
+    only what is missing. Exit 0 if every format is approved, 1 if any is blocked, 2 on bad
+    input or configuration.
+
+    Example: quantgate run my-plan.yaml
+    """
+    _run_plan(plan, out, quiet)
+
+
+def _run_plan(spec: str, out: Path | None, quiet: bool = False) -> None:
+
+    result = pipeline.run(load_plan(spec), out, show_progress=not quiet)
+    _print_summary(build(result.out), result)
+    raise typer.Exit(result.exit_code)
+
+
+def _print_summary(data: dict[str, Any], result: Any = None) -> None:
+
+
+    table = Table(title=f"quantgate: {Path(data['model']).name} under policy {data['policy']['name']}@{data['policy']['version']}")
+    for column in ("format", "MB", "x baseline", "bits/weight", "KL", data["plot"]["y"] or "metric", "verdict", "reasons"):
+        table.add_column(column, overflow="fold")
+    for row in data["rows"]:
+        shown = row["metrics"].get(data["plot"]["y"] or "", {}).get("value")
+        verdict = {"approved": "[green]approved[/green]", "blocked": "[red]blocked[/red]"}.get(row["verdict"], row["verdict"])
+        reasons = row["reasons"]
+        table.add_row(
+            row["format"], f"{row['bytes'] / 1e6:.1f}" if row["bytes"] else "-",
+            f"{row['ratio_to_baseline']:.3f}" if row["ratio_to_baseline"] else "-",
+            f"{row['bits_per_weight_layers']:.3f}" if row["bits_per_weight_layers"] else "-",
+            f"{row['kl_divergence']:.4f}" if row["kl_divergence"] is not None else "-",
+            f"{shown:.4f}" if isinstance(shown, float) else "-", verdict,
+            "; ".join(reasons[:2]) + (f"; and {len(reasons) - 2} more" if len(reasons) > 2 else ""))
+    console = Console(width=max(Console().width, 160))
+    console.print(table)
+    for profile in data["hardware"]:
+        choice = recommendation(data["rows"], profile["name"])
+        console.print(f"recommended on {profile['name']}: {choice or 'none (no format approved)'}")
+    if result is not None:
+        redone = len(result.redone)
+        console.print(f"run directory {result.out} ({redone} of {len(result.stages)} stages run, {len(result.stages) - redone} reused) "
+                      f"in {result.seconds:.0f} s; report {result.out / 'report' / 'report.html'}; ledger {data.get('ledger')}")
+
+
+
+@app.command("report")
+def report_command(
+    run_dir: Path = typer.Argument(..., help="a run directory (quantgate run)"),
+    out: Path | None = typer.Option(None, "--out", help="where to write report.{md,json,html} (default: RUN_DIR/report)"),
+) -> None:
+    """Write the size-vs-accuracy report of a run again from its artifacts, and print its summary.
+
+    Example: quantgate report demo-out
+    """
+    data = build(run_dir)
+    target = write({**data, "key": sha256_json(data)}, out or run_dir / "report")
+    _print_summary(data)
+    typer.echo(f"report written to {target}/report.html, report.md, report.json")
