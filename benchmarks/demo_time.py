@@ -1,4 +1,4 @@
-"""The demo's time budget: `quantgate run examples/demo.yaml` must finish within 20 minutes on
+"""The demo's time budget: `quantgate run demo` (the embedded demo plan) must finish within 20 minutes on
 a 2-core CPU machine, and a finished run started again must redo nothing.
 
 Runs the demo plan in a fresh process into a temporary run directory, with an empty cache
@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def run_once(out: Path, env: dict[str, str]) -> tuple[float, int]:
     started = time.perf_counter()
-    completed = subprocess.run([sys.executable, "-m", "quantgate.cli", "run", str(ROOT / "examples" / "demo.yaml"),
+    completed = subprocess.run([sys.executable, "-m", "quantgate.cli", "run", "demo",
                                 "--out", str(out), "--quiet"], cwd=ROOT, env=env, capture_output=True, text=True)
     seconds = time.perf_counter() - started
     if completed.returncode not in (0, 1):

@@ -29,6 +29,3 @@ def main() -> None:
         print(f"quantgate: crashed (a bug, please report it with the traceback above); exit code {CRASH_EXIT_CODE}", file=sys.stderr)
         sys.exit(CRASH_EXIT_CODE)
 
-
-if __name__ == "__main__":
-    main()
