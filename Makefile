@@ -32,7 +32,11 @@ browser:
 	@command -v chromium >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null) \
 	  || echo "chromium could not be installed: the browser test will be skipped"
 
+# Lint (ruff: pyflakes, isort, pyupgrade, bugbear) and types (mypy on the strict set named in
+# pyproject.toml) before the tests; both come with the dev extra.
 test: $(STAMP) browser
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 	$(PY) -m pytest
 
 clean:

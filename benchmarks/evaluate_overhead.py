@@ -36,7 +36,7 @@ BIN = Path(sys.executable).parent
 
 def timed(command: list[str], env: dict[str, str]) -> float:
     started = time.perf_counter()
-    completed = subprocess.run(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    completed = subprocess.run(command, env=env, capture_output=True, text=True)
     elapsed = time.perf_counter() - started
     if completed.returncode != 0:
         tail = "\n".join(completed.stderr.strip().splitlines()[-5:])

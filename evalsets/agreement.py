@@ -8,10 +8,11 @@ baseline's top-k token ids, r = 1 - p(S) the baseline's residual mass, q_R = 1 -
 
 from __future__ import annotations
 
+# torch is imported where used: it takes seconds to import, and the package imports without it.
 import math
 from typing import Any
 
-Tensor = Any  # torch.Tensor; torch is imported lazily so the package imports without it
+Tensor = Any  # torch.Tensor
 
 
 def topk_cache(logprobs: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:

@@ -12,6 +12,7 @@ subset: the first N lines.
 
 from __future__ import annotations
 
+# datasets is imported where used: it takes seconds to import, and only a rebuild needs it.
 import argparse
 import gzip
 import json

@@ -6,9 +6,10 @@ from __future__ import annotations
 from enum import Enum
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from quantgate.core.errors import did_you_mean
+from quantgate.core.validation import Strict
 
 
 class Kind(str, Enum):
@@ -28,9 +29,7 @@ def parse_kind(value: str) -> Kind:
 # ---- items: one JSON object per line of a golden set's items.jsonl ---------------------------
 
 
-class _Item(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
+class _Item(Strict):
     id: str | int | None = Field(default=None, description="unique within the set; default: the line number")
     meta: dict[str, Any] | None = Field(default=None, description="carried along, never scored")
 
@@ -113,19 +112,15 @@ def item_fields(kind: Kind) -> str:
 # ---- a golden set's manifest ----------------------------------------------------------------
 
 
-class GenerationSettings(BaseModel):
+class GenerationSettings(Strict):
     """Greedy decoding of a generation set (lm-eval generate_until)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     until: tuple[str, ...] = Field(default=("\n",), description="stop sequences")
     max_new_tokens: int = Field(default=64, gt=0, le=4096)
 
 
-class SetManifest(BaseModel):
+class SetManifest(Strict):
     """manifest.json of `evalsets/data/<name>/v<N>/` (and of user sets); validated on load."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     artifact: str = Field(pattern="^golden-set$")
     schema_version: int = Field(ge=1, le=1)
@@ -162,10 +157,8 @@ class SetManifest(BaseModel):
 NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,63}$"
 
 
-class AddConfig(BaseModel):
+class AddConfig(Strict):
     """A user's golden set: its name and kind, and what the manifest should say about it."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str = Field(pattern=NAME_PATTERN, description="lower-case letters, digits, '.', '_', '-'")
     kind: Kind
@@ -195,10 +188,8 @@ class EvalBackend(str, Enum):
     vllm = "vllm"  # lm-eval's vLLM backend, where vllm is installed (text sets still use transformers)
 
 
-class EvaluateConfig(BaseModel):
+class EvaluateConfig(Strict):
     """What to evaluate a model on, and the settings that can change a number (all in the cache key)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     evalsets: tuple[str, ...] = Field(min_length=1, description="NAME or NAME@vN, built-in or added")
     limit: int | None = Field(default=None, gt=0, description="first N items of each set's seeded order")

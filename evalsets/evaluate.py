@@ -4,18 +4,23 @@ metrics. Results are cached by what decides them, so a baseline is evaluated onc
 
 from __future__ import annotations
 
+# torch, transformers and safetensors are imported where used: they take seconds to import,
+# and a cache hit (or `quantgate --help`) needs none of them.
+import functools
 import importlib.util
 import os
 import shutil
 import sys
-import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from evalsets import lm_eval_tasks, text_eval
 from evalsets import sets as golden_sets
 from evalsets.config import EvalBackend, EvaluateConfig, Kind
 from evalsets.sets import GoldenSet
+from evalsets.text_eval import BaselineSide
 from quantgate.core.artifacts import (
     MANIFEST,
     Stopwatch,
@@ -29,7 +34,17 @@ from quantgate.core.artifacts import (
     verify_files,
     write_json,
 )
+from quantgate.core.console import progress_bar, stderr
 from quantgate.core.errors import InputError, IntegrityError, OutputExistsError
+from quantgate.core.models import (
+    TORCH_DTYPES,
+    baseline_dtype,
+    max_sequence_length,
+    quantgate_home,
+    resolve_model,
+    tokenizer_hash,
+    weights_sha256,
+)
 
 RESULTS_KIND = "evaluation-results"
 SCHEMA_VERSION = 1
@@ -39,6 +54,8 @@ RECORD_FILE = "record.json"
 ITEMS_FILE = "items.json"
 TOPK_FILE = "topk.safetensors"
 ORDER_RULE = "the first N items of the set's seeded order (items.jsonl line order)"
+# What of a model's identity decides its numbers (its path does not).
+IDENTITY_KEYS = ("weights_sha256", "config_sha256", "tokenizer_sha256")
 
 
 @dataclass(frozen=True)
@@ -83,8 +100,6 @@ def load_results(path: str | Path) -> EvaluationResults:
 def model_identity(model_dir: Path) -> dict[str, Any]:
     """What decides a model's numbers: its weight bytes, its config (quantization scheme
     included: two checkpoints may share weights and differ in activation quantization), its tokenizer."""
-    from quantgate.core.models import baseline_dtype, tokenizer_hash, weights_sha256
-
     return {
         "path": str(model_dir),
         "weights_sha256": weights_sha256(model_dir),
@@ -109,7 +124,7 @@ def run_settings(cfg: EvaluateConfig, golden: GoldenSet, device: str, dtype: str
 def cache_key(identity: dict[str, Any], golden: GoldenSet, settings: dict[str, Any], baseline_topk: str | None) -> str:
     return sha256_json(
         {
-            "model": {key: identity[key] for key in ("weights_sha256", "config_sha256", "tokenizer_sha256")},
+            "model": {key: identity[key] for key in IDENTITY_KEYS},
             "evalset": {"spec": golden.spec, "sha256": golden.sha256},
             "settings": settings,
             "libraries": library_versions(),
@@ -119,8 +134,6 @@ def cache_key(identity: dict[str, Any], golden: GoldenSet, settings: dict[str, A
 
 
 def cache_root(home: Path | None = None) -> Path:
-    from quantgate.core.models import quantgate_home
-
     return (home or quantgate_home()) / "eval-cache"
 
 
@@ -138,7 +151,10 @@ def _cached(root: Path, key: str) -> Path | None:
 
 
 @dataclass
-class _Plan:
+class _SetJob:
+    """One golden set to evaluate: what decides its numbers, its cache key, and (once found or
+    computed) the cache entry that holds its result."""
+
     golden: GoldenSet
     settings: dict[str, Any]
     key: str
@@ -162,8 +178,6 @@ def run(
     per byte. Either way the results keep this model's own text-set cache (final hidden states,
     output head, top-k), so it can serve as a baseline itself without being run again.
     """
-    from quantgate.core.models import resolve_model
-
     stopwatch = Stopwatch()
     out = Path(out)
     if out.exists() and not overwrite:
@@ -178,36 +192,22 @@ def run(
     dtype = compute_dtype_name(device, identity["storage_dtype"])
     root = cache_root(home)
 
-    plans = []
+    jobs = []
     for golden in goldens:
         settings = run_settings(cfg, golden, device, dtype)
         topk = _baseline_topk_sha256(baseline, golden, settings) if golden.kind is Kind.text and baseline else None
-        plan = _Plan(golden, settings, cache_key(identity, golden, settings, topk), topk)
-        if cfg.use_cache and (entry := _cached(root, plan.key)) is not None:
-            plan.entry, plan.from_cache = entry, True
-        plans.append(plan)
+        job = _SetJob(golden, settings, cache_key(identity, golden, settings, topk), topk)
+        if cfg.use_cache and (entry := _cached(root, job.key)) is not None:
+            job.entry, job.from_cache = entry, True
+        jobs.append(job)
 
-    missing = [plan for plan in plans if plan.entry is None]
-    load_seconds = _compute(cfg, model_dir, identity, baseline, missing, root, device) if missing else None
+    missing = [job for job in jobs if job.entry is None]
+    load_seconds = None
+    if missing:
+        load_seconds = _compute(cfg, model_dir, missing, identity=identity, baseline=baseline, root=root, device=device)
 
     with atomic_directory(out, overwrite=overwrite) as staging:
-        entries = {}
-        for plan in plans:
-            directory = plan.golden.spec
-            shutil.copytree(plan.entry, staging / directory, ignore=shutil.ignore_patterns(MANIFEST), copy_function=_link_or_copy)
-            record = read_json(staging / directory / RECORD_FILE)
-            entries[plan.golden.spec] = {
-                "dir": directory,
-                "kind": plan.golden.kind.value,
-                "sha256": plan.golden.sha256,
-                "primary": record["primary"],
-                "metrics": record["metrics"],
-                "items": record["items"],
-                "limit": plan.settings["limit"],
-                "cache_key": plan.key,
-                "from_cache": plan.from_cache,
-                "seconds": record["timing"]["seconds"],
-            }
+        entries = {job.golden.spec: _publish(job, staging) for job in jobs}
         manifest = {
             "artifact": RESULTS_KIND,
             "schema_version": SCHEMA_VERSION,
@@ -221,6 +221,26 @@ def run(
         }
         write_json(staging / MANIFEST, manifest)
     return EvaluationResults(out, manifest)
+
+
+def _publish(job: _SetJob, staging: Path) -> dict[str, Any]:
+    """Copy one set's cache entry into the results being written; its line of their manifest."""
+    assert job.entry is not None  # found in the cache or computed by now
+    directory = job.golden.spec
+    shutil.copytree(job.entry, staging / directory, ignore=shutil.ignore_patterns(MANIFEST), copy_function=_link_or_copy)
+    record = read_json(staging / directory / RECORD_FILE)
+    return {
+        "dir": directory,
+        "kind": job.golden.kind.value,
+        "sha256": job.golden.sha256,
+        "primary": record["primary"],
+        "metrics": record["metrics"],
+        "items": record["items"],
+        "limit": job.settings["limit"],
+        "cache_key": job.key,
+        "from_cache": job.from_cache,
+        "seconds": record["timing"]["seconds"],
+    }
 
 
 def _link_or_copy(source: str, target: str) -> None:
@@ -245,8 +265,6 @@ def _default_device() -> str:
 def compute_dtype_name(device: str, storage_dtype: str) -> str:
     """FP32 on a CPU (BF16 matrix products are ~60x slower there, quantize.models.compute_dtype),
     the storage dtype on an accelerator."""
-    from quantgate.core.models import TORCH_DTYPES
-
     return "float32" if device == "cpu" else TORCH_DTYPES.get(storage_dtype, "float32")
 
 
@@ -270,38 +288,37 @@ def _baseline_topk_sha256(baseline: EvaluationResults, golden: GoldenSet, settin
 def _compute(
     cfg: EvaluateConfig,
     model_dir: Path,
+    jobs: list[_SetJob],
+    *,
     identity: dict[str, Any],
     baseline: EvaluationResults | None,
-    plans: list[_Plan],
     root: Path,
     device: str,
 ) -> float:
     """Load the model once, evaluate every set not in the cache, store each result in the cache;
     returns the seconds the model took to load (kept out of every set's own timing)."""
-    from quantgate.core.progress import item_progress
-    from quantgate.core.console import stderr
-
     loaded = _LoadedModel(model_dir, device, compute_dtype_name(device, identity["storage_dtype"]))
     loading = Stopwatch()
-    if cfg.backend is EvalBackend.hf or any(plan.golden.kind is Kind.text for plan in plans):
+    if cfg.backend is EvalBackend.hf or any(job.golden.kind is Kind.text for job in jobs):
         loaded.transformers()
     load_seconds = loading.seconds
-    with item_progress() as bar:
-        for plan in plans:
-            golden = plan.golden
-            items = golden.items(plan.settings["limit"])
+    with progress_bar(items_per_second=True) as bar:
+        for job in jobs:
+            golden = job.golden
+            items = golden.items(job.settings["limit"])
             task = bar.add_task(f"{golden.spec} ({golden.kind.value})", total=len(items))
             stopwatch = Stopwatch()
-            with atomic_directory(root / plan.key, overwrite=True) as staging:
+            with atomic_directory(root / job.key, overwrite=True) as staging:
                 if golden.kind is Kind.text:
-                    result = _run_text(cfg, loaded, plan, items, baseline, lambda n, task=task: bar.advance(task, n))
+                    result = _run_text(cfg, loaded, job, items, baseline=baseline, advance=functools.partial(bar.advance, task))
                 else:
-                    result = _run_lm_eval(cfg, loaded, plan, items, staging, bar, task)
+                    result = _run_lm_eval(cfg, loaded, job, items, staging=staging, advance=functools.partial(bar.advance, task))
                 bar.update(task, completed=len(items))
-                _write_entry(staging, cfg, plan, identity, baseline, items, result, stopwatch)
-                write_json(staging / MANIFEST, {"artifact": "evaluation-cache-entry", "key": plan.key, "files": file_hashes(staging)})
-            plan.entry = root / plan.key
-            record = read_json(plan.entry / RECORD_FILE)
+                _write_entry(staging, cfg, job, identity=identity, baseline=baseline, items=items, result=result,
+                             stopwatch=stopwatch)
+                write_json(staging / MANIFEST, {"artifact": "evaluation-cache-entry", "key": job.key, "files": file_hashes(staging)})
+            job.entry = root / job.key
+            record = read_json(job.entry / RECORD_FILE)
             shown = ", ".join(f"{name} {value:.4g}" for name, value in record["metrics"].items() if "stderr" not in name)
             stderr.print(
                 f"{golden.spec}: {len(items)} items in {record['timing']['seconds']:.1f} s "
@@ -325,8 +342,6 @@ class _LoadedModel:
             import torch
             from transformers import AutoModelForCausalLM, AutoTokenizer
 
-            from quantgate.core.console import stderr
-
             with stderr.status(f"loading {self.model_dir}"):
                 self._tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
                 dtype = getattr(torch, self.dtype)
@@ -339,8 +354,6 @@ class _LoadedModel:
         return self._model, self._tokenizer
 
     def lm(self, cfg: EvaluateConfig) -> Any:
-        from evalsets import lm_eval_tasks
-
         if self._lm is None:
             if cfg.backend is EvalBackend.vllm:
                 self._lm = lm_eval_tasks.vllm_model(self.model_dir, cfg.batch_size)
@@ -350,14 +363,13 @@ class _LoadedModel:
         return self._lm
 
 
-def _run_lm_eval(cfg: EvaluateConfig, loaded: _LoadedModel, plan: _Plan, items: list[dict[str, Any]], staging: Path, bar: Any, task: Any) -> dict[str, Any]:
-    from evalsets import lm_eval_tasks
-
-    golden = plan.golden
+def _run_lm_eval(cfg: EvaluateConfig, loaded: _LoadedModel, job: _SetJob, items: list[dict[str, Any]], *, staging: Path,
+                 advance: Callable[[float], None]) -> dict[str, Any]:
+    golden = job.golden
     lm = loaded.lm(cfg)
     per_request = lm_eval_tasks.requests_per_item(golden, items)
-    lm.on_rows = lambda rows: bar.advance(task, rows / per_request)
-    results = lm_eval_tasks.run_task(lm, golden, staging, plan.settings["limit"], cfg.bootstrap_iters)
+    lm.on_rows = lambda rows: advance(rows / per_request)
+    results = lm_eval_tasks.run_task(lm, golden, staging, job.settings["limit"], cfg.bootstrap_iters)
     return {
         "metrics": lm_eval_tasks.summary(golden, results),
         "details": {"samples": results["n-samples"][lm_eval_tasks.task_name(golden)]},
@@ -366,14 +378,12 @@ def _run_lm_eval(cfg: EvaluateConfig, loaded: _LoadedModel, plan: _Plan, items: 
     }
 
 
-def _run_text(cfg: EvaluateConfig, loaded: _LoadedModel, plan: _Plan, items: list[dict[str, Any]], baseline: EvaluationResults | None, advance: Any) -> dict[str, Any]:
-    from evalsets import text_eval
-    from quantgate.core.models import max_sequence_length
-
+def _run_text(cfg: EvaluateConfig, loaded: _LoadedModel, job: _SetJob, items: list[dict[str, Any]], *,
+              baseline: EvaluationResults | None, advance: Callable[[int], None]) -> dict[str, Any]:
     model, tokenizer = loaded.transformers()
     side = None
-    if plan.baseline_topk is not None and baseline is not None:
-        side = _load_baseline_side(baseline, plan.golden.spec, plan.baseline_topk)
+    if job.baseline_topk is not None and baseline is not None:
+        side = _load_baseline_side(baseline, job.golden.spec, job.baseline_topk)
     positions = max_sequence_length(loaded.model_dir)
     max_tokens = min(cfg.max_tokens, positions) if positions else cfg.max_tokens
     run = text_eval.evaluate_text(
@@ -383,10 +393,8 @@ def _run_text(cfg: EvaluateConfig, loaded: _LoadedModel, plan: _Plan, items: lis
     return {"metrics": run.metrics, "details": run.details, "items": run.items, "tensors": run.tensors, "lm_eval": None}
 
 
-def _load_baseline_side(baseline: EvaluationResults, spec: str, sha256: str) -> Any:
+def _load_baseline_side(baseline: EvaluationResults, spec: str, sha256: str) -> BaselineSide:
     from safetensors.torch import load_file
-
-    from evalsets.text_eval import BaselineSide
 
     tensors = load_file(baseline.set_dir(spec) / TOPK_FILE)
     weight = tensors.get("head_weight")
@@ -408,7 +416,8 @@ def _load_baseline_side(baseline: EvaluationResults, spec: str, sha256: str) -> 
 def _write_entry(
     staging: Path,
     cfg: EvaluateConfig,
-    plan: _Plan,
+    job: _SetJob,
+    *,
     identity: dict[str, Any],
     baseline: EvaluationResults | None,
     items: list[dict[str, Any]],
@@ -416,15 +425,12 @@ def _write_entry(
     stopwatch: Stopwatch,
 ) -> None:
     seconds = stopwatch.seconds
-    golden = plan.golden
-    primary = golden.manifest["scoring"]["primary"]
-    metrics = dict(result["metrics"])
-    baseline_model = None if baseline is None else {
-        key: baseline.manifest["model"][key] for key in ("weights_sha256", "config_sha256", "tokenizer_sha256")
-    }
-    if golden.kind is Kind.text and "kl_divergence" not in metrics:
-        primary = "perplexity"  # no baseline to agree with: perplexity is what this run measured
-    model = {key: identity[key] for key in ("weights_sha256", "config_sha256", "tokenizer_sha256")}
+    golden, metrics = job.golden, dict(result["metrics"])
+    # a text set without a baseline to agree with: perplexity is what this run measured
+    unagreed = golden.kind is Kind.text and "kl_divergence" not in metrics
+    primary = "perplexity" if unagreed else golden.manifest["scoring"]["primary"]
+    baseline_model = None if baseline is None else {key: baseline.manifest["model"][key] for key in IDENTITY_KEYS}
+    model = {key: identity[key] for key in IDENTITY_KEYS}
     write_json(
         staging / ITEMS_FILE,
         {
@@ -433,7 +439,7 @@ def _write_entry(
             "sha256": golden.sha256,
             "kind": golden.kind.value,
             "primary": primary,
-            "limit": plan.settings["limit"],
+            "limit": job.settings["limit"],
             "items_total": golden.size,
             "order": ORDER_RULE,
             "model": model,
@@ -457,9 +463,9 @@ def _write_entry(
             "details": result["details"],
             "items": len(items),
             "items_total": golden.size,
-            "limit": plan.settings["limit"],
-            "settings": plan.settings,
-            "cache_key": plan.key,
+            "limit": job.settings["limit"],
+            "settings": job.settings,
+            "cache_key": job.key,
             "model": model,
             "baseline": baseline_model,
             "lm_eval": result["lm_eval"],

@@ -4,6 +4,8 @@ model, and lm-eval's per-sample log becomes quantgate's per-item results."""
 
 from __future__ import annotations
 
+# lm_eval and datasets are imported where used: they take seconds to import, and writing a
+# task's YAML needs neither.
 import contextlib
 import functools
 import json
@@ -20,6 +22,8 @@ import yaml
 from evalsets.config import Kind
 from evalsets.sets import GoldenSet
 from quantgate.core.errors import InputError
+from quantgate.core.metrics import METRICS
+from quantgate.core.models import quantgate_home
 
 TASK_FILE = "task.yaml"
 
@@ -29,9 +33,12 @@ def task_name(golden: GoldenSet) -> str:
 
 
 def _datasets_cache() -> Path:
-    from quantgate.core.models import quantgate_home
-
     return quantgate_home() / "eval-cache" / "datasets"
+
+
+def _metric(name: str, aggregation: str) -> dict[str, Any]:
+    """An lm-eval metric_list entry, its direction from quantgate's metrics table."""
+    return {"metric": name, "aggregation": aggregation, "higher_is_better": METRICS[name].higher_is_better}
 
 
 def task_config(golden: GoldenSet) -> dict[str, Any]:
@@ -48,15 +55,9 @@ def task_config(golden: GoldenSet) -> dict[str, Any]:
         "metadata": {"version": 1.0, "quantgate_evalset": golden.spec, "quantgate_sha256": golden.sha256},
     }
     if golden.kind is Kind.multiple_choice:
-        config["metric_list"] = [
-            {"metric": "acc", "aggregation": "mean", "higher_is_better": True},
-            {"metric": "acc_norm", "aggregation": "mean", "higher_is_better": True},
-        ]
+        config["metric_list"] = [_metric("acc", "mean"), _metric("acc_norm", "mean")]
     elif golden.kind is Kind.last_word:
-        config["metric_list"] = [
-            {"metric": "perplexity", "aggregation": "perplexity", "higher_is_better": False},
-            {"metric": "acc", "aggregation": "mean", "higher_is_better": True},
-        ]
+        config["metric_list"] = [_metric("perplexity", "perplexity"), _metric("acc", "mean")]
     elif golden.kind is Kind.generation:
         settings = golden.manifest["generation"]
         config["doc_to_target"] = "{{reference | trim}}"
@@ -69,7 +70,7 @@ def task_config(golden: GoldenSet) -> dict[str, Any]:
         config["filter_list"] = [
             {"name": "strip", "filter": [{"function": "remove_whitespace"}, {"function": "take_first"}]}
         ]
-        config["metric_list"] = [{"metric": "exact_match", "aggregation": "mean", "higher_is_better": True}]
+        config["metric_list"] = [_metric("exact_match", "mean")]
     else:
         raise InputError(f"evalset {golden.spec} is a {golden.kind.value} set, which lm-eval does not run here")
     return config
@@ -197,7 +198,7 @@ def per_item(golden: GoldenSet, samples: list[dict[str, Any]]) -> list[dict[str,
         if golden.kind is Kind.multiple_choice:
             loglikelihoods = [float(response[0]) for response in sample["filtered_resps"]]
             lengths = [len(choice) for choice in doc["choices"]]
-            normalised = [value / length for value, length in zip(loglikelihoods, lengths)]
+            normalised = [value / length for value, length in zip(loglikelihoods, lengths, strict=True)]
             record.update(
                 gold=int(doc["gold"]),
                 loglikelihoods=loglikelihoods,

@@ -26,6 +26,7 @@ from quantgate.core.artifacts import (
     atomic_directory,
     provenance,
     read_json,
+    read_yaml,
     sha256_bytes,
     sha256_file,
     sha256_json,
@@ -33,11 +34,13 @@ from quantgate.core.artifacts import (
     write_json,
 )
 from quantgate.core.errors import InputError, IntegrityError, did_you_mean
+from quantgate.core.ids import SetRef
+from quantgate.core.models import quantgate_home
+from quantgate.core.validation import Problem, first_problem
 
 BUILTIN_DIR = Path(__file__).parent / "data"
 DEMO_LIMITS = Path(__file__).parent / "demo_limits.yaml"
 DATA_FILE = "items.jsonl"
-_SPEC = re.compile(r"^(?P<name>[a-z0-9][a-z0-9._-]*?)(?:@v(?P<version>[1-9][0-9]*))?$")
 _VERSION_DIR = re.compile(r"^v([1-9][0-9]*)$")
 
 # The committed sets, pinned: a changed item must be a new version, never an edit in place.
@@ -172,8 +175,6 @@ def default_prompt(kind: Kind, rendered: str | None = None) -> dict[str, Any]:
 
 
 def user_dir(home: Path | None = None) -> Path:
-    from quantgate.core.models import quantgate_home
-
     return (home or quantgate_home()) / "evalsets"
 
 
@@ -199,16 +200,10 @@ def all_names(home: Path | None = None) -> list[str]:
     return sorted(set(builtin_names()) | set(added))
 
 
-def parse_spec(spec: str) -> tuple[str, int | None]:
-    match = _SPEC.match(spec.strip())
-    if not match:
-        raise InputError(f"evalset {spec!r} is not NAME or NAME@vN (e.g. arc-easy or arc-easy@v1)")
-    return match["name"], int(match["version"]) if match["version"] else None
-
-
 def locate(spec: str, home: Path | None = None) -> tuple[Path, str]:
     """The directory of `name[@vN]` (the latest version when none is given) and its origin."""
-    name, version = parse_spec(spec)
+    ref = SetRef.parse(spec)
+    name, version = ref.name, ref.version
     root, origin = _root_for(name, home)
     versions = _versions(root)
     if not versions:
@@ -234,13 +229,13 @@ def load_dir(path: Path, origin: str = "user") -> GoldenSet:
         raise IntegrityError(f"{what}: {MANIFEST} is missing from {path}")
     try:
         raw = read_json(manifest_path)
-        manifest = SetManifest.model_validate(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise IntegrityError(f"{what}: {MANIFEST} is not valid JSON ({error})") from error
+    try:
+        manifest = SetManifest.model_validate(raw)
     except ValidationError as error:
-        first = error.errors()[0]
-        where = ".".join(str(part) for part in first["loc"]) or "manifest"
-        raise IntegrityError(f"{what}: {MANIFEST} field {where}: {first['msg']}") from error
+        problem = first_problem(error)
+        raise IntegrityError(f"{what}: {MANIFEST} field {problem.location or 'manifest'}: {problem.message}") from error
     if (manifest.name, manifest.version) != (path.parent.name, path.name):
         raise IntegrityError(f"{what}: {MANIFEST} names {manifest.name}@{manifest.version}, not its directory")
     verify_files(path, manifest.files, what)
@@ -329,22 +324,22 @@ def parse_items(lines: Iterator[str] | Any, kind: Kind, where: str) -> Iterator[
         try:
             item = model.model_validate(record)
         except ValidationError as error:
-            first = error.errors()[0]
-            field = ".".join(str(part) for part in first["loc"])
-            if first["type"] == "missing":
-                problem = f"missing field {field!r}"
-            elif first["type"] == "extra_forbidden":
-                problem = f"unknown field {field!r}"
-            else:
-                # our own validators' words, without pydantic's "Value error, " prefix
-                message = str(first.get("ctx", {}).get("error", first["msg"])) if first["type"] == "value_error" else first["msg"]
-                problem = f"field {field!r}: {message}" if field else message
+            problem = _item_problem(first_problem(error))
             raise InputError(f"{where} line {number}: {problem}; a {kind.value} item has {item_fields(kind)}") from error
         item_id = str(item.id) if item.id is not None else str(number)
         if item_id in seen:
             raise InputError(f"{where} line {number}: id {item_id!r} repeats line {seen[item_id]}")
         seen[item_id] = number
         yield {**item.model_dump(exclude_none=True), "id": item_id}
+
+
+def _item_problem(problem: Problem) -> str:
+    """What is wrong with one JSONL item, in the words of a line-by-line check."""
+    if problem.kind == "missing":
+        return f"missing field {problem.location!r}"
+    if problem.kind == "extra_forbidden":
+        return f"unknown field {problem.location!r}"
+    return f"field {problem.location!r}: {problem.message}" if problem.location else problem.message
 
 
 def items_bytes(items: list[dict[str, Any]]) -> bytes:
@@ -424,8 +419,5 @@ def add(cfg: AddConfig, source: Path, home: Path | None = None) -> AddedSet:
 
 def demo_limits() -> dict[str, int]:
     """The per-set limits of the demo (evalsets/demo_limits.yaml), by NAME@vN."""
-    import yaml
-
-    with open(DEMO_LIMITS, encoding="utf-8") as stream:
-        table = yaml.safe_load(stream)
+    table = read_yaml(DEMO_LIMITS, "demo limits")
     return {str(spec): int(limit) for spec, limit in table["limits"].items()}

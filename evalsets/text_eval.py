@@ -9,6 +9,7 @@ gives both, so the text sets never run the model twice.
 
 from __future__ import annotations
 
+# torch is imported where used: it takes seconds to import, and the package imports without it.
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -314,7 +315,7 @@ def _compare(baseline: BaselineSide, span: slice, logprobs: Any, checks: dict[st
 def _exact_summary(exact_kl: list[float], estimate_kl: list[float], bounds: list[float]) -> dict[str, Any]:
     if not exact_kl:
         return {"positions": 0}
-    shortfall = [exact - estimate for exact, estimate in zip(exact_kl, estimate_kl)]
+    shortfall = [exact - estimate for exact, estimate in zip(exact_kl, estimate_kl, strict=True)]
     return {
         "positions": len(exact_kl),
         "kl_exact_mean": sum(exact_kl) / len(exact_kl),

@@ -8,8 +8,6 @@ its current weight bytes match an `approved` record of an intact ledger.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from enum import Enum
@@ -17,8 +15,9 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from quantgate.core.artifacts import canonical_json, sha256_bytes, sha256_file
-from quantgate.core.errors import InputError, QuantgateError
+from quantgate.core.artifacts import atomic_file, canonical_json, sha256_bytes
+from quantgate.core.errors import QuantgateError
+from quantgate.core.models import weight_hashes
 
 GENESIS = "0" * 64
 SCHEMA_VERSION = 1
@@ -31,15 +30,6 @@ class LedgerTampered(QuantgateError):
 def record_hash(record: dict[str, Any]) -> str:
     """sha256 of the record's canonical JSON without its own `record_hash` field."""
     return sha256_bytes(canonical_json({k: v for k, v in record.items() if k != "record_hash"}).encode("utf-8"))
-
-
-def checkpoint_weights(checkpoint: Path) -> dict[str, str]:
-    """sha256 of every weight file of a checkpoint: the bytes a deployment serves."""
-    checkpoint = Path(checkpoint)
-    files = sorted(checkpoint.glob("*.safetensors"))
-    if not files:
-        raise InputError(f"{checkpoint} holds no *.safetensors weight files")
-    return {path.name: sha256_file(path) for path in files}
 
 
 def read(ledger: Path) -> list[dict[str, Any]]:
@@ -75,20 +65,10 @@ def append(ledger: Path, entry: dict[str, Any]) -> dict[str, Any]:
         "prev_hash": records[-1]["record_hash"] if records else GENESIS,
     }
     record["record_hash"] = record_hash(record)
-    ledger.parent.mkdir(parents=True, exist_ok=True)
     existing = ledger.read_bytes() if ledger.exists() else b""
-    handle, temporary = tempfile.mkstemp(prefix=f".{ledger.name}.", dir=ledger.parent)
-    try:
-        with os.fdopen(handle, "wb") as stream:
-            stream.write(existing)
-            stream.write((json.dumps(record, sort_keys=True, ensure_ascii=False) + "\n").encode("utf-8"))
-            stream.flush()
-            os.fsync(stream.fileno())
-        os.chmod(temporary, 0o644)
-        os.replace(temporary, ledger)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+    with atomic_file(ledger, durable=True) as stream:
+        stream.write(existing)
+        stream.write((json.dumps(record, sort_keys=True, ensure_ascii=False) + "\n").encode("utf-8"))
     return record
 
 
@@ -119,7 +99,7 @@ def verify_checkpoint(checkpoint: Path, ledger: Path) -> Verification:
         return Verification(Status.tampered, str(error))
     if not Path(ledger).exists():
         return Verification(Status.unknown, f"ledger {ledger} does not exist")
-    weights = checkpoint_weights(checkpoint)
+    weights = weight_hashes(checkpoint)
     matching = [record for record in records if record.get("checkpoint", {}).get("weights") == weights]
     if matching:
         record = matching[-1]

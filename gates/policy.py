@@ -4,29 +4,26 @@ insufficient evidence. The rule compares unrounded numbers; rounding is for disp
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field, model_validator
 
 from quantgate.core.artifacts import read_yaml, sha256_file
 from quantgate.core.errors import InputError, did_you_mean
+from quantgate.core.ids import SetRef
+from quantgate.core.validation import Strict, validated
+from quantize.presets import Preset
 
 POLICY_DIR = Path(__file__).parent / "policies"
 PRECISION_CLASSES = ("8bit", "4bit")
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
+BOUNDS = ("max_drop_points", "max_increase_percent", "max_value", "min_value")
 
 PerClass = dict[str, float]
 
 
-class MetricGate(_Strict):
+class MetricGate(Strict):
     """Exactly one kind of bound per metric, each given per precision class."""
 
     max_drop_points: PerClass | None = None  # accuracy: candidate may lose at most this many points
@@ -38,10 +35,10 @@ class MetricGate(_Strict):
     undecided_margin: float | None = Field(default=None, ge=0)
 
     @model_validator(mode="after")
-    def _one_bound(self) -> "MetricGate":
-        bounds = [name for name in ("max_drop_points", "max_increase_percent", "max_value", "min_value") if getattr(self, name) is not None]
+    def _one_bound(self) -> MetricGate:
+        bounds = [name for name in BOUNDS if getattr(self, name) is not None]
         if len(bounds) != 1:
-            raise ValueError(f"give exactly one of max_drop_points, max_increase_percent, max_value, min_value (got {bounds or 'none'})")
+            raise ValueError(f"give exactly one of {', '.join(BOUNDS)} (got {bounds or 'none'})")
         for precision in getattr(self, bounds[0]):
             if precision not in PRECISION_CLASSES:
                 raise ValueError(f"unknown precision class {precision!r}; valid: {', '.join(PRECISION_CLASSES)}")
@@ -49,10 +46,10 @@ class MetricGate(_Strict):
 
     @property
     def kind(self) -> str:
-        return next(name for name in ("max_drop_points", "max_increase_percent", "max_value", "min_value") if getattr(self, name) is not None)
+        return next(name for name in BOUNDS if getattr(self, name) is not None)
 
     def threshold(self, precision: str) -> float:
-        values = getattr(self, self.kind)
+        values: PerClass = getattr(self, self.kind)
         if precision not in values:
             raise InputError(f"policy gives no {self.kind} for {precision} formats")
         return values[precision]
@@ -63,24 +60,24 @@ class MetricGate(_Strict):
             self.kind, self.undecided_margin) or 0.0
 
 
-class Statistics(_Strict):
+class Statistics(Strict):
     confidence: float = Field(default=0.95, gt=0, lt=1)
     resamples: int = Field(default=2000, ge=100)
     seed: int = 0
     insufficient_evidence: str = Field(default="block", pattern="^block$")  # fail closed, always
 
 
-class SizeGate(_Strict):
+class SizeGate(Strict):
     max_bits_per_weight_excess: float = Field(default=0.01, ge=0)
     forbid_unexplained_bytes: bool = True
 
 
-class IntegrityGate(_Strict):
+class IntegrityGate(Strict):
     require_finite_logits: bool = True
     max_calibration_overlap: float = Field(default=0.01, ge=0, le=1)
 
 
-class Policy(_Strict):
+class Policy(Strict):
     name: str
     version: str = Field(pattern=r"^v\d+$")
     description: str = ""
@@ -124,16 +121,10 @@ def load_policy(spec: str | Path, valid_metrics: dict[str, list[str]] | None = N
     """Load and validate a policy. `valid_metrics` maps each known golden set to its metrics;
     a set or metric outside it is an error that lists the valid ones."""
     path = resolve_policy(spec)
-    raw = read_yaml(path, "policy")
-    try:
-        policy = Policy.model_validate(raw)
-    except ValidationError as error:
-        first = error.errors()[0]
-        where = ".".join(str(part) for part in first["loc"])
-        raise InputError(f"policy {path}: {where}: {first['msg']}") from error
+    policy = validated(Policy, read_yaml(path, "policy"), f"policy {path}")
     if valid_metrics is not None:
         for set_name, gates in policy.metrics.items():
-            base = re.sub(r"@v\d+$", "", set_name)
+            base = _set_name(set_name)
             if base not in valid_metrics:
                 raise InputError(f"policy {path}: unknown golden set {set_name!r}{did_you_mean(base, list(valid_metrics))}; "
                                  f"valid: {', '.join(sorted(valid_metrics))}")
@@ -144,13 +135,22 @@ def load_policy(spec: str | Path, valid_metrics: dict[str, list[str]] | None = N
     return LoadedPolicy(policy, path, sha256_file(path))
 
 
+def _set_name(key: str) -> str:
+    """The golden set a policy's `metrics` key names (`arc-easy@v1` -> `arc-easy`); a key that is
+    no set spec at all stays as written, for the 'unknown golden set' message to name it."""
+    try:
+        return SetRef.parse(key).name
+    except InputError:
+        return key
+
+
 class Outcome(str, Enum):
     passed = "pass"
     failed = "fail"
     insufficient = "insufficient evidence"
 
 
-def decide(estimate: float, low: float, high: float, limit: float, margin: float, higher_is_better: bool) -> Outcome:
+def decide(estimate: float, low: float, high: float, *, limit: float, margin: float, higher_is_better: bool) -> Outcome:
     """Compare the unrounded estimate with `limit`; then ask whether the interval settles it.
 
     higher_is_better: the value must be >= limit (an accuracy difference >= -max drop, an
@@ -165,8 +165,7 @@ def decide(estimate: float, low: float, high: float, limit: float, margin: float
     return Outcome.insufficient if high > limit + margin else Outcome.passed
 
 
-def precision_class(preset: Any) -> str:
+def precision_class(preset: Preset) -> str:
     """'8bit' or '4bit' from a format preset's weight bits."""
     bits = int(preset.weights["num_bits"])
     return "4bit" if bits <= 4 else "8bit"
-

@@ -9,7 +9,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-from quantgate.core.artifacts import atomic_directory
+import evalsets
+from quantgate.core.artifacts import MANIFEST, atomic_directory, read_json
+from quantgate.core.errors import InputError
+from quantgate.core.ids import GateId
+from quantgate.core.metrics import metric as metric_facts
+from quantgate.core.rundir import BASELINE, RUN_KIND, RunDir
+from quantgate.core.stagecache import stored_value
 
 SCHEMA_VERSION = 1
 
@@ -107,9 +113,14 @@ def context_lines(report: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _higher_is_better(column: str) -> bool:
+    """Which way the plot's metric column ('SET METRIC') is better, from the metrics table."""
+    return metric_facts(GateId.parse(column).check).higher_is_better
+
+
 def svg_plot(report: dict[str, Any], width: int = 640, height: int = 400) -> str:
     metric = report["plot"]["y"]
-    higher_is_better = report["plot"].get("higher_is_better", True)
+    higher_is_better = report["plot"]["higher_is_better"] if "higher_is_better" in report["plot"] else _higher_is_better(metric)
     points = [(row["bytes"] / 1e6, row["metrics"][metric]["value"], row["format"], row["verdict"])
               for row in report["rows"] if row.get("metrics", {}).get(metric, {}).get("value") is not None]
     margin = 60
@@ -119,8 +130,12 @@ def svg_plot(report: dict[str, Any], width: int = 640, height: int = 400) -> str
     x0, x1 = 0.0, max(xs) * 1.1
     y_pad = (max(ys) - min(ys)) * 0.15 or abs(max(ys)) * 0.05 or 1.0
     y0, y1 = min(ys) - y_pad, max(ys) + y_pad
-    sx = lambda x: margin + (x - x0) / (x1 - x0) * (width - 2 * margin)  # noqa: E731
-    sy = lambda y: height - margin - (y - y0) / (y1 - y0) * (height - 2 * margin)  # noqa: E731
+    def sx(x: float) -> float:
+        return margin + (x - x0) / (x1 - x0) * (width - 2 * margin)
+
+    def sy(y: float) -> float:
+        return height - margin - (y - y0) / (y1 - y0) * (height - 2 * margin)
+
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" id="size-accuracy" width="{width}" height="{height}" '
              f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="12">',
              f'<line x1="{margin}" y1="{height - margin}" x2="{width - margin}" y2="{height - margin}" stroke="#333"/>',
@@ -195,30 +210,26 @@ def write(report: dict[str, Any], out: Path, overwrite: bool = True) -> Path:
 
 # ---- a report from a run directory (`quantgate run`, `quantgate report RUN_DIR`) ------------
 
-def _value(path: Path) -> dict[str, Any] | None:
-    """The value of a keyed JSON artifact of a run (measure/, verdicts/), or None if absent."""
-    return json.loads(path.read_text(encoding="utf-8"))["value"] if path.is_file() else None
-
-
 def _row(name: str, measured: dict[str, Any] | None, results: dict[str, Any] | None, verdict: dict[str, Any] | None,
          columns: list[str]) -> dict[str, Any]:
     measurement = (measured or {}).get("measurement")
     metrics: dict[str, Any] = {}
     for column in columns:
-        spec, metric = column.split(" ", 1)
-        value = (results or {}).get("sets", {}).get(spec, {}).get("metrics", {}).get(metric)
+        gate_id = GateId.parse(column)
+        facts = metric_facts(gate_id.check)
+        value = (results or {}).get("sets", {}).get(gate_id.scope, {}).get("metrics", {}).get(facts.name)
         gate = (verdict or {}).get("metrics", {}).get(column)
         if verdict is None and results is not None and value is None:
-            value = {"kl_divergence": 0.0, "top1_agreement": 1.0}.get(metric)  # the baseline against itself
+            value = facts.baseline_value  # the baseline against itself (agreement metrics)
         entry: dict[str, Any] = {"value": value}
         if gate is not None:
-            if gate["unit"] in ("points", "%"):
+            if facts.is_change:
                 entry.update(difference=gate["estimate"], low=gate["low"], high=gate["high"], unit=gate["unit"])
             else:
                 entry.update(value=gate["estimate"], low=gate["low"], high=gate["high"], unit=gate["unit"])
             entry["outcome"] = gate["outcome"]
         metrics[column] = entry
-    kl = next((entry["value"] for column, entry in metrics.items() if column.endswith(" kl_divergence")), None)
+    kl = next((entry["value"] for column, entry in metrics.items() if GateId.parse(column).check == "kl_divergence"), None)
     if kl is None and results is not None:
         kl = next((entry["metrics"].get("kl_divergence") for entry in results.get("sets", {}).values()
                    if "kl_divergence" in entry.get("metrics", {})), None)
@@ -240,37 +251,35 @@ def _row(name: str, measured: dict[str, Any] | None, results: dict[str, Any] | N
 
 def build(run_dir: Path) -> dict[str, Any]:
     """The report's data from a run directory's artifacts (run.json, measure/, results/, verdicts/)."""
-    from quantgate.core.artifacts import read_json
-    from quantgate.core.errors import InputError
-
-    run_dir = Path(run_dir)
-    run_file = run_dir / "run.json"
+    layout = RunDir(Path(run_dir))
+    run_dir = layout.root
+    run_file = layout.run_file
     if not run_file.is_file():
         raise InputError(f"{run_dir} is not a quantgate run directory (no run.json)")
     run = read_json(run_file)
-    if run.get("kind") != "quantgate-run":
+    if run.get("kind") != RUN_KIND:
         raise InputError(f"{run_file} is not the record of a quantgate run")
 
-    def results_manifest(name: str) -> dict[str, Any] | None:
-        path = run_dir / "results" / name / "manifest.json"
+    def manifest(directory: Path) -> dict[str, Any] | None:
+        path = directory / MANIFEST
         return read_json(path) if path.is_file() else None
 
-    verdicts = {fmt: _value(run_dir / "verdicts" / f"{fmt}.json") for fmt in run["formats"]}
+    verdicts = {fmt: stored_value(layout.verdict(fmt)) for fmt in run["formats"]}
     missing = [fmt for fmt, verdict in verdicts.items() if verdict is None]
     if missing:
         raise InputError(f"the run in {run_dir} has no verdict yet for {', '.join(missing)}: run it to the end first")
     columns: list[str] = []  # every metric gate, in policy order (a format that failed to quantize has none)
     for verdict in verdicts.values():
-        columns += [gate for gate in verdict["metrics"] if not gate.startswith(("size ", "integrity ")) and gate not in columns]
-    baseline_results = results_manifest("baseline")
-    baseline_measured = _value(run_dir / "measure" / "baseline.json") or {}
+        columns += [gate for gate in verdict["metrics"] if GateId.parse(gate).on_golden_set and gate not in columns]
+    baseline_results = manifest(layout.results(BASELINE))
+    baseline_measured = stored_value(layout.measure(BASELINE)) or {}
     rows = [_row("baseline", baseline_measured, baseline_results, None, columns)]
-    rows += [_row(fmt, _value(run_dir / "measure" / f"{fmt}.json"), results_manifest(fmt), verdicts[fmt], columns) for fmt in run["formats"]]
-    calibration = read_json(run_dir / "calibration" / "manifest.json") if (run_dir / "calibration" / "manifest.json").is_file() else None
+    rows += [_row(fmt, stored_value(layout.measure(fmt)), manifest(layout.results(fmt)), verdicts[fmt], columns) for fmt in run["formats"]]
+    calibration = manifest(layout.calibration)
     any_bounds = next(iter((baseline_measured.get("bounds") or {}).values()), None)
     plot = dict(run["plot"])
     if plot.get("y") not in columns and columns:
-        plot["y"] = columns[0]
+        plot.update(y=columns[0], higher_is_better=_higher_is_better(columns[0]))
     return {
         "model": run["plan"]["model"],
         "model_path": run["model"],
@@ -292,9 +301,6 @@ def build(run_dir: Path) -> dict[str, Any]:
 
 
 def _set_size(spec: str) -> int | None:
-    import evalsets
-    from quantgate.core.errors import InputError
-
     try:
         return evalsets.load(spec).size
     except InputError:

@@ -8,37 +8,38 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import calibration
+import evalsets
+from calibration import CalibrationSet
+from evalsets import EvaluationResults, GoldenSet
+from evalsets.sets import SCORING, all_names
 from gates import ledger as ledger_module
+from gates.policy import PRECISION_CLASSES, LoadedPolicy, load_policy, precision_class
+from gates.verdict import Records, Verdict, judge
 from quantgate.core.artifacts import MANIFEST, read_json, sha256_json
 from quantgate.core.errors import InputError
-from gates.policy import PRECISION_CLASSES, LoadedPolicy, load_policy, precision_class
-from gates.verdict import Verdict, judge
-
-GATEABLE_METRICS = ("acc", "acc_norm", "exact_match", "perplexity", "kl_divergence", "top1_agreement")
-
-
+from quantgate.core.ids import SetRef
+from quantgate.core.metrics import GATEABLE
+from quantgate.core.models import weight_hashes
+from quantize.measure.accounting import measure
+from quantize.presets import get_preset
 
 
 def valid_metrics(set_specs: list[str]) -> dict[str, list[str]]:
     """Golden set name -> the metrics a policy may gate on it (those with a gate rule)."""
-    import evalsets
-    from evalsets.sets import SCORING
-
     metrics = {}
     for spec in set_specs:
         golden = evalsets.load(spec)
-        metrics[golden.name] = [name for name in SCORING[golden.kind]["metrics"] if name in GATEABLE_METRICS]
+        metrics[golden.name] = [name for name in SCORING[golden.kind]["metrics"] if name in GATEABLE]
     return metrics
 
 
 def load_gate_policy(spec: str | Path, set_specs: list[str]) -> LoadedPolicy:
     """The policy, validated against every known golden set's metrics, and then against the
     sets that will be evaluated: it may gate only those."""
-    from evalsets.sets import all_names
-
     known = list(dict.fromkeys([*all_names(), *set_specs]))
     policy = load_policy(spec, valid_metrics(known))
-    names = {spec.split("@")[0] for spec in set_specs} | set(set_specs)
+    names = {SetRef.parse(spec).name for spec in set_specs} | set(set_specs)
     missing = [name for name in policy.policy.metrics if name not in names]
     if missing:
         raise InputError(f"policy {policy.policy.name}@{policy.policy.version} gates {', '.join(missing)}, "
@@ -46,12 +47,12 @@ def load_gate_policy(spec: str | Path, set_specs: list[str]) -> LoadedPolicy:
     return policy
 
 
-def item_records(results: Any) -> dict[str, list[dict[str, Any]]]:
+def item_records(results: EvaluationResults) -> dict[str, Records]:
     """Set spec -> per-item records of one results directory."""
     return {spec: results.items(spec)["items"] for spec in results.manifest["sets"]}
 
 
-def golden_texts(goldens: list[Any]) -> list[str]:
+def golden_texts(goldens: list[GoldenSet]) -> list[str]:
     """Every string an item of these golden sets holds (query, choices, text, context, ...): what
     a calibration set must not leak. The whole sets, not only the items a limit evaluates."""
     texts: list[str] = []
@@ -67,16 +68,15 @@ def golden_texts(goldens: list[Any]) -> list[str]:
     return texts
 
 
-def overlap_summary(calibration_set: Any, goldens: list[Any]) -> dict[str, Any]:
-    import calibration
-
+def overlap_summary(calibration_set: CalibrationSet, goldens: list[GoldenSet]) -> dict[str, Any]:
     result = calibration.ngram_overlap(calibration_set.texts(), golden_texts(goldens))
     return {"n": result.n, "candidate_ngrams": result.candidate_ngrams, "shared_ngrams": result.shared_ngrams,
             "share": result.share, "against": [golden.spec for golden in goldens]}
 
 
 def verdict_record(fmt: str, verdict: Verdict, *, precision: str, policy: LoadedPolicy, checkpoint: Path | None,
-                   baseline_results: Any, candidate_results: Any | None, weights: dict[str, str] | None = None) -> dict[str, Any]:
+                   baseline_results: EvaluationResults, candidate_results: EvaluationResults | None,
+                   weights: dict[str, str] | None = None) -> dict[str, Any]:
     """A verdict as written to verdicts/<format>.json and (with the checkpoint's weights) the ledger.
     `weights`: the weight files' sha256s where the caller already holds them verified."""
     sets = baseline_results.manifest["sets"]
@@ -85,12 +85,11 @@ def verdict_record(fmt: str, verdict: Verdict, *, precision: str, policy: Loaded
         "format": fmt,
         "precision": precision,
         "checkpoint": None if checkpoint is None else {
-            "path": str(Path(checkpoint).resolve()), "format": fmt, "weights": weights or ledger_module.checkpoint_weights(checkpoint)},
+            "path": str(Path(checkpoint).resolve()), "format": fmt, "weights": weights or weight_hashes(checkpoint)},
         "baseline": {"model": baseline_results.manifest["model"]["path"],
                      "weights_sha256": baseline_results.manifest["model"]["weights_sha256"]},
         "policy": policy.identity,
-        "evalsets": [{"name": spec.split("@")[0], "version": spec.split("@")[1], "sha256": entry["sha256"],
-                      "limit": entry["limit"], "items": entry["items"]} for spec, entry in sorted(sets.items())],
+        "evalsets": [_evalset(spec, entry) for spec, entry in sorted(sets.items())],
         "metrics": {gate.gate: {"outcome": gate.outcome.value, "estimate": gate.estimate, "low": gate.low,
                                 "high": gate.high, "limit": gate.limit, "unit": gate.unit} for gate in verdict.gates},
         "gates": [gate.as_dict() for gate in verdict.gates],
@@ -98,6 +97,12 @@ def verdict_record(fmt: str, verdict: Verdict, *, precision: str, policy: Loaded
         "reasons": verdict.reasons,
         "results": None if candidate_results is None else str(Path(candidate_results.path).resolve()),
     }
+
+
+def _evalset(spec: str, entry: dict[str, Any]) -> dict[str, Any]:
+    """A verdict's record of one golden set the candidate was evaluated on."""
+    ref = SetRef.parse(spec)
+    return {"name": ref.name, "version": ref.tag, "sha256": entry["sha256"], "limit": entry["limit"], "items": entry["items"]}
 
 
 def ledger_entry(record: dict[str, Any]) -> dict[str, Any]:
@@ -129,11 +134,6 @@ def _checkpoint_manifest(checkpoint: Path | None) -> dict[str, Any] | None:
 def gate_results(baseline: Path, candidate: Path, policy_spec: str | Path, *, checkpoint: Path | None = None,
                  calibration_dir: Path | None = None, precision: str | None = None, ledger: Path | None = None) -> dict[str, Any]:
     """The verdict record (as the pipeline writes it); appended to `ledger` when given."""
-    import calibration
-    import evalsets
-    from quantize.measure.accounting import measure
-    from quantize.presets import get_preset
-
     baseline_results = evalsets.load_results(baseline)
     candidate_results = evalsets.load_results(candidate)
     specs = list(baseline_results.manifest["sets"])

@@ -52,7 +52,8 @@ def paired_bootstrap(statistic: Statistic, items: int, *, resamples: int = DEFAU
         values[start : start + count] = statistic(generator.integers(0, items, size=(count, items)))
     tail = (1 - confidence) / 2
     low, high = np.quantile(values, [tail, 1 - tail])
-    return Interval(estimate, float(low), float(high), confidence, resamples, items, seed)
+    return Interval(estimate=estimate, low=float(low), high=float(high), confidence=confidence, resamples=resamples,
+                    items=items, seed=seed)
 
 
 def mean_difference(baseline: np.ndarray, candidate: np.ndarray) -> Statistic:
@@ -71,15 +72,10 @@ def relative_perplexity_change(baseline_nll: np.ndarray, baseline_tokens: np.nda
     def statistic(index: np.ndarray) -> np.ndarray:
         baseline_rate = baseline_nll[index].sum(axis=-1) / baseline_tokens[index].sum(axis=-1)
         candidate_rate = candidate_nll[index].sum(axis=-1) / candidate_tokens[index].sum(axis=-1)
-        return np.expm1(candidate_rate - baseline_rate)
+        change: np.ndarray = np.expm1(candidate_rate - baseline_rate)
+        return change
 
     return statistic
-
-
-def mean_value(values: np.ndarray) -> Statistic:
-    """The mean of one per-item series (e.g. the candidate's per-item KL divergence)."""
-    values = np.asarray(values, dtype=np.float64)
-    return lambda index: values[index].mean(axis=-1)
 
 
 def ratio_of_sums(numerator: np.ndarray, denominator: np.ndarray) -> Statistic:

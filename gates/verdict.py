@@ -13,10 +13,16 @@ from typing import Any
 import numpy as np
 
 from gates import stats
+from gates.policy import LoadedPolicy, MetricGate, Outcome, Statistics, decide
 from quantgate.core.errors import InputError
-from gates.policy import LoadedPolicy, MetricGate, Outcome, decide
+from quantgate.core.ids import INTEGRITY, SIZE, GateId, SetRef
+from quantgate.core.metrics import METRICS, Metric, Statistic
+from quantize.measure.causes import UNEXPLAINED_CAUSES
 
-ACCURACY_METRICS = ("acc", "acc_norm", "exact_match")
+Records = list[dict[str, Any]]  # per-item records of one set (docs/evaluate.md, items.json)
+
+# Where a text set's per-item record keeps the numerator of each ratio-of-sums metric.
+_NUMERATORS = {"kl_divergence": "kl_sum", "top1_agreement": "top1_matches"}
 
 
 @dataclass(frozen=True)
@@ -44,34 +50,43 @@ class Verdict:
         return [gate.reason for gate in self.gates if gate.outcome is not Outcome.passed]
 
 
-def _aligned(baseline: list[dict[str, Any]], candidate: list[dict[str, Any]], spec: str) -> tuple[list[dict], list[dict]]:
+def blocked_verdict(reason: str) -> Verdict:
+    """The verdict on a checkpoint that failed its own checks (it does not load, or its logits
+    are NaN/Inf): one failed integrity gate, nothing measured, nothing to deploy."""
+    failure = GateResult(gate=str(GateId(INTEGRITY, "loads")), outcome=Outcome.failed, estimate=0.0, low=0.0, high=0.0, limit=1.0,
+                         unit="", reason=f"integrity: {reason}")
+    return Verdict(False, [failure])
+
+
+def _aligned(baseline: Records, candidate: Records, spec: str) -> tuple[Records, Records]:
     by_id = {item["id"]: item for item in candidate}
     if len(by_id) != len(candidate) or sorted(by_id) != sorted(item["id"] for item in baseline):
         raise InputError(f"{spec}: baseline and candidate results cover different items (evaluate both with the same --limit)")
     return baseline, [by_id[item["id"]] for item in baseline]
 
 
-def _statistic(metric: str, baseline: list[dict], candidate: list[dict]) -> tuple[stats.Statistic, float, str, bool]:
-    """(statistic, scale to display units, unit, higher_is_better) for one metric."""
-    if metric in ACCURACY_METRICS:
-        values = lambda items: np.array([item["metrics"][metric] for item in items], dtype=float)  # noqa: E731
-        return stats.mean_difference(values(baseline), values(candidate)), 100.0, "points", True
-    if metric == "perplexity":
+def _series(items: Records, key: str, sign: float = 1.0) -> np.ndarray:
+    return np.array([sign * item[key] for item in items], dtype=float)
+
+
+def _statistic(metric: Metric, baseline: Records, candidate: Records) -> stats.Statistic:
+    """The paired statistic of `metric.statistic` over the items' records."""
+    if metric.statistic is Statistic.mean_difference:
+        scores = [np.array([item["metrics"][metric.name] for item in items], dtype=float) for items in (baseline, candidate)]
+        return stats.mean_difference(*scores)
+    if metric.statistic is Statistic.perplexity_change:
         if "nll" in baseline[0]:  # text sets: Σ nll / Σ tokens
-            nll = lambda items: np.array([item["nll"] for item in items], dtype=float)  # noqa: E731
-            tokens = lambda items: np.array([item["tokens"] for item in items], dtype=float)  # noqa: E731
-            return stats.relative_perplexity_change(nll(baseline), tokens(baseline), nll(candidate), tokens(candidate)), 100.0, "%", False
-        nll = lambda items: np.array([-item["loglikelihood"] for item in items], dtype=float)  # noqa: E731
-        ones = np.ones(len(baseline))
-        return stats.relative_perplexity_change(nll(baseline), ones, nll(candidate), ones), 100.0, "%", False
-    if metric in ("kl_divergence", "top1_agreement"):
-        if "kl_sum" not in candidate[0]:
-            raise InputError(f"candidate results have no {metric}: evaluate the candidate with --baseline-results")
-        key = "kl_sum" if metric == "kl_divergence" else "top1_matches"
-        numerator = np.array([item[key] for item in candidate], dtype=float)
-        positions = np.array([item["tokens"] for item in candidate], dtype=float)
-        return stats.ratio_of_sums(numerator, positions), 1.0, "", metric == "top1_agreement"
-    raise InputError(f"no gate rule for metric {metric!r}")
+            return stats.relative_perplexity_change(_series(baseline, "nll"), _series(baseline, "tokens"),
+                                                    _series(candidate, "nll"), _series(candidate, "tokens"))
+        ones = np.ones(len(baseline))  # last-word sets: one target a item
+        return stats.relative_perplexity_change(_series(baseline, "loglikelihood", -1.0), ones,
+                                                _series(candidate, "loglikelihood", -1.0), ones)
+    if metric.statistic is Statistic.ratio_of_sums:
+        key = _NUMERATORS[metric.name]
+        if key not in candidate[0]:
+            raise InputError(f"candidate results have no {metric.name}: evaluate the candidate with --baseline-results")
+        return stats.ratio_of_sums(_series(candidate, key), _series(candidate, "tokens"))
+    raise InputError(f"no gate rule for metric {metric.name!r}")
 
 
 def _limit(gate: MetricGate, precision: str) -> float:
@@ -79,64 +94,75 @@ def _limit(gate: MetricGate, precision: str) -> float:
     return -threshold if gate.kind == "max_drop_points" else threshold
 
 
-def _describe(spec: str, metric: str, estimate: float, low: float, high: float, limit: float, unit: str, outcome: Outcome) -> str:
-    name = spec.split("@")[0]
-    signed = unit in ("points", "%")
-    number = (lambda v: f"{v:+.2f}") if signed else (lambda v: f"{v:.4f}")
-    suffix = f" {unit}" if unit == "points" else unit
-    observed = f"{name} {metric} {number(estimate)}{suffix} [{number(low)}, {number(high)}]"
+def _describe(name: str, metric: Metric, outcome: Outcome, *, estimate: float, low: float, high: float, limit: float) -> str:
+    def number(value: float) -> str:
+        return f"{value:+.2f}" if metric.is_change else f"{value:.4f}"
+
+    suffix = f" {metric.unit}" if metric.unit == "points" else metric.unit
+    observed = f"{name} {metric.name} {number(estimate)}{suffix} [{number(low)}, {number(high)}]"
     if outcome is Outcome.failed:
-        word = "exceeds" if unit else ("exceeds" if metric == "kl_divergence" else "is below")
+        word = "is below" if metric.higher_is_better and not metric.is_change else "exceeds"
         return f"{observed} {word} {number(limit)}{suffix}"
     if outcome is Outcome.insufficient:
         return f"{observed}: insufficient evidence, the interval reaches past {number(limit)}{suffix} by more than the policy allows"
     return f"{observed} within {number(limit)}{suffix}"
 
 
-def compare(baseline_items: dict[str, list[dict]], candidate_items: dict[str, list[dict]],
+def _metric_gate(spec: str, metric: Metric, gate: MetricGate, items: tuple[Records, Records], *,
+                 settings: Statistics, precision: str) -> GateResult:
+    """One metric of one set: the estimate and its paired-bootstrap interval, against the limit."""
+    baseline, candidate = items
+    interval = stats.paired_bootstrap(_statistic(metric, baseline, candidate), len(baseline), resamples=settings.resamples,
+                                      confidence=settings.confidence, seed=settings.seed)
+    estimate, low, high = interval.estimate * metric.scale, interval.low * metric.scale, interval.high * metric.scale
+    limit = _limit(gate, precision)
+    name = SetRef.parse(spec).name
+    if not math.isfinite(estimate):
+        # NaN compares false both ways, so it would slip through `decide`: a candidate
+        # whose numbers are not finite fails, and says so.
+        outcome, reason = Outcome.failed, f"{name} {metric.name} is {estimate} (NaN or Inf logits or losses)"
+    else:
+        outcome = decide(estimate, low, high, limit=limit, margin=gate.margin, higher_is_better=metric.higher_is_better)
+        reason = _describe(name, metric, outcome, estimate=estimate, low=low, high=high, limit=limit)
+    return GateResult(gate=str(GateId(spec, metric.name)), outcome=outcome, estimate=estimate, low=low, high=high,
+                      limit=limit, unit=metric.unit, reason=reason)
+
+
+def _gated(name: str) -> Metric:
+    known = METRICS.get(name)
+    if known is None or not known.gateable:
+        raise InputError(f"no gate rule for metric {name!r}")
+    return known
+
+
+def compare(baseline_items: dict[str, Records], candidate_items: dict[str, Records],
             policy: LoadedPolicy, precision: str) -> Verdict:
     """`*_items`: set spec ("arc-easy@v1") -> per-item records (docs/evaluate.md, items.json)."""
-    settings = policy.policy.statistics
     results: list[GateResult] = []
     for set_name, gates in policy.policy.metrics.items():
-        spec = next((s for s in candidate_items if s == set_name or s.split("@")[0] == set_name), None)
+        wanted = SetRef.parse(set_name)
+        spec = next((s for s in candidate_items if wanted.matches(SetRef.parse(s))), None)
         if spec is None or spec not in baseline_items:
             raise InputError(f"policy gates {set_name}, but the results hold no {set_name} for both models")
-        baseline, candidate = _aligned(baseline_items[spec], candidate_items[spec], spec)
-        for metric, gate in gates.items():
-            statistic, scale, unit, higher_is_better = _statistic(metric, baseline, candidate)
-            interval = stats.paired_bootstrap(statistic, len(baseline), resamples=settings.resamples,
-                                              confidence=settings.confidence, seed=settings.seed)
-            estimate, low, high = interval.estimate * scale, interval.low * scale, interval.high * scale
-            limit = _limit(gate, precision)
-            if not math.isfinite(estimate):
-                # NaN compares false both ways, so it would slip through `decide`: a candidate
-                # whose numbers are not finite fails, and says so.
-                results.append(GateResult(f"{spec} {metric}", Outcome.failed, estimate, low, high, limit, unit,
-                                          f"{spec.split('@')[0]} {metric} is {estimate} (NaN or Inf logits or losses)"))
-                continue
-            outcome = decide(estimate, low, high, limit, gate.margin, higher_is_better)
-            results.append(GateResult(f"{spec} {metric}", outcome, estimate, low, high, limit, unit,
-                                      _describe(spec, metric, estimate, low, high, limit, unit, outcome)))
+        items = _aligned(baseline_items[spec], candidate_items[spec], spec)
+        results += [_metric_gate(spec, _gated(metric), gate, items, settings=policy.policy.statistics, precision=precision)
+                    for metric, gate in gates.items()]
     return Verdict(all(result.outcome is Outcome.passed for result in results), results)
 
 
 # ---- the size and integrity gates -----------------------------------------------------------
 
-# Explanation lines of `quantize.accounting` that are storage departing from the format, or
-# bytes it cannot place: each byte of these blocks under `forbid_unexplained_bytes`.
-UNEXPLAINED_CAUSES = ("wide_scales", "unaccounted_tensors", "wider_than_baseline", "tied_lm_head_stored",
-                      "unknown_format_layers", "unexplained")
-
-
-def _single(gate: str, passed: bool, value: float, limit: float, unit: str, reason: str) -> GateResult:
-    return GateResult(gate, Outcome.passed if passed else Outcome.failed, value, value, value, limit, unit, reason)
+def _single(scope: str, check: str, passed: bool, *, value: float, limit: float, unit: str, reason: str) -> GateResult:
+    """A gate on one exact number (no interval: low = estimate = high)."""
+    return GateResult(gate=str(GateId(scope, check)), outcome=Outcome.passed if passed else Outcome.failed,
+                      estimate=value, low=value, high=value, limit=limit, unit=unit, reason=reason)
 
 
 def size_gates(measurement: dict[str, Any], policy: LoadedPolicy) -> list[GateResult]:
     """From `quantgate measure --json` of the candidate (measured against the baseline):
     bits per weight of the quantized layers against the format's exact figure, and bytes the
-    accounting cannot explain. Exact comparisons, no rounding."""
+    accounting cannot explain (the explanation lines whose cause is storage departing from the
+    format, or bytes measure cannot place; `quantize.measure.causes`). Exact comparisons, no rounding."""
     rules = policy.policy.size
     results = []
     bits = measurement["quantized_linear"]["bits_per_weight"]
@@ -145,8 +171,8 @@ def size_gates(measurement: dict[str, Any], policy: LoadedPolicy) -> list[GateRe
         excess = measured - exact
         ok = excess <= rules.max_bits_per_weight_excess
         results.append(_single(
-            "size bits_per_weight", ok, excess, rules.max_bits_per_weight_excess, "bits",
-            f"size: quantized layers store {measured:.4f} bits per weight, the format's exact figure is {exact:.4f} "
+            SIZE, "bits_per_weight", ok, value=excess, limit=rules.max_bits_per_weight_excess, unit="bits",
+            reason=f"size: quantized layers store {measured:.4f} bits per weight, the format's exact figure is {exact:.4f} "
             f"({excess:+.4f}, {'within' if ok else 'exceeds'} the tolerance {rules.max_bits_per_weight_excess})"))
     if rules.forbid_unexplained_bytes:
         lines = [line for line in measurement["explanation"]["lines"]
@@ -158,56 +184,58 @@ def size_gates(measurement: dict[str, Any], policy: LoadedPolicy) -> list[GateRe
             reason = f"size: {extra:,.0f} bytes the format does not explain: {details}{more}"
         else:
             reason = "size: every byte is explained by the format"
-        results.append(_single("size unexplained_bytes", not lines, float(extra), 0.0, "bytes", reason))
+        results.append(_single(SIZE, "unexplained_bytes", not lines, value=float(extra), limit=0.0, unit="bytes", reason=reason))
     return results
 
 
-def non_finite(items_by_set: dict[str, list[dict[str, Any]]]) -> str | None:
+def non_finite(items_by_set: dict[str, Records]) -> str | None:
     """The first per-item number that is NaN or Inf, described; None when all are finite."""
     for spec, items in items_by_set.items():
         for item in items:
             values = {**{k: v for k, v in item.items() if k != "metrics"}, **(item.get("metrics") or {})}
             for key, value in values.items():
                 if isinstance(value, float) and not math.isfinite(value):
-                    return f"{spec.split('@')[0]} item {item.get('id')} has {key} {value}"
+                    return f"{SetRef.parse(spec).name} item {item.get('id')} has {key} {value}"
     return None
 
 
+def _finite_logits(smoke: dict[str, Any] | None, candidate_items: dict[str, Records] | None) -> GateResult:
+    problem = non_finite(candidate_items) if candidate_items is not None else None
+    if problem is not None:
+        reason = f"integrity: NaN or Inf in the evaluation: {problem}"
+    elif smoke is not None and not smoke.get("logits_finite"):
+        reason = f"integrity: {smoke.get('error') or 'the smoke check found NaN or Inf logits'}"
+    elif smoke is None and candidate_items is None:
+        reason = "integrity: neither a smoke check nor an evaluation of this checkpoint is recorded"
+    else:
+        where = " and ".join(part for part, present in (("on the smoke prompt", smoke is not None),
+                                                        ("on every evaluated item", candidate_items is not None)) if present)
+        return _single(INTEGRITY, "finite_logits", True, value=1.0, limit=1.0, unit="",
+                       reason=f"integrity: the checkpoint loads and its logits are finite {where}")
+    return _single(INTEGRITY, "finite_logits", False, value=0.0, limit=1.0, unit="", reason=reason)
+
+
 def integrity_gates(policy: LoadedPolicy, smoke: dict[str, Any] | None, overlap: dict[str, Any] | None,
-                    candidate_items: dict[str, list[dict[str, Any]]] | None = None) -> list[GateResult]:
+                    candidate_items: dict[str, Records] | None = None) -> list[GateResult]:
     """The checkpoint loads and its logits are finite (the quantize stage's smoke check where it
     ran, and every number of the candidate's evaluation), and its calibration set shares few
     n-grams with the golden sets."""
     rules = policy.policy.integrity
     results = []
     if rules.require_finite_logits:
-        problem = non_finite(candidate_items) if candidate_items is not None else None
-        if problem is not None:
-            results.append(_single("integrity finite_logits", False, 0.0, 1.0, "",
-                                   f"integrity: NaN or Inf in the evaluation: {problem}"))
-        elif smoke is not None and not smoke.get("logits_finite"):
-            results.append(_single("integrity finite_logits", False, 0.0, 1.0, "",
-                                   f"integrity: {smoke.get('error') or 'the smoke check found NaN or Inf logits'}"))
-        elif smoke is None and candidate_items is None:
-            results.append(_single("integrity finite_logits", False, 0.0, 1.0, "",
-                                   "integrity: neither a smoke check nor an evaluation of this checkpoint is recorded"))
-        else:
-            where = " and ".join(part for part, present in (("on the smoke prompt", smoke is not None),
-                                                            ("on every evaluated item", candidate_items is not None)) if present)
-            results.append(_single("integrity finite_logits", True, 1.0, 1.0, "",
-                                   f"integrity: the checkpoint loads and its logits are finite {where}"))
+        results.append(_finite_logits(smoke, candidate_items))
     if overlap is not None:
         share = overlap["share"]
         ok = share <= rules.max_calibration_overlap
         results.append(_single(
-            "integrity calibration_overlap", ok, share, rules.max_calibration_overlap, "",
-            f"integrity: {overlap['shared_ngrams']} of the calibration set's {overlap['candidate_ngrams']} "
+            INTEGRITY, "calibration_overlap", ok, value=share, limit=rules.max_calibration_overlap, unit="",
+            reason=f"integrity: {overlap['shared_ngrams']} of the calibration set's {overlap['candidate_ngrams']} "
             f"{overlap['n']}-grams occur in the golden sets ({share:.2%}, "
             f"{'within' if ok else 'exceeds'} {rules.max_calibration_overlap:.2%})"))
     return results
 
 
-def judge(baseline_items: dict[str, list[dict]], candidate_items: dict[str, list[dict]], policy: LoadedPolicy,
+def judge(baseline_items: dict[str, Records], candidate_items: dict[str, Records], policy: LoadedPolicy,
           precision: str, *, measurement: dict[str, Any] | None = None, smoke: dict[str, Any] | None = None,
           overlap: dict[str, Any] | None = None) -> Verdict:
     """Every gate of the policy: metrics against the baseline, then size (when the candidate was

@@ -14,9 +14,10 @@ from typing import Any
 
 from quantgate.core.artifacts import Stopwatch, atomic_directory
 from quantgate.core.errors import InputError
-from quantize.checkpoint import QuantizationFailed, QuantizedCheckpoint, copy_baseline_files, write_manifest
-from quantize.config import QuantizeConfig
 from quantgate.core.models import SMOKE_PROMPT, baseline_dtype, compute_dtype
+from quantize.checkpoint import QuantizationFailed, QuantizedCheckpoint, copy_baseline_files, write_manifest
+from quantize.compat import autoawq_plain_torch_on_cpu
+from quantize.config import QuantizeConfig
 from quantize.groups import effective_group_size
 from quantize.presets import Preset
 
@@ -35,7 +36,7 @@ def common_group_size(widths: list[int], requested: int) -> int:
     return min(sizes)  # sizes are powers of two times 32 here, so the smallest divides every width
 
 
-def quantize_with_autoawq(cfg: QuantizeConfig, preset: Preset, model_dir: Path, calibration_set: Any,
+def quantize_with_autoawq(cfg: QuantizeConfig, preset: Preset, *, model_dir: Path, calibration_set: Any,
                           out: Path, overwrite: bool, stopwatch: Stopwatch) -> Any:
 
     if preset.name != "awq-int4":
@@ -89,8 +90,6 @@ def _smoke(checkpoint: Path, dtype: str, tokenizer: Any, failure: type[Exception
     """AutoAWQ's own loader (its GEMM layer dequantizes in plain torch on a CPU)."""
     import torch
     from awq import AutoAWQForCausalLM
-
-    from quantize.compat import autoawq_plain_torch_on_cpu
 
     try:
         with autoawq_plain_torch_on_cpu():

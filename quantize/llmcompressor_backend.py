@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from quantize.compat import cpu_safe_pinning
 from quantize.config import QuantizeConfig
 from quantize.groups import GroupPlan, plan_group_sizes
 from quantize.presets import FP8_DYNAMIC_WEIGHTS, Algorithm, Preset
@@ -98,8 +99,6 @@ def needs_calibration(preset: Preset, cfg: QuantizeConfig) -> bool:
 def quantize_in_place(model: Any, recipe: list[Any], dataset: Any, samples: int, seq_len: int) -> None:
     """Run llmcompressor's oneshot on `model` (modified in place, not saved)."""
     from llmcompressor import oneshot
-
-    from quantize.compat import cpu_safe_pinning
 
     with cpu_safe_pinning():
         oneshot(

@@ -4,37 +4,29 @@ compressed-tensors checkpoint, checked on a fixed prompt before it is published.
 from __future__ import annotations
 
 import gc
-import shutil
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import calibration
 from quantgate.core.artifacts import (
-    MANIFEST,
     Stopwatch,
     atomic_directory,
-    file_hashes,
-    provenance,
     sha256_bytes,
-    write_json,
 )
-from quantgate.core.errors import InputError, ModelError, OutputExistsError, QuantgateError
-from quantize.config import Backend, QuantizeConfig
+from quantgate.core.errors import InputError, ModelError, OutputExistsError
 from quantgate.core.models import (
     SMOKE_PROMPT,
-    TOKENIZER_FILES,
     TORCH_DTYPES,
     baseline_dtype,
     compute_dtype,
     resolve_model,
     tokenizer_hash,
-    weights_sha256,
 )
 from quantize import llmcompressor_backend
 from quantize.autoawq_backend import quantize_with_autoawq
 from quantize.checkpoint import RECIPE_FILE, QuantizationFailed, QuantizedCheckpoint, copy_baseline_files, write_manifest
+from quantize.config import Backend, QuantizeConfig
 from quantize.presets import get_preset
-import calibration
 
 SMOKE_NEW_TOKENS = 8
 
@@ -66,16 +58,17 @@ def run(
             f"(tokenizer sha256 {calibration_set.manifest['tokenizer']['sha256'][:12]} vs {model_tokenizer[:12]})"
         )
     if cfg.backend is Backend.autoawq:
-        return quantize_with_autoawq(cfg, preset, model_dir, calibration_set, out, overwrite, stopwatch)
+        return quantize_with_autoawq(cfg, preset, model_dir=model_dir, calibration_set=calibration_set, out=out,
+                                     overwrite=overwrite, stopwatch=stopwatch)
 
-    backend = llmcompressor_backend
+    backend = llmcompressor_backend  # the adapter; its functions are looked up at call time (tests patch them)
     dtype = baseline_dtype(model_dir)
     loaded = _load_model(model_dir, compute_dtype(dtype))
     plan = backend.plan_for(loaded, preset, cfg)
     recipe = backend.build_recipe(preset, cfg, plan, storage_dtype=TORCH_DTYPES[dtype])
     samples = min(cfg.num_calibration_samples or calibration_set.samples, calibration_set.samples)
     dataset = calibration_set.to_dataset() if backend.needs_calibration(preset, cfg) else None
-    _quantize(backend, loaded, recipe, dataset, samples, int(calibration_set.input_ids.shape[1]))
+    _quantize(backend, loaded, recipe, dataset=dataset, samples=samples, seq_len=int(calibration_set.input_ids.shape[1]))
 
     backend.restore_storage_dtype(loaded, TORCH_DTYPES[dtype])
 
@@ -109,7 +102,7 @@ def _load_model(model_dir: Path, dtype: Any) -> Any:
         raise ModelError(f"cannot load {model_dir} as a causal LM: {str(error).splitlines()[0]}") from error
 
 
-def _quantize(backend: Any, model: Any, recipe: list[Any], dataset: Any, samples: int, seq_len: int) -> None:
+def _quantize(backend: Any, model: Any, recipe: list[Any], *, dataset: Any, samples: int, seq_len: int) -> None:
     from torch.fx.proxy import TraceError
 
     try:

@@ -6,6 +6,10 @@ from pathlib import Path
 
 import pytest
 
+import calibration
+import quantize
+from quantgate.cli import main
+from quantgate.core.models import pull
 from tests.factories import build_tiny_llama
 
 
@@ -37,8 +41,6 @@ class CliResult:
 @pytest.fixture
 def cli(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch):
     """Run `quantgate ARGS...` in-process through the real entry point; return code and output."""
-    from quantgate.cli import main
-
     def run(*args: str) -> CliResult:
         monkeypatch.setattr(sys, "argv", ["quantgate", *map(str, args)])
         capsys.readouterr()
@@ -65,8 +67,6 @@ def quant_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def quant_calibration(quant_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    import calibration
-
     out = tmp_path_factory.mktemp("quant-calibration") / "calib"
     calibration.run(calibration.CalibrationConfig(model=str(quant_model), source="demo", samples=16, seq_len=64), out)
     return out
@@ -75,8 +75,6 @@ def quant_calibration(quant_model: Path, tmp_path_factory: pytest.TempPathFactor
 @pytest.fixture(scope="session")
 def demo_model(tmp_path_factory: pytest.TempPathFactory):
     """The real demo model, pulled once per test session into its own cache."""
-    from quantgate.core.models import pull
-
     home = tmp_path_factory.mktemp("demo-home")
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("QUANTGATE_HOME", str(home))
@@ -89,8 +87,6 @@ DEMO_FORMATS = ("gptq-int4", "awq-int4", "smoothquant-w8a8", "fp8-e4m3")
 @pytest.fixture(scope="session")
 def demo_calibration(demo_model, tmp_path_factory: pytest.TempPathFactory):
     """A small calibration set (8 x 256 tokens) for the demo model: keeps quantization to minutes."""
-    import calibration
-
     out = tmp_path_factory.mktemp("demo-calibration") / "calib"
     return calibration.run(calibration.CalibrationConfig(model=str(demo_model.path), source="demo", samples=8, seq_len=256), out)
 
@@ -98,8 +94,6 @@ def demo_calibration(demo_model, tmp_path_factory: pytest.TempPathFactory):
 @pytest.fixture(scope="session")
 def demo_checkpoints(demo_model, demo_calibration, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The demo model in each of the four formats, made once per test session."""
-    import quantize
-
     root = tmp_path_factory.mktemp("demo-checkpoints")
     # AWQ's scale search runs the model once per grid point: 5 points instead of 20 keep the
     # suite in budget on 2 cores (a coarser search, still AWQ).

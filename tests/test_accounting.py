@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 
 from quantize.measure.accounting import measure, rule_bits
-from quantgate.core.headers import write_header_only
+from tests.helpers import assert_every_byte_accounted, write_header_only
 
 Tensors = dict[str, tuple[str, list[int]]]
 
 
-# --- builders: the layouts of checkpoint-formats.md, as header entries ----------------------
+# --- builders: the layouts of docs/sources.md, as header entries ------------------------------
 
 def ct_packed(prefix: str, in_f: int, out_f: int, group: int, symmetric: bool = True, scale: str = "BF16", g_idx: bool = False) -> Tensors:
     groups = math.ceil(in_f / group)
@@ -93,21 +93,7 @@ def layer(data: dict, name: str) -> dict:
     return next(entry for entry in data["linear_layers"] if entry["name"] == name)
 
 
-def assert_every_byte_accounted(data: dict) -> None:
-    """Categories plus header bytes are the files' sizes; the explanation lines are the gap."""
-    files = sum(file["bytes"] for file in data["files"])
-    assert sum(value["bytes"] for value in data["categories"].values()) + data["totals"]["header_bytes"] == files
-    assert data["totals"]["file_bytes"] == files
-    blocks = sum(block["total_bytes"] for block in data["blocks"]) + data["outside_blocks"]["total_bytes"]
-    assert blocks + data["totals"]["header_bytes"] == files
-    explanation = data["explanation"]
-    assert explanation["unexplained_bytes"] == 0
-    assert all(line["cause"] != "unexplained" for line in explanation["lines"])
-    assert sum(line["bytes"] for line in explanation["lines"]) == pytest.approx(explanation["gap_bytes"], abs=1e-6)
-    assert explanation["expected_bytes"] + explanation["gap_bytes"] == pytest.approx(files, abs=1e-6)
-
-
-# --- the worked example of checkpoint-formats.md: one 4096 x 4096 layer, g = 128 --------------
+# --- the worked example of docs/sources.md: one 4096 x 4096 layer, g = 128 ----------------------
 
 N = 4096 * 4096
 PREFIX = "model.layers.0.self_attn.q_proj"
@@ -166,7 +152,7 @@ def test_mixed_group_sizes_are_each_at_their_own_exact_figure(tmp_path: Path, sy
         in_f, out_f = entry["in_features"], entry["out_features"]
         group = 64 if in_f == 576 else 128
         n = in_f * out_f
-        # bpw = (b N + 16 N/g + zp N/g + 128 bits of weight_shape) / N  (token-cost.md)
+        # bpw = (b N + 16 N/g + zp N/g + 128 bits of weight_shape) / N  (docs/sources.md)
         exact = Fraction(4 * n + 16 * n // group + zero_bits * n // group + 128, n)
         assert entry["group_size"] == group
         assert Fraction(entry["bytes"] * 8, n) == exact, entry["name"]
@@ -436,3 +422,16 @@ def test_biases_of_quantized_layers_are_unquantized_parameters(tmp_path: Path) -
     lines = {line["cause"]: line["bytes"] for line in data["explanation"]["lines"]}
     assert lines["unquantized_biases"] == pytest.approx((16 - 4.15) * 256 / 8)
     assert_every_byte_accounted(data)
+
+
+def test_every_cause_is_documented_with_its_origin_and_the_gate_lists_follow_it() -> None:
+    from quantize.measure.causes import STORAGE_CAUSES, UNEXPLAINED_CAUSES, Cause, Origin
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "measure-and-bounds.md").read_text()
+    rows = dict(re.findall(r"^\| `([\w<>]+)` \| (implied|storage|unplaced) \|", doc, re.M))
+    for cause in Cause:
+        key = "unquantized_<category>" if cause.value.startswith("unquantized_") else cause.value
+        assert rows.get(key) == cause.origin.value, cause
+    assert set(rows) <= {cause.value for cause in Cause} | {"unquantized_<category>"}
+    assert STORAGE_CAUSES == {cause.value for cause in Cause if cause.origin is Origin.storage}
+    assert UNEXPLAINED_CAUSES == STORAGE_CAUSES | {"unknown_format_layers", "unexplained"}

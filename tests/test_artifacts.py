@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import stat
 from pathlib import Path
 
 import pytest
 
-from quantgate.core.artifacts import atomic_directory, file_hashes, sha256_json, verify_files
+from quantgate.core.artifacts import atomic_directory, atomic_file, file_hashes, sha256_json, verify_files, write_json
 from quantgate.core.errors import IntegrityError, OutputExistsError
 
 
@@ -67,3 +69,21 @@ def test_changed_missing_and_escaping_files_are_detected(tmp_path: Path) -> None
 def test_canonical_hash_ignores_key_order() -> None:
     assert sha256_json({"a": 1, "b": [1, 2]}) == sha256_json({"b": [1, 2], "a": 1})
     assert sha256_json({"a": 1}) != sha256_json({"a": 2})
+
+
+@pytest.mark.parametrize("durable", [False, True])
+def test_atomic_file_replaces_whole_or_not_at_all(tmp_path: Path, durable: bool) -> None:
+    target = tmp_path / "deep" / "record.jsonl"
+    with atomic_file(target, durable=durable) as stream:
+        stream.write(b"first\n")
+    assert target.read_bytes() == b"first\n" and stat.S_IMODE(target.stat().st_mode) == 0o644
+    with pytest.raises(RuntimeError):
+        with atomic_file(target, durable=durable) as stream:
+            stream.write(b"half")
+            raise RuntimeError("crash mid-write")
+    assert target.read_bytes() == b"first\n" and [path.name for path in target.parent.iterdir()] == ["record.jsonl"]
+
+
+def test_write_json_is_sorted_indented_utf8_with_a_final_newline(tmp_path: Path) -> None:
+    write_json(tmp_path / "value.json", {"b": "é", "a": [1, 2]})
+    assert (tmp_path / "value.json").read_text(encoding="utf-8") == json.dumps({"a": [1, 2], "b": "é"}, indent=2, ensure_ascii=False) + "\n"

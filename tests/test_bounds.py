@@ -1,4 +1,4 @@
-"""The bound model of token-cost.md: the reference table reproduced to its printed precision,
+"""The bound model of docs/sources.md: the reference table reproduced to its printed precision,
 the sweeps against values worked by hand, and bad settings refused as errors, not numbers."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 from quantgate.core.errors import InputError
 from quantize.measure import bounds
 from quantize.measure.hardware import HardwareProfile, builtin_profiles, load_profile
-from tests.test_calibration_errors import assert_refused
+from tests.helpers import assert_refused
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +24,7 @@ def by_name(result: dict) -> dict[str, dict]:
     return {entry["name"]: entry for entry in result["formats"]}
 
 
-# --- the reference table, every cell at the precision token-cost.md prints ----------------------
+# --- the reference table, every cell at the precision docs/sources.md prints ---------------------
 
 REFERENCE_TABLE = {  # quantity: (bf16, fp8_e4m3, int4_g128, decimals)
     "weight_gb": (140.0, 70.0, 36.3125, 4),
@@ -48,7 +48,7 @@ def cell(entry: dict, quantity: str) -> float:
 def test_reference_table_is_reproduced(reference: dict, quantity: str) -> None:
     *expected, decimals = REFERENCE_TABLE[quantity]
     formats = by_name(reference)
-    for name, value in zip(("bf16", "fp8_e4m3", "int4_g128"), expected):
+    for name, value in zip(("bf16", "fp8_e4m3", "int4_g128"), expected, strict=True):
         assert round(cell(formats[name], quantity), decimals) == value, (name, quantity)
 
 
@@ -88,9 +88,10 @@ def test_formulas_on_hand_worked_inputs() -> None:
     assert bounds.kv_bytes_per_sequence(2, 3, 4, 1, 10) == 2 * 2 * 3 * 4 * 10
     assert bounds.weight_bytes(1000, 4) == 500
     # memory: (500 + 2 x 50) / 100 = 6 s; compute: 2 x 1000 x 2 x 1 / 1000 = 4 s
-    assert bounds.step_bound(500, 1000, 2, 1, 50, hardware) == (6.0, "memory")
-    assert bounds.step_bound(500, 1000, 2, 2, 50, hardware) == (8.0, "compute")
-    assert bounds.verify_cost_ratio(500, 1000, 2, 1, 50, hardware) == pytest.approx(8 / 6)
+    decode = bounds.Decode(weight_bytes=500, parameters=1000, kv_per_sequence=50, hardware=hardware)
+    assert decode.step_bound(batch=2, positions=1) == (6.0, "memory")
+    assert decode.step_bound(batch=2, positions=2) == (8.0, "compute")
+    assert decode.verify_cost_ratio(batch=2, gamma=1) == pytest.approx(8 / 6)
     assert bounds.expected_tokens_per_step(0.5, 2) == pytest.approx(1.75)  # 1 + 0.5 + 0.25
     assert bounds.speedup(0.5, 2, 0.25, 1.0) == pytest.approx(1.75 / 1.5)
     assert bounds.expected_tokens_per_step(0.0, 5) == 1.0
@@ -125,10 +126,12 @@ def test_smallest_compute_bound_batch_against_hand_values(reference: dict) -> No
     hardware = load_profile("reference")
     int4 = formats["int4_g128"]["weight_bytes"]
     kv = reference["kv_bytes_per_sequence"]
-    assert bounds.step_bound(int4, 70e9, 26, 5, kv, hardware)[1] == "compute"
-    assert bounds.step_bound(int4, 70e9, 25, 5, kv, hardware)[1] == "memory"
+    decode = bounds.Decode(weight_bytes=int4, parameters=70e9, kv_per_sequence=kv, hardware=hardware)
+    assert decode.step_bound(batch=26, positions=5)[1] == "compute"
+    assert decode.step_bound(batch=25, positions=5)[1] == "memory"
     # with a KV cache so large each sequence adds more memory than compute time: never
-    assert bounds.compute_bound_batch(int4, 70e9, 5, kv * 10, hardware) is None
+    large_kv = bounds.Decode(weight_bytes=int4, parameters=70e9, kv_per_sequence=kv * 10, hardware=hardware)
+    assert large_kv.compute_bound_batch(positions=5) is None
 
 
 def test_break_even_alpha_against_hand_values() -> None:
@@ -231,7 +234,7 @@ def test_library_refuses_bad_settings_with_an_input_error(call) -> None:
 # --- models from checkpoints and the JSON schema ----------------------------------------------------
 
 def test_model_from_a_checkpoint_uses_config_and_measured_bytes(tmp_path: Path, cli) -> None:
-    from quantgate.core.headers import write_header_only
+    from tests.helpers import write_header_only
 
     root = tmp_path / "ckpt"
     root.mkdir()

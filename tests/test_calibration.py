@@ -150,7 +150,7 @@ def test_chat_messages_in_jsonl_are_templated(tiny_model: Path, tmp_path: Path) 
     built = build(tiny_model, tmp_path / "set", source=str(source), field="messages", chat_template=True,
                   packing=Packing.document, samples=3, seq_len=64, min_document_tokens=4)
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
-    for row, mask, index in zip(built.input_ids, built.attention_mask, built.manifest["selection"]["documents_used"]):
+    for row, mask, index in zip(built.input_ids, built.attention_mask, built.manifest["selection"]["documents_used"], strict=True):
         expected = tokenizer.apply_chat_template(rows[index]["messages"], tokenize=False)
         assert tokenizer.decode(row[mask.bool()]) == expected  # both turns, in the template's markup
 

@@ -7,22 +7,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import assert_refused
+
 
 def calibrate(cli, model: Path | str, out: Path, *extra: str, source: str = "demo", samples: int = 4, seq_len: int = 32):
     return cli(
         "calibrate", "--model", model, "--source", source, "--samples", samples,
         "--seq-len", seq_len, "--seed", 0, "--out", out, *extra,
     )
-
-
-def assert_refused(result, fragment: str, out: Path) -> None:
-    assert result.code == 2, (result.code, result.err)
-    lines = [line for line in result.err.splitlines() if line.startswith("quantgate: error:")]
-    assert len(lines) == 1, result.err
-    assert fragment in lines[0], lines[0]
-    assert not out.exists()
-    leftovers = [p.name for p in out.parent.iterdir() if p.name.startswith(f".{out.name}")]
-    assert leftovers == []
 
 
 def test_missing_model_directory(cli, tmp_path: Path) -> None:

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
+import typer
 import typer.main
 
+import calibration
+import quantgate.cli
 from quantgate.cli import app
 
 
@@ -34,6 +39,22 @@ def test_every_command_has_help_with_an_example(cli) -> None:
         assert "Example: quantgate " + " ".join(path) in " ".join(result.out.split()), path
 
 
+def registered_modules(group: typer.Typer) -> set[str]:
+    found = {command.callback.__module__ for command in group.registered_commands if command.callback}
+    for sub in group.registered_groups:
+        if sub.typer_instance is not None:
+            found |= registered_modules(sub.typer_instance)
+    return found
+
+
+def test_every_command_module_registers_its_commands() -> None:
+    """One module per command group: each module in quantgate/cli/ (but the app and the entry
+    points) is imported by the package and has commands on the app, so none is forgotten."""
+    folder = Path(quantgate.cli.__file__).parent
+    modules = {f"quantgate.cli.{path.stem}" for path in folder.glob("*.py") if path.stem not in {"__init__", "__main__", "app"}}
+    assert modules and registered_modules(app) == modules
+
+
 def test_library_errors_become_one_line_and_exit_code_two(cli, tmp_path) -> None:
     result = cli("overlap", "--calibration", tmp_path, "--against", tmp_path)
     assert result.code == 2
@@ -42,10 +63,6 @@ def test_library_errors_become_one_line_and_exit_code_two(cli, tmp_path) -> None
 
 
 def test_overlap_command_reports_the_share(cli, tiny_model, tmp_path) -> None:
-    import json
-
-    import calibration
-
     cfg = calibration.CalibrationConfig(model=str(tiny_model), source="demo", samples=4, seq_len=64)
     built = calibration.run(cfg, tmp_path / "set")
     leaked = tmp_path / "golden.jsonl"

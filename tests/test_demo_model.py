@@ -4,13 +4,16 @@ Quickstart's `quantgate demo` runs on it. About a minute on 2 CPU cores."""
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from pathlib import Path
 
 import pytest
 
 from quantgate.core.artifacts import sha256_file
+from quantgate.core.errors import InputError
 from quantgate.core.models import pull
+from quantgate.pipeline import runner as pipeline
 
 pytestmark = pytest.mark.integration
 
@@ -76,8 +79,6 @@ def test_second_pull_is_a_no_op(pulled, monkeypatch: pytest.MonkeyPatch) -> None
 
 
 def test_damaged_cache_is_rebuilt(pulled, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import shutil
-
     home = tmp_path / "home"
     shutil.copytree(pulled.path.parent.parent, home)
     monkeypatch.setenv("QUANTGATE_HOME", str(home))
@@ -91,14 +92,11 @@ def test_demo_command_runs_the_embedded_plan_which_passes_its_checks(pulled, cli
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """The whole demo takes about 15 minutes (make demo); here the embedded plan goes through
     every check a run makes before its first stage, against the real demo model."""
-    from quantgate.pipeline import runner as pipeline
-    from quantgate.core.errors import InputError
-
     monkeypatch.setenv("QUANTGATE_HOME", str(pulled.path.parent.parent))
 
     def checked_only(self):
-        self.preflight()
-        raise InputError(f"checked {self.plan.model} {','.join(self.plan.formats)} {self.policy.policy.name} into {self.out}")
+        resolved = self.preflight()
+        raise InputError(f"checked {self.plan.model} {','.join(self.plan.formats)} {resolved.policy.policy.name} into {self.out}")
 
     monkeypatch.setattr(pipeline.Pipeline, "run", checked_only)
     result = cli("demo", "--out", tmp_path / "run")

@@ -9,6 +9,7 @@ from calibration.build_demo_source import check, golden_texts, package_root
 from calibration.overlap import ngram_overlap
 from calibration.sources import demo_source_dir, load_documents
 from quantgate.core.artifacts import read_json, verify_files
+from quantgate.core.errors import SourceError
 
 
 def test_snapshot_matches_its_manifest() -> None:
@@ -31,7 +32,5 @@ def test_demo_source_does_not_leak_into_the_planned_golden_sets() -> None:
 
 
 def test_unknown_demo_version_is_refused() -> None:
-    from quantgate.core.errors import SourceError
-
     with pytest.raises(SourceError, match="no version 'v9'"):
         load_documents("demo@v9")

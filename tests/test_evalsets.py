@@ -16,24 +16,9 @@ from evalsets import sets
 from evalsets.config import Kind
 from quantgate.core.artifacts import read_json, sha256_file, write_json
 from quantgate.core.errors import InputError, IntegrityError
-from tests.test_calibration_errors import assert_refused
+from tests.helpers import USER_ITEMS, assert_refused, write_jsonl
 
 BUILTIN_SIZES = {"arc-easy@v1": 570, "hellaswag@v1": 1000, "lambada@v1": 5153, "wiki-text@v1": 2938}
-
-USER_ITEMS = {
-    Kind.multiple_choice: [
-        {"query": "Question: 2 + 2 =\nAnswer:", "choices": ["4", "5", "22"], "gold": 0},
-        {"id": "sky", "query": "The sky is", "choices": ["blue", "green"], "gold": 0, "meta": {"topic": "colour"}},
-    ],
-    Kind.text: [{"text": "A paragraph the model should find likely."}, {"text": "Another one, quite short."}],
-    Kind.last_word: [{"context": "The cat sat on the", "target": " mat"}, {"context": "One, two,", "target": " three"}],
-    Kind.generation: [{"prompt": "Q: capital of France?\nA:", "reference": "Paris"}, {"prompt": "Q: 1+1?\nA:", "reference": "2"}],
-}
-
-
-def write_jsonl(path: Path, records: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(record) + "\n" for record in records), encoding="utf-8")
-    return path
 
 
 @pytest.fixture
@@ -180,6 +165,9 @@ def test_builtin_names_cannot_be_taken_and_unknown_kinds_and_names_are_explained
         evalsets.load("arc-easy@v2")
     with pytest.raises(InputError, match="is not NAME or NAME@vN"):
         evalsets.load("Arc Easy")
+    for spec in ("arc-easy@v0", "arc-easy@v01", "arc-easy@1", "@v1"):  # versions count from v1, unpadded
+        with pytest.raises(InputError, match="is not NAME or NAME@vN"):
+            evalsets.load(spec)
 
 
 def test_show_prints_the_manifest_and_first_items(cli) -> None:

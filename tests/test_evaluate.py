@@ -145,7 +145,7 @@ def test_changed_settings_or_weights_miss_the_cache(tiny_model: Path, tmp_path: 
 
 @pytest.mark.parametrize("kind", ["multiple-choice", "last-word", "generation", "text"])
 def test_user_sets_of_every_kind_evaluate(kind: str, tiny_model: Path, tmp_path: Path) -> None:
-    from tests.test_evalsets import USER_ITEMS, write_jsonl
+    from tests.helpers import USER_ITEMS, write_jsonl
 
     items = USER_ITEMS[evalsets.Kind(kind)]
     options = {"generation": evalsets.GenerationSettings(max_new_tokens=4)} if kind == "generation" else {}
@@ -198,7 +198,7 @@ def test_evaluate_command_prints_one_line_per_set_and_refuses_an_existing_out(cl
 def test_vllm_backend_without_vllm_is_refused_in_one_line(cli, tiny_model: Path, tmp_path: Path) -> None:
     import importlib.util
 
-    from tests.test_calibration_errors import assert_refused
+    from tests.helpers import assert_refused
 
     if importlib.util.find_spec("vllm") is not None:
         pytest.skip("vllm is installed here")

@@ -62,7 +62,7 @@ def test_quantized_checkpoint_evaluates_against_the_baseline(
     assert len(arc) == 8 and all(len(item["loglikelihoods"]) == len(item["choice_chars"]) for item in arc)
     baseline_arc = baseline_results.items("arc-easy@v1")["items"]
     assert [item["id"] for item in arc] == [item["id"] for item in baseline_arc]  # paired item by item
-    assert any(ours["loglikelihoods"] != theirs["loglikelihoods"] for ours, theirs in zip(arc, baseline_arc))
+    assert any(ours["loglikelihoods"] != theirs["loglikelihoods"] for ours, theirs in zip(arc, baseline_arc, strict=True))
 
 
 def test_the_baseline_is_evaluated_once(demo_model, baseline_results, demo_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -13,7 +13,7 @@ import pytest
 import evalsets
 from quantgate.pipeline import runner as pipeline
 from quantgate.pipeline.plan import from_mapping
-from tests.test_pipeline import TINY_POLICY, plan_mapping, write_policy
+from tests.helpers import TINY_POLICY, plan_mapping, write_policy
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from gates import ledger
-from gates.ledger import LedgerTampered, Status, checkpoint_weights, verify_checkpoint
+from gates.ledger import LedgerTampered, Status, verify_checkpoint
+from quantgate.core.models import weight_hashes
 
 
 def fake_checkpoint(path: Path, content: bytes = b"weights") -> Path:
@@ -20,7 +21,7 @@ def fake_checkpoint(path: Path, content: bytes = b"weights") -> Path:
 def verdict(checkpoint: Path, outcome: str, reasons: list[str] | None = None) -> dict:
     return {
         "kind": "verdict",
-        "checkpoint": {"path": str(checkpoint.resolve()), "format": "gptq-int4", "weights": checkpoint_weights(checkpoint)},
+        "checkpoint": {"path": str(checkpoint.resolve()), "format": "gptq-int4", "weights": weight_hashes(checkpoint)},
         "policy": {"name": "default", "version": "v1", "sha256": "0" * 64},
         "evalsets": [{"name": "arc-easy", "version": "v1", "sha256": "1" * 64}],
         "metrics": {"arc-easy/acc": {"difference": -0.004}},

@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 
 from quantize.measure.accounting import measure
-from tests.test_accounting import assert_every_byte_accounted
+from tests.helpers import assert_every_byte_accounted
 
 pytestmark = pytest.mark.integration
 
 
 def exact_bits_per_weight(fmt: str, in_features: int, out_features: int, group: int | None = None) -> Fraction:
-    """bpw = (b N + scale_bits N/g + zero_point_bits N/g + extra) / N (token-cost.md), per layout."""
+    """bpw = (b N + scale_bits N/g + zero_point_bits N/g + extra) / N (docs/sources.md), per layout."""
     n = in_features * out_features
     if fmt == "gptq-int4":  # pack-quantized symmetric, BF16 scales, weight_shape I64[2]
         return Fraction(4 * n + 16 * n // group + 128, n)
@@ -55,7 +55,7 @@ def test_demo_checkpoint_layers_are_at_their_exact_figure(demo_checkpoints, demo
         assert {"format_vs_rule", "other_group_size", "shape_metadata", "unquantized_embeddings"} <= lines
     assert data["format"]["family"] == "compressed-tensors"
     assert data["totals"]["parameters"] == demo_model.manifest["conversion"]["parameters"]
-    # in a 135M-parameter model the embedding alone is a fifth of the parameters (token-cost.md)
+    # in a 135M-parameter model the embedding alone is a fifth of the parameters (docs/sources.md)
     assert 0.19 < data["categories"]["embeddings"]["parameters"] / data["totals"]["parameters"] < 0.23
     assert data["baseline"]["parameters_match"] and data["baseline"]["ratio_total"] < 0.65
     assert not any(line["cause"] in ("wider_than_baseline", "tied_lm_head_stored", "wide_scales") for line in data["explanation"]["lines"])
@@ -78,10 +78,11 @@ def autoawq_checkpoint(quant_model: Path, quant_calibration: Path, tmp_path_fact
     model: measure needs its layout, not a smoke check, so the backend's reload is skipped."""
     if importlib.util.find_spec("awq") is None:
         pytest.skip("the autoawq extra is not installed")
-    import calibration
     import torch
     from awq import AutoAWQForCausalLM
     from transformers import AutoTokenizer
+
+    import calibration
 
     out = tmp_path_factory.mktemp("autoawq") / "awq"
     rows = [row.tolist() for row in calibration.load(quant_calibration).input_ids[:4]]

@@ -4,14 +4,17 @@ and the problem, exit code 2, writes nothing, and never allocates or hangs on a 
 from __future__ import annotations
 
 import json
+import random
 import time
 import tracemalloc
 from pathlib import Path
 
 import pytest
 
-from quantgate.core.headers import write_header_only
-from tests.test_calibration_errors import assert_refused
+from quantgate.core.errors import QuantgateError
+from quantgate.core.headers import HeaderError, read_safetensors
+from quantize.measure.accounting import measure
+from tests.helpers import assert_refused, write_header_only
 
 GOOD = {"model.norm.weight": ("BF16", [64]), "model.layers.0.mlp.up_proj.weight": ("BF16", [64, 64])}
 
@@ -100,7 +103,7 @@ def test_unknown_dtype(cli, tmp_path: Path) -> None:
 
 def test_tensor_listed_twice(cli, tmp_path: Path) -> None:
     one = '{"dtype": "BF16", "shape": [16], "data_offsets": [0, 32]}'
-    path = raw_file(tmp_path / "model.safetensors", '{"a": %s, "a": %s}' % (one, one), data=32)
+    path = raw_file(tmp_path / "model.safetensors", f'{{"a": {one}, "a": {one}}}', data=32)
     refused(cli, path, "key 'a' appears twice", tmp_path)
 
 
@@ -169,8 +172,6 @@ def _quick_and_small(action) -> None:
 
 
 def test_huge_header_length_is_refused_before_any_allocation(tmp_path: Path) -> None:
-    from quantgate.core.headers import HeaderError, read_safetensors
-
     # A sparse 200 GB file claiming a 150 GB header: within the file, over the limit.
     path = tmp_path / "model.safetensors"
     with open(path, "wb") as stream:
@@ -196,8 +197,6 @@ def test_deeply_nested_header_neither_hangs_nor_crashes(cli, tmp_path: Path) -> 
 
 
 def test_header_of_zeros_claiming_a_large_length_is_refused_cheaply(tmp_path: Path) -> None:
-    from quantgate.core.headers import HeaderError, read_safetensors
-
     # A 50 MB header of NUL bytes (within the limit): refused on its first byte, not parsed.
     path = raw_file(tmp_path / "model.safetensors", b"", data=50 * 2**20, length=50 * 2**20)
 
@@ -227,8 +226,6 @@ def test_malformed_entries(cli, tmp_path: Path, entry: str, fragment: str) -> No
 
 
 def test_huge_shape_does_not_allocate(tmp_path: Path) -> None:
-    from quantgate.core.headers import HeaderError, read_safetensors
-
     path = raw_file(tmp_path / "model.safetensors", entries(a=("BF16", [10**12, 10**12], [0, 2])), data=2)
 
     def read() -> None:
@@ -238,14 +235,16 @@ def test_huge_shape_does_not_allocate(tmp_path: Path) -> None:
     _quick_and_small(read)
 
 
+# A quantization config whose bits are not a number: measure may refuse a checkpoint with it
+# (when a tensor makes it read the scheme); every other config below is readable.
+UNREADABLE_CONFIG = {"quantization_config": {"quant_method": "gptq", "bits": "four"}}
+
+
 def test_garbled_headers_never_crash_and_every_byte_is_explained(tmp_path: Path) -> None:
     """Valid safetensors full of nonsense (random roles, dtypes, shapes, configs): measure
-    either refuses with one QuantgateError or accounts for every byte; never a traceback."""
-    import random
-
-    from quantgate.core.errors import QuantgateError
-    from quantize.measure.accounting import measure
-
+    either refuses with one QuantgateError or accounts for every byte; never a traceback.
+    Only the unreadable config may be refused, so the count measured has a floor: a measure
+    that refused everything would otherwise pass."""
     rng = random.Random(0)
     roles = ["weight_packed", "weight_scale", "weight_zero_point", "weight_g_idx", "weight_shape", "qweight", "qzeros",
              "scales", "g_idx", "weight", "bias", "input_scale", "k_scale", "unknown"]
@@ -253,10 +252,11 @@ def test_garbled_headers_never_crash_and_every_byte_is_explained(tmp_path: Path)
     configs = [None, {"tie_word_embeddings": True},
                {"quantization_config": {"quant_method": "gptq", "bits": 4, "group_size": 128}},
                {"quantization_config": {"quant_method": "awq", "bits": 4, "group_size": 64, "version": "gemm"}},
-               {"quantization_config": {"quant_method": "gptq", "bits": "four"}},
+               UNREADABLE_CONFIG,
                {"quantization_config": {"quant_method": "compressed-tensors", "config_groups": {"g": {"targets": ["Linear"],
                 "weights": {"num_bits": 4, "strategy": "group", "group_size": 0, "symmetric": False}}}}}]
-    for trial in range(300):
+    trials, readable, measured, refused_unreadable = 300, 0, 0, 0
+    for trial in range(trials):
         tensors = {}
         for _ in range(rng.randint(1, 6)):
             shape = [rng.choice([0, 1, 3, 8, 24, 64]) for _ in range(rng.randint(0, 3))]
@@ -267,10 +267,19 @@ def test_garbled_headers_never_crash_and_every_byte_is_explained(tmp_path: Path)
         config = rng.choice(configs)
         if config is not None:
             (root / "config.json").write_text(json.dumps(config))
+        readable += config is not UNREADABLE_CONFIG
         try:
             data = measure(root).to_json()
-        except QuantgateError:
+        except QuantgateError as error:
+            assert config is UNREADABLE_CONFIG, (error, tensors, config)
+            assert "cannot read the quantization scheme" in str(error), error
+            refused_unreadable += 1
             continue
+        measured += 1
         json.dumps(data)
         assert data["explanation"]["unexplained_bytes"] == 0, (tensors, config)
         assert sum(v["bytes"] for v in data["categories"].values()) + data["totals"]["header_bytes"] == data["totals"]["file_bytes"]
+    # Seed 0 draws 258 inputs with a readable config and 42 with the unreadable one, of which
+    # 18 hold a tensor that makes measure read the scheme.
+    assert readable == 258 and measured >= readable, (readable, measured)
+    assert measured + refused_unreadable == trials and 0 < refused_unreadable < trials - readable, refused_unreadable

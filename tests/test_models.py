@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+import calibration
 from quantgate.core.errors import ModelError
 from quantgate.core.models import check_model_dir, pull, quantgate_home, resolve_model
 
@@ -55,8 +56,6 @@ def test_cache_directory_follows_quantgate_home(tmp_path: Path, monkeypatch: pyt
 
 def test_tokenizer_code_is_never_trusted_implicitly(tiny_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import transformers
-
-    import calibration
 
     seen = {}
     original = transformers.AutoTokenizer.from_pretrained

@@ -11,40 +11,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from quantgate.pipeline import runner as pipeline
 from quantgate.core.artifacts import read_json
+from quantgate.pipeline import runner as pipeline
 from quantgate.pipeline.plan import from_mapping, load_plan
+from tests.helpers import TINY_FORMATS, TINY_POLICY, plan_mapping, write_policy
 
-# KL and top-1 discriminate on a random tiny model; accuracy is near zero for every candidate,
-# so the lambada gate checks the paired difference machinery (identical answers: +0.00).
-TINY_POLICY = """\
-name: tiny
-version: v1
-metrics:
-  wiki-text:
-    kl_divergence: {max_value: {8bit: 0.01, 4bit: 0.05}, undecided_margin: 0.01}
-    top1_agreement: {min_value: {8bit: 0.90, 4bit: 0.80}, undecided_margin: 0.05}
-  lambada:
-    acc: {max_drop_points: {8bit: 5.0, 4bit: 10.0}, undecided_margin_points: 50.0}
-"""
-FORMATS = ["fp8-e4m3", "gptq-int4"]
-
-
-def write_policy(path: Path, text: str = TINY_POLICY) -> Path:
-    path.write_text(text, encoding="utf-8")
-    return path
-
-
-def plan_mapping(model: Path, root: Path, **changes) -> dict:
-    mapping = {
-        "model": str(model), "formats": FORMATS,
-        "calibration": {"samples": 8, "seq_len": 64},
-        "evaluation": {"sets": ["wiki-text", "lambada"], "limit": 4},
-        "policy": str(write_policy(root / "policy.yaml")), "hardware": ["reference", "h200"],
-        "out": str(root / "run"),
-    }
-    mapping.update(changes)
-    return mapping
+FORMATS = TINY_FORMATS  # the formats plan_mapping's plan names
 
 
 @pytest.fixture(scope="module")
@@ -256,3 +228,69 @@ def test_progress_names_each_stage_with_elapsed_time_an_estimate_and_items_per_s
     assert re.search(r"\[6/9\] measure fp8-e4m3   run \d+s, ~\d+s left \(estimate\)", err)  # after quantize and evaluate
     assert re.search(r"wiki-text@v1: 4 items in [\d.]+ s \([\d.]+ items/s\)", err)
     assert len(re.findall(r"^      done in [\d.]+ s", err, flags=re.MULTILINE)) == 9
+
+
+class _Heard:
+    """A stage reporter that keeps what the stage cache told it."""
+
+    def __init__(self) -> None:
+        self.heard: list[tuple[str, str, str]] = []
+
+    def begin(self, label: str) -> None:
+        self.heard.append(("begin", label, ""))
+
+    def end(self, kind: str, label: str, status: str, seconds: float, detail: str = "") -> None:
+        assert seconds >= 0
+        self.heard.append((status, label, detail))
+
+
+def test_stage_cache_reuses_by_key_remakes_what_changed_and_keeps_failures(tmp_path: Path) -> None:
+    from quantgate.core.artifacts import MANIFEST, write_json
+    from quantgate.core.errors import InputError
+    from quantgate.core.rundir import RunDir
+    from quantgate.core.stagecache import StageCache
+
+    run_dir = RunDir(tmp_path)
+    artifact = run_dir.results("x")
+    made: list[str] = []
+
+    def produce() -> str:
+        made.append("x")
+        write_json(artifact / MANIFEST, {"made": len(made)})
+        return "value"
+
+    def load(path: Path) -> str:
+        if read_json(path / MANIFEST).get("damaged"):
+            raise InputError("damaged")
+        return "loaded"
+
+    heard = _Heard()
+    cache = StageCache(run_dir, heard)
+
+    def stage(key: str, failures: tuple[type[Exception], ...] = ()):
+        return cache.directory(kind="evaluate", name="evaluate-x", label="evaluate x", key=key, artifact=artifact,
+                               load=load, produce=produce, failures=failures)
+
+    assert stage("k1").value == "value" and made == ["x"]
+    record = read_json(run_dir.stage_record("evaluate-x"))
+    assert record["key"] == "k1" and record["artifact"] == "results/x"
+    assert stage("k1").value == "loaded" and made == ["x"]  # same key, same manifest: reused
+    assert stage("k2").value == "value" and made == ["x", "x"]  # new inputs: made again
+    write_json(artifact / MANIFEST, {"made": 2, "damaged": True})  # no longer the recorded manifest
+    assert stage("k2").value == "value" and len(made) == 3
+    assert [status for status, _, _ in heard.heard if status != "begin"] == ["done", "reused", "done", "done"]
+
+    def fail() -> str:
+        raise ValueError("no  good\nat all")
+
+    failed = cache.directory(kind="quantize", name="quantize-y", label="quantize y", key="k", artifact=tmp_path / "y",
+                             load=load, produce=fail, failures=(ValueError,))
+    assert failed.value is None and failed.failed == "no good at all"
+    again = cache.directory(kind="quantize", name="quantize-y", label="quantize y", key="k", artifact=tmp_path / "y",
+                            load=load, produce=produce, failures=(ValueError,))
+    assert again.value is None and heard.heard[-1] == ("reused", "quantize y", "failed before with these inputs: no good at all")
+
+    value = cache.json(kind="measure", label="measure x", path=run_dir.measure("x"), key="j", produce=lambda: {"n": 1})
+    assert value == {"n": 1} and read_json(run_dir.measure("x")) == {"key": "j", "value": {"n": 1}}
+    assert cache.json(kind="measure", label="measure x", path=run_dir.measure("x"), key="j", produce=lambda: {"n": 2}) == {"n": 1}
+    assert cache.json(kind="measure", label="measure x", path=run_dir.measure("x"), key="j2", produce=lambda: {"n": 2}) == {"n": 2}

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from quantgate.pipeline import runner as pipeline
 from quantgate.core.artifacts import read_json
 from quantgate.core.errors import InputError
+from quantgate.pipeline import runner as pipeline
 from quantgate.pipeline.plan import from_mapping
 
 pytestmark = pytest.mark.integration

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 import quantize
+from quantgate.core.headers import read_header
 from quantize.autoawq_backend import common_group_size
-from tests.test_calibration_errors import assert_refused
+from tests.helpers import assert_refused
 
 
 def test_without_the_extra_the_backend_fails_with_a_hint(cli, quant_model: Path, quant_calibration: Path, tmp_path: Path, monkeypatch) -> None:
@@ -37,8 +38,6 @@ def test_one_group_size_must_divide_every_layer() -> None:
 
 @pytest.mark.skipif(importlib.util.find_spec("awq") is None, reason="the autoawq extra is not installed")
 def test_autoawq_writes_an_awq_gemm_checkpoint(quant_model: Path, quant_calibration: Path, tmp_path: Path) -> None:
-    from quantgate.core.headers import read_header
-
     checkpoint = quantize.run(quantize.QuantizeConfig(format="awq-int4", backend="autoawq"), quant_model, quant_calibration, tmp_path / "awq")
     config = json.loads((checkpoint.path / "config.json").read_text())["quantization_config"]
     assert (config["quant_method"], config["bits"], config["group_size"], config["zero_point"], config["version"]) == ("awq", 4, 64, True, "gemm")

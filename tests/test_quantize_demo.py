@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from quantgate.core.headers import read_header
 from tests.factories import demo_paragraphs
 
 pytestmark = pytest.mark.integration
@@ -68,8 +69,6 @@ def test_demo_checkpoint_perplexity_against_the_baseline(demo_checkpoints, basel
 
 @pytest.mark.parametrize("name, most", [("gptq-int4", 0.45), ("awq-int4", 0.45), ("smoothquant-w8a8", 0.65), ("fp8-e4m3", 0.65)])
 def test_demo_checkpoint_is_smaller_with_16_bit_embeddings(demo_model, demo_checkpoints, name: str, most: float) -> None:
-    from quantgate.core.headers import read_header
-
     size = (demo_checkpoints[name] / "model.safetensors").stat().st_size
     assert size < most * (demo_model.path / "model.safetensors").stat().st_size
     header = read_header(demo_checkpoints[name] / "model.safetensors")

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_calibration_errors import assert_refused
+from tests.factories import build_tiny_llama
+from tests.helpers import assert_refused
 
 
 def quantize_cli(cli, model: Path, calibration: Path, out: Path, *extra: str, format: str = "fp8-e4m3"):
@@ -23,8 +24,6 @@ def test_unknown_format_lists_the_valid_ones(cli, quant_model: Path, quant_calib
 
 
 def test_calibration_set_from_another_tokenizer_is_refused(cli, quant_calibration: Path, tmp_path: Path) -> None:
-    from tests.factories import build_tiny_llama
-
     other = build_tiny_llama(tmp_path / "other", vocab_size=600, hidden_size=192, intermediate_size=512, heads=3, kv_heads=1)
     out = tmp_path / "out"
     assert_refused(quantize_cli(cli, other, quant_calibration, out), "was made with another tokenizer", out)

@@ -6,23 +6,7 @@ import json
 from pathlib import Path
 
 from gates.report import pareto_front, recommendation, write
-
-
-def sample_report() -> dict:
-    def row(name, size, acc, verdict, b1, reasons=()):
-        return {"format": name, "bytes": size, "bits_per_weight_layers": None if name == "baseline" else 4.2,
-                "bits_per_parameter": 16.0 * size / 270e6, "ratio_to_baseline": size / 270e6,
-                "bounds": {"reference": {"batch1_ms": b1, "batch32_ms": b1 * 1.5}, "h200": {"batch1_ms": b1 / 1.6, "batch32_ms": b1}},
-                "metrics": {"arc-easy@v1 acc": {"value": acc, "difference": None if name == "baseline" else (acc - 0.60) * 100,
-                                                 "low": -1.0, "high": 1.0, "unit": "points"}},
-                "kl_divergence": None if name == "baseline" else 0.01, "verdict": verdict, "reasons": list(reasons)}
-    return {"model": "tiny", "policy": {"name": "default", "version": "v1", "sha256": "ab" * 32},
-            "hardware": [{"name": "reference"}, {"name": "h200"}], "metric_columns": ["arc-easy@v1 acc"],
-            "plot": {"x": "bytes", "y": "arc-easy@v1 acc"},
-            "rows": [row("baseline", 270_000_000, 0.60, "baseline", 0.09),
-                     row("fp8-e4m3", 166_000_000, 0.598, "approved", 0.055),
-                     row("gptq-int4", 112_000_000, 0.50, "blocked", 0.037, ["arc-easy acc -10.00 points [-14, -6] exceeds -3.00 points"]),
-                     row("smoothquant-w8a8", 166_000_000, 0.595, "approved", 0.054)]}
+from tests.helpers import sample_report
 
 
 def test_recommendation_is_the_approved_format_with_the_lowest_batch1_bound() -> None:

@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 
 from gates.report import write
-from tests.test_report import sample_report
+from quantgate.pipeline import runner as pipeline
+from quantgate.pipeline.plan import from_mapping
+from tests.helpers import plan_mapping, sample_report
 
 CHROMIUM = shutil.which("chromium")
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -41,10 +43,6 @@ def test_report_renders_its_table_and_plot_in_chromium(tmp_path: Path) -> None:
 
 def test_a_runs_report_renders_in_chromium(quant_model: Path, tmp_path: Path) -> None:
     """The report `quantgate run` wrote for the tiny model: every row, the plot, the recommendation."""
-    from quantgate.pipeline import runner as pipeline
-    from quantgate.pipeline.plan import from_mapping
-    from tests.test_pipeline import plan_mapping
-
     result = pipeline.run(from_mapping(plan_mapping(quant_model, tmp_path)), show_progress=False)
     page = result.report / "report.html"
     dom = chromium(tmp_path, "--dump-dom", page.as_uri()).stdout

@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from quantgate.core.errors import InputError
 from gates.stats import mean_difference, paired_bootstrap, ratio_of_sums, relative_perplexity_change
+from quantgate.core.errors import InputError
 
 
 def test_identical_models_have_a_zero_width_interval_at_zero() -> None:

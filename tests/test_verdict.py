@@ -6,9 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from gates.policy import Outcome, load_policy
 from gates.verdict import compare
+from quantgate.core.errors import InputError
 
 
 def mc_items(correct: list[int]) -> list[dict]:
@@ -141,3 +143,30 @@ def test_integrity_gates_finite_logits_and_calibration_overlap(tmp_path: Path) -
     assert nan.outcome is Outcome.failed and "wiki-text item 1 has nll inf" in nan.reason
     (unknown,) = integrity_gates(policy, None, None)
     assert unknown.outcome is Outcome.failed  # nothing shows the checkpoint even loads: fail closed
+
+
+def test_every_metric_a_set_scores_is_in_the_metrics_table_and_each_gateable_one_has_a_rule(tmp_path: Path) -> None:
+    from evalsets.sets import SCORING
+    from quantgate.core.metrics import GATEABLE, METRICS
+
+    scored = {name for scoring in SCORING.values() for name in scoring["metrics"]}
+    assert scored == set(METRICS)  # a typo in either would silently drop a gate
+    rng = np.random.default_rng(1)
+    nll = rng.uniform(20, 40, 50).tolist()
+    records = {"arc-easy@v1": mc_items(rng.integers(0, 2, 50).tolist()),
+               "wiki-text@v1": text_items(nll, [0.0] * 50, [10] * 50)}
+    for item in records["arc-easy@v1"]:
+        item["metrics"]["exact_match"] = item["metrics"]["acc"]
+    sets = {"acc": "arc-easy", "acc_norm": "arc-easy", "exact_match": "arc-easy", "perplexity": "wiki-text",
+            "kl_divergence": "wiki-text", "top1_agreement": "wiki-text"}
+    assert set(sets) == set(GATEABLE)
+    bounds = {"points": "max_drop_points", "%": "max_increase_percent"}
+    for name in GATEABLE:
+        facts = METRICS[name]
+        bound = bounds.get(facts.unit, "min_value" if facts.higher_is_better else "max_value")
+        policy = load_policy(policy_file(tmp_path, f"metrics: {{{sets[name]}: {{{name}: {{{bound}: {{8bit: 1.0}}}}}}}}\n"))
+        (gate,) = compare(records, records, policy, "8bit").gates
+        assert gate.gate == f"{sets[name]}@v1 {name}" and gate.unit == facts.unit
+    policy = load_policy(policy_file(tmp_path, "metrics: {wiki-text: {bits_per_byte: {max_value: {8bit: 1.0}}}}\n"))
+    with pytest.raises(InputError, match="no gate rule for metric 'bits_per_byte'"):
+        compare(records, records, policy, "8bit")

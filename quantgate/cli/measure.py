@@ -1,17 +1,29 @@
-"""`quantgate measure` and `quantgate bounds`: stage 3, bytes from headers and decode-time bounds."""
+"""`quantgate measure` and `quantgate bounds`: stage 3, bytes from headers and decode-time bounds.
+What turns the options a user typed into a `BoundsConfig` lives here; the math is the library's."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import typer
+from pydantic import BaseModel
 from rich.console import Console
 
 from quantgate.cli.app import app, print_json
 from quantgate.core.errors import InputError
 from quantize.measure import bounds
 from quantize.measure.accounting import measure, render
+from quantize.measure.bounds import DEFAULT_FORMATS, BoundsConfig, ModelShape, WeightFormat
+from quantize.measure.hardware import load_profile
+
+M = TypeVar("M", bound=BaseModel)
+
+# config field -> the CLI option a user typed, for one-line messages
+OPTION_NAMES = {"context_tokens": "context", "kv_bytes_per_element": "kv-bytes", "draft_cost": "draft-cost",
+                "plain_step_ms": "plain-step-ms", "gamma_range": "gamma-range", "compare_kv_bytes": "compare-kv-bytes",
+                "bits_per_weight": "format", "hbm_bytes_per_second": "hardware bandwidth"}
+SHAPE_OPTIONS = ("parameters", "layers", "kv_heads", "head_dim")
 
 
 @app.command("measure")
@@ -39,13 +51,89 @@ def measure_command(
         console.print(item)
 
 
-def _parse_list(text: str | None, kind: type, option: str) -> list[Any] | None:
+# --- options to a BoundsConfig ------------------------------------------------------------------
+
+def _validated(model: type[M], values: dict[str, Any]) -> M:
+    return bounds.checked(model, values, names=OPTION_NAMES)
+
+
+def parse_format(text: str) -> WeightFormat:
+    """'int4_g128=4.15' -> WeightFormat(name='int4_g128', bits_per_weight=4.15)."""
+    name, separator, value = text.partition("=")
+    try:
+        bits: float | None = float(value)
+    except ValueError:
+        bits = None
+    if not separator or not name or bits is None:
+        raise InputError(f"invalid --format {text!r}: expected NAME=BITS_PER_WEIGHT, e.g. int4_g128=4.15")
+    return _validated(WeightFormat, {"name": name, "bits_per_weight": bits, "source": "given"})
+
+
+def parse_gamma_range(text: str) -> tuple[int, int]:
+    low, separator, high = text.partition(":")
+    try:
+        return int(low), int(high if separator else low)
+    except ValueError as error:
+        raise InputError(f"invalid --gamma-range {text!r}: expected LOW:HIGH, e.g. 1:8") from error
+
+
+def _parse_list(text: str | None, kind: type[float], option: str) -> list[float] | None:
     if text is None:
         return None
     try:
         return [kind(part) for part in text.replace(" ", "").split(",") if part]
     except ValueError as error:
         raise InputError(f"invalid {option} {text!r}: expected comma-separated numbers") from error
+
+
+def _measured_checkpoints(checkpoints: list[Path]) -> tuple[ModelShape, list[WeightFormat]]:
+    """One model's shape from the checkpoints' config.json, and each one's stored bytes as a format."""
+    shapes, measured = [], []
+    for path in checkpoints:
+        shape, spec = bounds.measured_format(path, measure(path))
+        shapes.append(shape)
+        measured.append(spec)
+    if len({(shape.layers, shape.kv_heads, shape.head_dim) for shape in shapes}) > 1:
+        raise InputError("the --checkpoint models differ in layers, KV heads or head dim; bound one model at a time")
+    return shapes[0], measured
+
+
+def _model_values(model: dict[str, Any] | None, given: dict[str, float | int | None], from_checkpoints: bool) -> dict[str, Any]:
+    """The model's fields: the reference case's or the checkpoints', with the options given over them."""
+    if any(value is not None for value in given.values()):
+        merged = dict(model or {}) | {key: value for key, value in given.items() if value is not None}
+        missing = [key for key in given if key not in merged]
+        if missing:
+            raise InputError(f"the model needs {', '.join('--' + key.replace('_', '-') for key in missing)} (or --checkpoint DIR)")
+        merged["source"] = "given" if not from_checkpoints else f"{merged.get('source')}, with given overrides"
+        return merged
+    if model is None:
+        raise InputError("give a model: --checkpoint DIR, or --parameters, --layers, --kv-heads and --head-dim (or --reference-case)")
+    return model
+
+
+def bounds_config(*, hardware: str, checkpoints: list[Path], shape: dict[str, float | int | None], formats: list[str],
+                  reference: bool, gamma_range: str | None, settings: dict[str, Any]) -> BoundsConfig:
+    """A BoundsConfig from what a user typed: a hardware name or YAML, the model as numbers or
+    checkpoints (shape from config.json, parameters and stored bytes from `measure`), formats as
+    NAME=BPW, the reference case as a starting point; unset (None) settings keep defaults."""
+    profile = load_profile(hardware)
+    values: dict[str, Any] = bounds.reference_case(profile).model_dump() if reference else {}
+    values["hardware"] = profile
+    specs = [parse_format(text) for text in formats]
+    if checkpoints:
+        measured_shape, measured = _measured_checkpoints(checkpoints)
+        values["model"] = measured_shape.model_dump()
+        specs = [*(specs or DEFAULT_FORMATS), *measured]
+    values["model"] = _validated(ModelShape, _model_values(values.get("model"), shape, bool(checkpoints)))
+    if specs:
+        values["formats"] = tuple(specs)
+    if gamma_range is not None:
+        values["gamma_range"] = parse_gamma_range(gamma_range)
+    for key, value in settings.items():
+        if value is not None:
+            values[key] = tuple(value) if isinstance(value, list) else value
+    return _validated(BoundsConfig, values)
 
 
 @app.command("bounds")
@@ -67,7 +155,7 @@ def bounds_command(
     alphas: str | None = typer.Option(None, "--alphas", help="alpha sweep, comma-separated: 0.5,0.6,0.7"),
     gamma_range: str | None = typer.Option(None, "--gamma-range", help="find the best gamma in LOW:HIGH"),
     compare_kv_bytes: str | None = typer.Option(None, "--compare-kv-bytes", help="also bound with these KV bytes per element, e.g. 1"),
-    reference_case: bool = typer.Option(False, "--reference-case", help="start from token-cost.md's reference case (70B, batch 32, ...)"),
+    reference_case: bool = typer.Option(False, "--reference-case", help="start from the reference case of docs/sources.md (70B, batch 32, ...)"),
     as_json: bool = typer.Option(False, "--json", help="print JSON (schema: docs/measure-and-bounds.md)"),
 ) -> None:
     """Lower bounds on decode step time per weight format, and what speculative decoding buys.
@@ -77,12 +165,13 @@ def bounds_command(
 
     Example: quantgate bounds --reference-case --gamma-range 1:8 --alphas 0.6,0.7,0.9 --compare-kv-bytes 1
     """
-    cfg = bounds.configure(
-        hardware=hardware, checkpoints=checkpoint or [], parameters=parameters, layers=layers, kv_heads=kv_heads,
-        head_dim=head_dim, formats=formats or [], reference=reference_case, batch=batch, context_tokens=context,
-        kv_bytes_per_element=kv_bytes, alpha=alpha, gamma=gamma, draft_cost=draft_cost, plain_step_ms=plain_step_ms,
-        alphas=_parse_list(alphas, float, "--alphas"), gamma_range=gamma_range,
-        compare_kv_bytes=_parse_list(compare_kv_bytes, float, "--compare-kv-bytes"),
+    cfg = bounds_config(
+        hardware=hardware, checkpoints=checkpoint or [],
+        shape={"parameters": parameters, "layers": layers, "kv_heads": kv_heads, "head_dim": head_dim},
+        formats=formats or [], reference=reference_case, gamma_range=gamma_range,
+        settings={"batch": batch, "context_tokens": context, "kv_bytes_per_element": kv_bytes, "alpha": alpha, "gamma": gamma,
+                  "draft_cost": draft_cost, "plain_step_ms": plain_step_ms, "alphas": _parse_list(alphas, float, "--alphas"),
+                  "compare_kv_bytes": _parse_list(compare_kv_bytes, float, "--compare-kv-bytes")},
     )
     result = bounds.compute(cfg)
     if as_json:

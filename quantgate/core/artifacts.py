@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from quantgate.core.errors import InputError, IntegrityError, OutputExistsError
 
@@ -93,20 +93,32 @@ def verify_files(root: Path, expected: dict[str, str], what: str) -> None:
             raise IntegrityError(f"{what}: {relative} does not match its manifest sha256")
 
 
-def write_json(path: Path, value: Any) -> None:
-    """Write JSON atomically: a temporary sibling, then rename over the target."""
+@contextlib.contextmanager
+def atomic_file(path: Path, *, durable: bool = False) -> Iterator[BinaryIO]:
+    """Yield a binary stream on a temporary sibling of `path`; on success it replaces `path`
+    in one rename, so a reader sees the old file or the new one, never half of it. `durable`:
+    fsync before the rename (a record whose loss a crash must not cause, the ledger)."""
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
-        with os.fdopen(handle, "w", encoding="utf-8") as stream:
-            json.dump(value, stream, indent=2, sort_keys=True, ensure_ascii=False)
-            stream.write("\n")
+        with os.fdopen(handle, "wb") as stream:
+            yield stream
+            if durable:
+                stream.flush()
+                os.fsync(stream.fileno())
         os.chmod(temporary, 0o644)  # mkstemp makes 0600; artifacts are meant to be shared
         os.replace(temporary, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(temporary)
         raise
+
+
+def write_json(path: Path, value: Any) -> None:
+    """Write JSON atomically: a temporary sibling, then rename over the target."""
+    with atomic_file(path) as stream:
+        stream.write((json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False) + "\n").encode("utf-8"))
 
 
 def read_yaml(path: Path, what: str) -> Any:

@@ -170,7 +170,7 @@ def parse_entries(header: dict[str, Any], data_bytes: int, where: Path) -> tuple
         bits = math.prod(shape) * DTYPE_BITS[dtype]
         if bits % 8 or bits // 8 != end - begin:
             raise HeaderError(f"{where}: tensor {name!r} {dtype} {shape} needs {bits / 8:g} bytes but its offsets span {end - begin}")
-        entries[name] = TensorEntry(name, dtype, tuple(shape), begin, end, where.name)
+        entries[name] = TensorEntry(name=name, dtype=dtype, shape=tuple(shape), begin=begin, end=end, file=where.name)
     position = 0
     for entry in sorted(entries.values(), key=lambda item: (item.begin, item.end)):
         if entry.begin < position:
@@ -192,10 +192,6 @@ def read_safetensors(path: Path) -> SafetensorsFile:
         raise HeaderError(f"{path}: header is not a JSON object")
     entries, metadata = parse_entries(header, size - 8 - length, path)
     return SafetensorsFile(path, size, 8 + length, entries, metadata)
-
-
-def tensor_dtypes(path: Path) -> dict[str, str]:
-    return {name: entry["dtype"] for name, entry in read_header(path).items() if name != "__metadata__"}
 
 
 def read_json_file(path: Path, what: str) -> Any:
@@ -225,32 +221,27 @@ def _read_index(index: Path) -> tuple[list[str], dict[str, str]]:
     return sorted(set(weight_map.values())), weight_map
 
 
-def read_checkpoint(path: Path) -> CheckpointFiles:
-    """Headers of every weight file of a checkpoint directory (one file, or the shards its
-    index names) or of one .safetensors file, plus config.json and quantize_config.json."""
-    path = Path(path)
+def _weight_files(path: Path) -> tuple[Path, list[str], dict[str, str] | None, Path | None]:
+    """(root, weight file names, the index's weight map, the index) of a checkpoint directory
+    (one file, or the shards its index names) or of one .safetensors file."""
     if path.is_file():
         if not path.name.endswith(".safetensors"):
             raise HeaderError(f"{path}: not a .safetensors file or a checkpoint directory")
-        root, names, weight_map, index = path.parent, [path.name], None, None
-    elif path.is_dir():
-        root = path
-        index = path / INDEX_FILE
-        if index.is_file():
-            names, weight_map = _read_index(index)
-        else:
-            index, weight_map = None, None
-            names = sorted(child.name for child in path.glob("*.safetensors") if child.is_file())
-            if not names:
-                raise InputError(f"{path}: no safetensors weights (no *.safetensors, no {INDEX_FILE})")
-    else:
+        return path.parent, [path.name], None, None
+    if not path.is_dir():
         raise InputError(f"{path}: no such checkpoint (not a directory or a .safetensors file)")
-    files = []
-    for name in names:
-        shard = root / name
-        if not shard.is_file():
-            raise HeaderError(f"{index}: names shard {name}, which is missing")
-        files.append(read_safetensors(shard))
+    index = path / INDEX_FILE
+    if index.is_file():
+        names, weight_map = _read_index(index)
+        return path, names, weight_map, index
+    names = sorted(child.name for child in path.glob("*.safetensors") if child.is_file())
+    if not names:
+        raise InputError(f"{path}: no safetensors weights (no *.safetensors, no {INDEX_FILE})")
+    return path, names, None, None
+
+
+def _check_shards(files: list[SafetensorsFile], weight_map: dict[str, str] | None, index: Path | None) -> None:
+    """No tensor in two shards; every tensor the index names in the shard it names."""
     seen: dict[str, str] = {}
     for file in files:
         for tensor in file.tensors:
@@ -261,6 +252,19 @@ def read_checkpoint(path: Path) -> CheckpointFiles:
         for tensor, shard in weight_map.items():
             if seen.get(tensor) != shard:
                 raise HeaderError(f"{index}: names tensor {tensor!r} in {shard}, but {shard} has no such tensor")
+
+
+def read_checkpoint(path: Path) -> CheckpointFiles:
+    """Headers of every weight file of a checkpoint directory (one file, or the shards its
+    index names) or of one .safetensors file, plus config.json and quantize_config.json."""
+    root, names, weight_map, index = _weight_files(Path(path))
+    files = []
+    for name in names:
+        shard = root / name
+        if not shard.is_file():
+            raise HeaderError(f"{index}: names shard {name}, which is missing")
+        files.append(read_safetensors(shard))
+    _check_shards(files, weight_map, index)
     config = _optional_json(root / "config.json", "config JSON")
     quantize_config = _optional_json(root / "quantize_config.json", "quantize config JSON")
     return CheckpointFiles(root, tuple(files), config, quantize_config, index)
@@ -273,22 +277,3 @@ def _optional_json(path: Path, what: str) -> dict[str, Any] | None:
     if not isinstance(value, dict):
         raise HeaderError(f"{path}: {what} is not a JSON object")
     return value
-
-
-def write_header_only(path: Path, tensors: dict[str, tuple[str, list[int]]], metadata: dict[str, str] | None = None) -> int:
-    """Write a valid safetensors file whose data section is a hole: the header, then the file
-    extended to its full size without writing data (sparse where the filesystem allows).
-    For tests and benchmarks of header-only tools; returns the file's size in bytes."""
-    header: dict[str, Any] = {"__metadata__": metadata} if metadata else {}
-    offset = 0
-    for name, (dtype, shape) in tensors.items():
-        size = math.prod(shape) * DTYPE_BITS[dtype] // 8
-        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + size]}
-        offset += size
-    raw = json.dumps(header, separators=(",", ":")).encode("utf-8")
-    raw += b" " * (-len(raw) % 8)  # safetensors pads the header to 8-byte alignment with spaces
-    with open(path, "wb") as stream:
-        stream.write(len(raw).to_bytes(8, "little"))
-        stream.write(raw)
-        stream.truncate(8 + len(raw) + offset)
-    return 8 + len(raw) + offset

@@ -26,7 +26,9 @@ from quantgate.core.artifacts import (
     verify_files,
     write_json,
 )
+from quantgate.core.console import stderr
 from quantgate.core.errors import IntegrityError, ModelError, did_you_mean
+from quantgate.core.headers import read_header
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 SAFE_WEIGHTS = ("model.safetensors", "model.safetensors.index.json")
@@ -169,8 +171,6 @@ def _convert_gguf(gguf_path: Path, out: Path) -> dict[str, Any]:
     """Load the GGUF dequantized, rebuild a clean BF16 model, save it, and check the rebuild."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
-
-    from quantgate.core.console import stderr
 
     with stderr.status(f"loading {gguf_path.name} (dequantizing)"):
         tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
@@ -332,11 +332,24 @@ def weights_sha256(model_dir: Path) -> str:
     return sha256_json({path.name: sha256_file(path) for path in files})
 
 
+def weight_hashes(checkpoint: Path) -> dict[str, str]:
+    """sha256 of every weight file of a checkpoint directory (its top-level *.safetensors), by
+    name: the bytes a deployment serves, the same files `weight_file_hashes` takes from a manifest."""
+    files = sorted(Path(checkpoint).glob("*.safetensors"))
+    if not files:
+        raise ModelError(f"{checkpoint} holds no *.safetensors weight files")
+    return {path.name: sha256_file(path) for path in files}
+
+
+def weight_file_hashes(manifest_files: dict[str, str]) -> dict[str, str]:
+    """The weight files' sha256s from a checkpoint manifest's `files` (top-level *.safetensors):
+    the bytes a deployment serves, as the manifest holds them (verified, not hashed again)."""
+    return {name: digest for name, digest in manifest_files.items() if name.endswith(".safetensors") and "/" not in name}
+
+
 def baseline_dtype(model_dir: Path) -> str:
     """The floating dtype most of a model's stored parameters have (e.g. 'BF16')."""
     from collections import Counter
-
-    from quantgate.core.headers import read_header
 
     counts: Counter[str] = Counter()
     for path in weight_files(model_dir):

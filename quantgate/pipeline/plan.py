@@ -13,21 +13,19 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
 from quantgate.core.artifacts import read_yaml, sha256_json
 from quantgate.core.errors import InputError, did_you_mean
+from quantgate.core.validation import Strict, first_problem
+from quantize.presets import get_preset
 
 SCHEMA_VERSION = 1
 # The embedded demo plan: one file, installed with the package (`quantgate demo`, `make demo`).
 DEMO_PLAN = Path(str(resources.files("quantgate.pipeline") / "plans" / "demo.yaml"))
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class CalibrationPlan(_Strict):
+class CalibrationPlan(Strict):
     """`quantgate calibrate` settings; the model is the plan's."""
 
     source: str = "demo"
@@ -40,7 +38,7 @@ class CalibrationPlan(_Strict):
     chat_template: bool = False
 
 
-class EvaluationPlan(_Strict):
+class EvaluationPlan(Strict):
     """`quantgate evaluate` settings, the same for the baseline and every candidate."""
 
     sets: tuple[str, ...] = Field(min_length=1)
@@ -53,11 +51,11 @@ class EvaluationPlan(_Strict):
     backend: str = "hf"
 
 
-class ReportPlan(_Strict):
+class ReportPlan(Strict):
     plot_metric: str | None = Field(default=None, description="'SET METRIC' on the plot's y axis (default: the first text-set KL)")
 
 
-class RunPlan(_Strict):
+class RunPlan(Strict):
     schema_version: int = SCHEMA_VERSION
     model: str = Field(description="baseline: a model directory or a demo model name")
     formats: tuple[str, ...] = Field(min_length=1)
@@ -81,8 +79,6 @@ class RunPlan(_Strict):
     @field_validator("formats")
     @classmethod
     def _known_formats(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        from quantize.presets import get_preset
-
         for name in value:
             get_preset(name)
         if len(set(value)) != len(value):
@@ -90,7 +86,7 @@ class RunPlan(_Strict):
         return value
 
     @model_validator(mode="after")
-    def _options_for_listed_formats(self) -> "RunPlan":
+    def _options_for_listed_formats(self) -> RunPlan:
         for name in self.quantize:
             if name not in self.formats:
                 raise ValueError(f"quantize options for {name!r}, which is not in formats ({', '.join(self.formats)})")
@@ -120,21 +116,26 @@ class LoadedPlan:
         return sha256_json(self.plan.model_dump(mode="json"))
 
 
+def _section(path: tuple[str | int, ...]) -> type[BaseModel] | None:
+    """The model of the section a field at `path` is in (the plan, or calibration, evaluation,
+    report), or None when it is inside a mapping of free values (quantize options)."""
+    section: type[BaseModel] | None = RunPlan
+    for part in path[:-1]:
+        field = section.model_fields.get(str(part)) if section is not None else None
+        annotation = field.annotation if field is not None else None
+        section = annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
+    return section
+
+
 def _first_error(error: ValidationError, where: str) -> InputError:
-    first = error.errors()[0]
-    location = ".".join(str(part) for part in first["loc"]) or "plan"
-    message = first["msg"].removeprefix("Value error, ")
-    if first["type"] == "extra_forbidden":
-        # the section the unknown field is in (the plan, or calibration/evaluation/report)
-        section: Any = RunPlan
-        for part in first["loc"][:-1]:
-            field = section.model_fields.get(str(part)) if section is not None else None
-            section = field.annotation if field is not None and isinstance(field.annotation, type) \
-                and issubclass(field.annotation, BaseModel) else None
-        if section is not None:
-            valid, name = list(section.model_fields), str(first["loc"][-1])
-            message = f"unknown field{did_you_mean(name, valid)}; valid: {', '.join(valid)}"
-    return InputError(f"plan {where}: {location}: {message}")
+    """A plan's first problem in one line; an unknown field lists the valid ones of its section."""
+    problem = first_problem(error)
+    message = problem.message
+    section = _section(problem.path) if problem.kind == "extra_forbidden" else None
+    if section is not None:
+        valid, name = list(section.model_fields), str(problem.path[-1])
+        message = f"unknown field{did_you_mean(name, valid)}; valid: {', '.join(valid)}"
+    return InputError(f"plan {where}: {problem.location or 'plan'}: {message}")
 
 
 def from_mapping(raw: Any, where: str = "(mapping)", base: Path | None = None, path: Path | None = None) -> LoadedPlan:

@@ -1,16 +1,23 @@
-"""Stage 3b: lower bounds on decode step time from bytes and FLOPs (token-cost.md), and what
-speculative decoding (Leviathan et al., 2023) can buy at a batch size. Pure math on plain
-numbers, a typed config, and `compute`, which builds the versioned JSON the report reads."""
+"""Stage 3b: lower bounds on decode step time from bytes and FLOPs, and what speculative
+decoding (Leviathan et al., 2023) can buy at a batch size (the model of docs/sources.md, "Decode
+bounds"). Pure math on plain numbers, a typed config, and `compute`, the versioned JSON."""
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
+from rich.table import Table
 
 from quantgate.core.errors import InputError
+from quantgate.core.headers import read_checkpoint
+from quantgate.core.validation import Strict, first_problem
 from quantize.measure.hardware import HardwareProfile
+from quantize.measure.measurement import Measurement
 
 SCHEMA_VERSION = 1
 KIND = "bounds"
@@ -20,8 +27,11 @@ LOWER_BOUND_NOTE = "every time is a lower bound from peak bandwidth and peak den
 VERIFY_COST_NOTE = ("verify_cost_ratio = bound(batch, gamma + 1) / bound(batch, 1) replaces the paper's free "
                     "verification (the +1); an extension of Leviathan et al. (2023), not part of it")
 
+M = TypeVar("M", bound=BaseModel)
+Cell = Callable[[dict[str, Any]], str]  # one cell of the per-format table, from a format's result
 
-# --- the formulas (token-cost.md) ---------------------------------------------------------
+
+# --- the formulas (docs/sources.md, "Decode bounds") ----------------------------------------
 
 def _require(condition: bool, message: str) -> None:
     if not condition:
@@ -60,12 +70,50 @@ def compute_time(parameters: float, batch: int, positions: int, peak_flops: floa
     return 2 * parameters * batch * positions / peak_flops
 
 
-def step_bound(weight_bytes_: float, parameters: float, batch: int, positions: int, kv_per_sequence: float,
-               hardware: HardwareProfile) -> tuple[float, str]:
-    """(seconds, 'memory' or 'compute'): the larger of the two lower bounds wins."""
-    memory = memory_time(weight_bytes_, batch, kv_per_sequence, hardware.hbm_bytes_per_second)
-    compute = compute_time(parameters, batch, positions, hardware.peak_dense_flops)
-    return (compute, "compute") if compute > memory else (memory, "memory")
+@dataclass(frozen=True)
+class Decode:
+    """Decoding one model whose weights take `weight_bytes`, with `kv_per_sequence` KV-cache
+    bytes a sequence, on one accelerator: its step bounds at any batch and positions."""
+
+    weight_bytes: float
+    parameters: float
+    kv_per_sequence: float
+    hardware: HardwareProfile
+
+    def memory_time(self, batch: int) -> float:
+        return memory_time(self.weight_bytes, batch, self.kv_per_sequence, self.hardware.hbm_bytes_per_second)
+
+    def compute_time(self, batch: int, positions: int) -> float:
+        return compute_time(self.parameters, batch, positions, self.hardware.peak_dense_flops)
+
+    def step_bound(self, batch: int, positions: int) -> tuple[float, str]:
+        """(seconds, 'memory' or 'compute'): the larger of the two lower bounds wins."""
+        memory = self.memory_time(batch)
+        compute = self.compute_time(batch, positions)
+        return (compute, "compute") if compute > memory else (memory, "memory")
+
+    def verify_cost_ratio(self, batch: int, gamma: int) -> float:
+        """bound(batch, gamma + 1) / bound(batch, 1): 1 while verifying stays memory bound."""
+        verify, _ = self.step_bound(batch, gamma + 1)
+        plain, _ = self.step_bound(batch, 1)
+        return verify / plain
+
+    def compute_bound_batch(self, positions: int) -> int | None:
+        """The smallest batch at which `positions` positions per sequence are compute bound
+        (compute_time > memory_time), or None if no batch is: solve
+        B * (2 P positions / F - kv / BW) > W / BW for the integer B."""
+        hardware = self.hardware
+        per_sequence = (2 * self.parameters * positions / hardware.peak_dense_flops
+                        - self.kv_per_sequence / hardware.hbm_bytes_per_second)
+        if per_sequence <= 0:
+            return None  # each sequence adds more memory time than compute time
+        batch = max(1, math.floor(self.weight_bytes / hardware.hbm_bytes_per_second / per_sequence))
+        # settle the float at the boundary with the same comparison step_bound makes
+        while self.step_bound(batch, positions)[1] != "compute":
+            batch += 1
+        while batch > 1 and self.step_bound(batch - 1, positions)[1] == "compute":
+            batch -= 1
+        return batch
 
 
 def expected_tokens_per_step(alpha: float, gamma: int) -> float:
@@ -81,15 +129,7 @@ def speedup(alpha: float, gamma: int, draft_cost: float, verify_cost_ratio: floa
     return expected_tokens_per_step(alpha, gamma) / (gamma * draft_cost + verify_cost_ratio)
 
 
-def verify_cost_ratio(weight_bytes_: float, parameters: float, batch: int, gamma: int, kv_per_sequence: float,
-                      hardware: HardwareProfile) -> float:
-    """bound(batch, gamma + 1) / bound(batch, 1): 1 while verifying stays memory bound."""
-    verify, _ = step_bound(weight_bytes_, parameters, batch, gamma + 1, kv_per_sequence, hardware)
-    plain, _ = step_bound(weight_bytes_, parameters, batch, 1, kv_per_sequence, hardware)
-    return verify / plain
-
-
-def best_gamma(alpha: float, draft_cost: float, gamma_range: tuple[int, int], ratio_for: Any) -> tuple[int, float]:
+def best_gamma(alpha: float, draft_cost: float, gamma_range: tuple[int, int], ratio_for: Callable[[int], float]) -> tuple[int, float]:
     """The draft length in [low, high] with the largest speedup; `ratio_for(gamma)` gives the
     verify cost ratio at that gamma. Ties go to the shorter draft."""
     low, high = gamma_range
@@ -100,23 +140,6 @@ def best_gamma(alpha: float, draft_cost: float, gamma_range: tuple[int, int], ra
         if value > best[1] * (1 + 1e-12):
             best = (gamma, value)
     return best
-
-
-def compute_bound_batch(weight_bytes_: float, parameters: float, positions: int, kv_per_sequence: float,
-                        hardware: HardwareProfile) -> int | None:
-    """The smallest batch at which `positions` positions per sequence are compute bound
-    (compute_time > memory_time), or None if no batch is: solve
-    B * (2 P positions / F - kv / BW) > W / BW for the integer B."""
-    per_sequence = 2 * parameters * positions / hardware.peak_dense_flops - kv_per_sequence / hardware.hbm_bytes_per_second
-    if per_sequence <= 0:
-        return None  # each sequence adds more memory time than compute time
-    batch = max(1, math.floor(weight_bytes_ / hardware.hbm_bytes_per_second / per_sequence))
-    # settle the float at the boundary with the same comparison step_bound makes
-    while step_bound(weight_bytes_, parameters, batch, positions, kv_per_sequence, hardware)[1] != "compute":
-        batch += 1
-    while batch > 1 and step_bound(weight_bytes_, parameters, batch - 1, positions, kv_per_sequence, hardware)[1] == "compute":
-        batch -= 1
-    return batch
 
 
 def break_even_alpha(gamma: int, draft_cost: float, verify_cost_ratio_: float = 1.0) -> float | None:
@@ -142,10 +165,21 @@ def break_even_alpha(gamma: int, draft_cost: float, verify_cost_ratio_: float = 
 
 # --- the typed inputs -----------------------------------------------------------------------
 
-class ModelShape(BaseModel):
-    """What the bounds need of a model: parameters and the KV cache's shape."""
+def checked(model: type[M], values: Mapping[str, Any], names: Mapping[str, str] | None = None) -> M:
+    """`model` built from `values`, or InputError('invalid <where>: <message>') in one line,
+    where `where` is what the user typed for the first bad field (`names`, e.g. the command
+    line's option) or the field's name with dashes."""
+    try:
+        return model.model_validate(dict(values))
+    except ValidationError as error:
+        problem = first_problem(error)
+        field = next((str(part) for part in problem.path if isinstance(part, str)), "")
+        where = (names or {}).get(field, field.replace("_", "-")) or "settings"
+        raise InputError(f"invalid {where}: {problem.message}") from error
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+
+class ModelShape(Strict):
+    """What the bounds need of a model: parameters and the KV cache's shape."""
 
     parameters: float = Field(gt=0)
     layers: int = Field(ge=1)
@@ -154,10 +188,9 @@ class ModelShape(BaseModel):
     source: str = "given"
 
 
-class FormatSpec(BaseModel):
-    """A weight format: bits per weight (a rule or a measured figure), or measured bytes."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class WeightFormat(Strict):
+    """A weight format as the bounds see it: bits per weight (a rule or a measured figure), or
+    measured bytes. (Not a quantize `Preset`, nor a measured checkpoint's `DetectedFormat`.)"""
 
     name: str = Field(min_length=1)
     bits_per_weight: float | None = Field(default=None, gt=0)
@@ -165,26 +198,31 @@ class FormatSpec(BaseModel):
     source: str = "given"
 
     @model_validator(mode="after")
-    def _one_of(self) -> "FormatSpec":
+    def _one_of(self) -> WeightFormat:
         if (self.bits_per_weight is None) == (self.weight_bytes is None):
             raise ValueError(f"format {self.name!r} needs exactly one of bits_per_weight and weight_bytes")
         return self
 
+    def stored_bytes(self, parameters: float) -> float:
+        """The weights' bytes: measured, or parameters x bits per weight / 8."""
+        if self.weight_bytes is not None:
+            return self.weight_bytes
+        assert self.bits_per_weight is not None  # _one_of: exactly one of the two is set
+        return weight_bytes(parameters, self.bits_per_weight)
 
-# token-cost.md's three formats; 4.15 = 4 + 16/128 scale + zero point (GPTQ paper, §5)
+
+# The reference case's three formats (docs/sources.md); 4.15 = 4 + 16/128 scale + zero point (GPTQ paper, §5)
 DEFAULT_FORMATS = (
-    FormatSpec(name="bf16", bits_per_weight=16, source="16-bit weights"),
-    FormatSpec(name="fp8_e4m3", bits_per_weight=8, source="8-bit weights"),
-    FormatSpec(name="int4_g128", bits_per_weight=4.15, source="GPTQ's estimate for INT4 with group-128 scales"),
+    WeightFormat(name="bf16", bits_per_weight=16, source="16-bit weights"),
+    WeightFormat(name="fp8_e4m3", bits_per_weight=8, source="8-bit weights"),
+    WeightFormat(name="int4_g128", bits_per_weight=4.15, source="GPTQ's estimate for INT4 with group-128 scales"),
 )
 
 
-class BoundsConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
+class BoundsConfig(Strict):
     hardware: HardwareProfile
     model: ModelShape
-    formats: tuple[FormatSpec, ...] = DEFAULT_FORMATS
+    formats: tuple[WeightFormat, ...] = DEFAULT_FORMATS
     batch: int = Field(default=1, ge=1)
     context_tokens: int = Field(default=2048, ge=0)
     kv_bytes_per_element: float = Field(default=2.0, gt=0)
@@ -220,7 +258,7 @@ class BoundsConfig(BaseModel):
 
     @field_validator("formats")
     @classmethod
-    def _unique(cls, values: tuple[FormatSpec, ...]) -> tuple[FormatSpec, ...]:
+    def _unique(cls, values: tuple[WeightFormat, ...]) -> tuple[WeightFormat, ...]:
         names = [spec.name for spec in values]
         if not names:
             raise ValueError("at least one format is needed")
@@ -230,10 +268,10 @@ class BoundsConfig(BaseModel):
 
 
 def reference_case(hardware: HardwareProfile) -> BoundsConfig:
-    """The reference case of token-cost.md (with the `reference` hardware profile)."""
+    """The reference case of docs/sources.md (with the `reference` hardware profile)."""
     return BoundsConfig(
         hardware=hardware,
-        model=ModelShape(parameters=70e9, layers=80, kv_heads=8, head_dim=128, source="token-cost.md reference case"),
+        model=ModelShape(parameters=70e9, layers=80, kv_heads=8, head_dim=128, source="docs/sources.md reference case"),
         batch=32, context_tokens=2048, kv_bytes_per_element=2, alpha=0.8, gamma=4, draft_cost=0.1, plain_step_ms=25.0,
     )
 
@@ -244,68 +282,76 @@ def _ms(seconds: float) -> float:
     return seconds * 1e3
 
 
-def _format_result(cfg: BoundsConfig, spec: FormatSpec, kv_per_sequence: float, kv_bytes: float) -> dict[str, Any]:
-    model, hardware = cfg.model, cfg.hardware
-    weights = spec.weight_bytes if spec.weight_bytes is not None else weight_bytes(model.parameters, spec.bits_per_weight)
-    bits = spec.bits_per_weight if spec.bits_per_weight is not None else weights * 8 / model.parameters
-    memory = memory_time(weights, cfg.batch, kv_per_sequence, hardware.hbm_bytes_per_second)
-    compute = compute_time(model.parameters, cfg.batch, 1, hardware.peak_dense_flops)
-    step, binds = step_bound(weights, model.parameters, cfg.batch, 1, kv_per_sequence, hardware)
-    verify, verify_binds = step_bound(weights, model.parameters, cfg.batch, cfg.gamma + 1, kv_per_sequence, hardware)
-    ratio = verify / step
-    plain = cfg.plain_step_ms if cfg.plain_step_ms is not None else _ms(step)
-    tokens = expected_tokens_per_step(cfg.alpha, cfg.gamma)
+def _speculative(cfg: BoundsConfig, step_ms: float, ratio: float) -> dict[str, Any]:
+    plain = cfg.plain_step_ms if cfg.plain_step_ms is not None else step_ms
     free = speedup(cfg.alpha, cfg.gamma, cfg.draft_cost, 1.0)
     costed = speedup(cfg.alpha, cfg.gamma, cfg.draft_cost, ratio)
-    ratio_for = lambda gamma: verify_cost_ratio(weights, model.parameters, cfg.batch, gamma, kv_per_sequence, hardware)  # noqa: E731
+    return {
+        "expected_tokens_per_target_step": expected_tokens_per_step(cfg.alpha, cfg.gamma),
+        "plain_step_ms": plain,
+        "plain_step_source": "given" if cfg.plain_step_ms is not None else "this format's step bound",
+        "free_verification": {"speedup": free, "iteration_time_ms": plain * (cfg.gamma * cfg.draft_cost + 1),
+                              "average_tpot_ms": plain / free},
+        "with_verify_cost": {"speedup": costed, "iteration_time_ms": plain * (cfg.gamma * cfg.draft_cost + ratio),
+                             "average_tpot_ms": plain / costed},
+    }
+
+
+def _best_gamma(cfg: BoundsConfig, decode: Decode, gamma_range: tuple[int, int]) -> dict[str, Any]:
+    def ratio_for(gamma: int) -> float:
+        return decode.verify_cost_ratio(cfg.batch, gamma)
+
+    gamma, value = best_gamma(cfg.alpha, cfg.draft_cost, gamma_range, ratio_for)
+    free_gamma, free_value = best_gamma(cfg.alpha, cfg.draft_cost, gamma_range, lambda _: 1.0)
+    return {"range": list(gamma_range), "gamma": gamma, "speedup": value, "verify_cost_ratio": ratio_for(gamma),
+            "free_verification": {"gamma": free_gamma, "speedup": free_value}}
+
+
+def _format_result(cfg: BoundsConfig, spec: WeightFormat, kv_per_sequence: float, kv_bytes: float) -> dict[str, Any]:
+    model, hardware = cfg.model, cfg.hardware
+    weights = spec.stored_bytes(model.parameters)
+    decode = Decode(weight_bytes=weights, parameters=model.parameters, kv_per_sequence=kv_per_sequence, hardware=hardware)
+    step, binds = decode.step_bound(cfg.batch, 1)
+    verify, verify_binds = decode.step_bound(cfg.batch, cfg.gamma + 1)
+    ratio = verify / step
     result: dict[str, Any] = {
         "name": spec.name,
         "source": spec.source,
-        "bits_per_weight": bits,
+        "bits_per_weight": spec.bits_per_weight if spec.bits_per_weight is not None else weights * 8 / model.parameters,
         "weight_bytes": weights,
         "weight_gb": weights / GB,
         "weight_gib": weights / GIB,
         "kv_bytes_per_element": kv_bytes,
         "batch1_weight_bound_ms": _ms(weights / hardware.hbm_bytes_per_second),
-        "step": {"batch": cfg.batch, "positions": 1, "memory_bound_ms": _ms(memory), "compute_bound_ms": _ms(compute),
-                 "bound_ms": _ms(step), "binds": binds},
+        "step": {"batch": cfg.batch, "positions": 1, "memory_bound_ms": _ms(decode.memory_time(cfg.batch)),
+                 "compute_bound_ms": _ms(decode.compute_time(cfg.batch, 1)), "bound_ms": _ms(step), "binds": binds},
         "verify": {"positions": cfg.gamma + 1, "bound_ms": _ms(verify), "binds": verify_binds, "verify_cost_ratio": ratio},
-        "speculative": {
-            "expected_tokens_per_target_step": tokens,
-            "plain_step_ms": plain,
-            "plain_step_source": "given" if cfg.plain_step_ms is not None else "this format's step bound",
-            "free_verification": {"speedup": free, "iteration_time_ms": plain * (cfg.gamma * cfg.draft_cost + 1),
-                                  "average_tpot_ms": plain / free},
-            "with_verify_cost": {"speedup": costed, "iteration_time_ms": plain * (cfg.gamma * cfg.draft_cost + ratio),
-                                 "average_tpot_ms": plain / costed},
-        },
-        "compute_bound_batch": compute_bound_batch(weights, model.parameters, cfg.gamma + 1, kv_per_sequence, hardware),
+        "speculative": _speculative(cfg, _ms(step), ratio),
+        "compute_bound_batch": decode.compute_bound_batch(cfg.gamma + 1),
         "break_even_alpha": break_even_alpha(cfg.gamma, cfg.draft_cost, ratio),
     }
     if cfg.alphas:
         result["alpha_sweep"] = [{"alpha": alpha, "speedup": speedup(alpha, cfg.gamma, cfg.draft_cost, ratio),
                                   "speedup_free_verification": speedup(alpha, cfg.gamma, cfg.draft_cost, 1.0)} for alpha in cfg.alphas]
     if cfg.gamma_range:
-        gamma, value = best_gamma(cfg.alpha, cfg.draft_cost, cfg.gamma_range, ratio_for)
-        free_gamma, free_value = best_gamma(cfg.alpha, cfg.draft_cost, cfg.gamma_range, lambda _: 1.0)
-        result["best_gamma"] = {"range": list(cfg.gamma_range), "gamma": gamma, "speedup": value,
-                                "verify_cost_ratio": ratio_for(gamma),
-                                "free_verification": {"gamma": free_gamma, "speedup": free_value}}
+        result["best_gamma"] = _best_gamma(cfg, decode, cfg.gamma_range)
     return result
 
 
-def compute(cfg: BoundsConfig) -> dict[str, Any]:
-    """Every bound of token-cost.md for each format, the sweeps asked for, as versioned JSON."""
-    model = cfg.model
-    kv_per_sequence = kv_bytes_per_sequence(model.layers, model.kv_heads, model.head_dim, cfg.kv_bytes_per_element, cfg.context_tokens)
-    formats = [_format_result(cfg, spec, kv_per_sequence, cfg.kv_bytes_per_element) for spec in cfg.formats]
+def _comparisons(formats: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every format against the first: bytes, and the step bounds at the batch and at batch 1."""
     first = formats[0]
-    comparisons = [{
+    return [{
         "format": entry["name"], "against": first["name"],
         "byte_ratio": first["weight_bytes"] / entry["weight_bytes"],
         "step_bound_improvement": first["step"]["bound_ms"] / entry["step"]["bound_ms"],
         "batch1_bound_improvement": first["batch1_weight_bound_ms"] / entry["batch1_weight_bound_ms"],
     } for entry in formats[1:]]
+
+
+def _kv_alternatives(cfg: BoundsConfig) -> list[dict[str, Any]]:
+    """Every format again with each other KV-cache width, without the sweeps."""
+    model = cfg.model
     alternatives = []
     for kv_bytes in cfg.compare_kv_bytes:
         alt_cfg = cfg.model_copy(update={"kv_bytes_per_element": kv_bytes, "alphas": (), "gamma_range": None})
@@ -315,6 +361,16 @@ def compute(cfg: BoundsConfig) -> dict[str, Any]:
             "kv_bytes_per_sequence": alt_kv,
             "formats": [_format_result(alt_cfg, spec, alt_kv, kv_bytes) for spec in cfg.formats],
         })
+    return alternatives
+
+
+def compute(cfg: BoundsConfig) -> dict[str, Any]:
+    """Every bound of the model in docs/sources.md for each format, the sweeps asked for, as versioned JSON."""
+    model = cfg.model
+    kv_per_sequence = kv_bytes_per_sequence(model.layers, model.kv_heads, model.head_dim, cfg.kv_bytes_per_element, cfg.context_tokens)
+    formats = [_format_result(cfg, spec, kv_per_sequence, cfg.kv_bytes_per_element) for spec in cfg.formats]
+    comparisons = _comparisons(formats)
+    alternatives = _kv_alternatives(cfg)
     return {
         "kind": KIND,
         "schema_version": SCHEMA_VERSION,
@@ -340,11 +396,13 @@ def compute(cfg: BoundsConfig) -> dict[str, Any]:
     }
 
 
-def model_from_checkpoint(checkpoint: Any, config: dict[str, Any] | None, parameters: int) -> ModelShape:
+# --- models and formats from checkpoints -----------------------------------------------------
+
+def model_from_checkpoint(checkpoint: str | Path, config: dict[str, Any] | None, parameters: int) -> ModelShape:
     """Layers, KV heads and head dim from a checkpoint's config.json; parameters from `measure`."""
     if not config:
         raise InputError(f"{checkpoint}: no config.json, so the KV cache's shape is unknown; give --layers, --kv-heads, --head-dim")
-    text_config = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    text_config: dict[str, Any] = config["text_config"] if isinstance(config.get("text_config"), dict) else config
     layers = text_config.get("num_hidden_layers", text_config.get("n_layer"))
     heads = text_config.get("num_attention_heads", text_config.get("n_head"))
     kv_heads = text_config.get("num_key_value_heads", heads)
@@ -355,23 +413,20 @@ def model_from_checkpoint(checkpoint: Any, config: dict[str, Any] | None, parame
                if not isinstance(value, int) or value < 1]
     if missing:
         raise InputError(f"{checkpoint}: config.json does not give {', '.join(missing)}; pass them with --layers, --kv-heads, --head-dim")
-    return ModelShape(parameters=parameters, layers=layers, kv_heads=kv_heads, head_dim=head_dim, source=f"{checkpoint} (config.json, measure)")
+    return checked(ModelShape, {"parameters": parameters, "layers": layers, "kv_heads": kv_heads, "head_dim": head_dim,
+                                "source": f"{checkpoint} (config.json, measure)"})
 
 
-def measured_format(checkpoint: Any, measured: Any) -> tuple[ModelShape, "FormatSpec"]:
+def measured_format(checkpoint: str | Path, measured: Measurement) -> tuple[ModelShape, WeightFormat]:
     """The model shape and the stored-bytes format of a checkpoint already measured
-    (`quantize.accounting.measure`): only its config.json is read again."""
-    from pathlib import Path
-
-    from quantgate.core.headers import read_checkpoint
-
+    (`quantize.measure.accounting.measure`): only its config.json is read again."""
     shape = model_from_checkpoint(checkpoint, read_checkpoint(Path(checkpoint)).config, measured.parameters)
-    spec = _validated(FormatSpec, name=Path(checkpoint).name or str(checkpoint), weight_bytes=measured.tensor_bytes,
-                      source=f"measured: {measured.format.name}")
+    spec = checked(WeightFormat, {"name": Path(checkpoint).name or str(checkpoint), "weight_bytes": measured.tensor_bytes,
+                                  "source": f"measured: {measured.format.name}"})
     return shape, spec
 
 
-# --- presentation (rich) ------------------------------------------------------------------------
+# --- presentation (rich), kept apart from the math ------------------------------------------
 
 def render(result: dict[str, Any]) -> list[Any]:
     """Rich renderables for the terminal: the per-format table, comparisons, notes."""
@@ -398,15 +453,13 @@ def render(result: dict[str, Any]) -> list[Any]:
     return out
 
 
-def _format_table(formats: list[dict[str, Any]], inputs: dict[str, Any], title: str) -> Any:
-    from rich.table import Table
-
+def _format_table(formats: list[dict[str, Any]], inputs: dict[str, Any], title: str) -> Table:
     table = Table(title=title, title_justify="left")
     table.add_column("quantity")
     for entry in formats:
         table.add_column(entry["name"], justify="right")
     batch, gamma = inputs["batch"], inputs["gamma"]
-    rows = [
+    rows: list[tuple[str, Cell]] = [
         ("bits per weight", lambda e: f"{e['bits_per_weight']:.4g}"),
         ("weight bytes (GB, 1e9)", lambda e: _fixed(e["weight_gb"], 4)),
         ("weight GiB", lambda e: _fixed(e["weight_gib"], 2)),
@@ -423,102 +476,19 @@ def _format_table(formats: list[dict[str, Any]], inputs: dict[str, Any], title: 
     if formats and "best_gamma" in formats[0]:
         rows.append(("best gamma (speedup)", lambda e: f"{e['best_gamma']['gamma']} ({e['best_gamma']['speedup']:.4f})"))
     for entry in (formats[0].get("alpha_sweep") or []) if formats else []:
-        alpha = entry["alpha"]
-        rows.append((f"speedup at alpha {alpha:g}", lambda e, alpha=alpha: next(f"{s['speedup']:.4f}" for s in e["alpha_sweep"] if s["alpha"] == alpha)))
+        rows.append((f"speedup at alpha {entry['alpha']:g}", _sweep_cell(entry["alpha"])))
     for label, cell in rows:
         table.add_row(label, *(cell(entry) for entry in formats))
     return table
 
 
-# --- glue: options to a config ----------------------------------------------------------------
+def _sweep_cell(alpha: float) -> Cell:
+    def cell(entry: dict[str, Any]) -> str:
+        return next(f"{point['speedup']:.4f}" for point in entry["alpha_sweep"] if point["alpha"] == alpha)
 
-# config field -> the CLI option a user typed, for one-line messages
-OPTION_NAMES = {"context_tokens": "context", "kv_bytes_per_element": "kv-bytes", "draft_cost": "draft-cost",
-                "plain_step_ms": "plain-step-ms", "gamma_range": "gamma-range", "compare_kv_bytes": "compare-kv-bytes",
-                "bits_per_weight": "format", "hbm_bytes_per_second": "hardware bandwidth"}
-
-
-def _validated(config_class: type[BaseModel], **values: Any) -> Any:
-    from pydantic import ValidationError
-
-    try:
-        return config_class(**values)
-    except ValidationError as error:
-        first = error.errors()[0]
-        field = next((str(part) for part in first["loc"] if isinstance(part, str)), "")
-        where = OPTION_NAMES.get(field, field.replace("_", "-")) or "settings"
-        message = first["msg"].removeprefix("Value error, ")
-        raise InputError(f"invalid {where}: {message}") from error
-
-
-def parse_format(text: str) -> FormatSpec:
-    """'int4_g128=4.15' -> FormatSpec(name='int4_g128', bits_per_weight=4.15)."""
-    name, separator, value = text.partition("=")
-    try:
-        bits = float(value)
-    except ValueError:
-        bits = None
-    if not separator or not name or bits is None:
-        raise InputError(f"invalid --format {text!r}: expected NAME=BITS_PER_WEIGHT, e.g. int4_g128=4.15")
-    return _validated(FormatSpec, name=name, bits_per_weight=bits, source="given")
-
-
-def parse_gamma_range(text: str) -> tuple[int, int]:
-    low, separator, high = text.partition(":")
-    try:
-        return int(low), int(high if separator else low)
-    except ValueError as error:
-        raise InputError(f"invalid --gamma-range {text!r}: expected LOW:HIGH, e.g. 1:8") from error
-
-
-def configure(hardware: str = "reference", checkpoints: list[Any] = (), parameters: float | None = None,  # type: ignore[assignment]
-              layers: int | None = None, kv_heads: int | None = None, head_dim: int | None = None,
-              formats: list[str] = (), reference: bool = False, gamma_range: str | tuple[int, int] | None = None,  # type: ignore[assignment]
-              **settings: Any) -> BoundsConfig:
-    """A BoundsConfig from what a user typed: a hardware name or YAML, the model as numbers or
-    checkpoints (shape from config.json, parameters and stored bytes from `measure`), formats as
-    NAME=BPW, the reference case as a starting point; unset (None) settings keep defaults."""
-    from quantize.measure.hardware import load_profile
-
-    profile = load_profile(hardware)
-    values: dict[str, Any] = reference_case(profile).model_dump() if reference else {}
-    values["hardware"] = profile
-    specs = [parse_format(text) for text in formats]
-    if checkpoints:
-        from quantize.measure.accounting import measure
-
-        shapes, measured_specs = [], []
-        for path in checkpoints:
-            shape, spec = measured_format(path, measure(path))
-            shapes.append(shape)
-            measured_specs.append(spec)
-        if len({(shape.layers, shape.kv_heads, shape.head_dim) for shape in shapes}) > 1:
-            raise InputError("the --checkpoint models differ in layers, KV heads or head dim; bound one model at a time")
-        values["model"] = shapes[0].model_dump()
-        specs = [*(specs or DEFAULT_FORMATS), *measured_specs]
-    explicit = {"parameters": parameters, "layers": layers, "kv_heads": kv_heads, "head_dim": head_dim}
-    if any(value is not None for value in explicit.values()):
-        merged = dict(values.get("model") or {}) | {key: value for key, value in explicit.items() if value is not None}
-        missing = [key for key in explicit if key not in merged]
-        if missing:
-            raise InputError(f"the model needs {', '.join('--' + key.replace('_', '-') for key in missing)} (or --checkpoint DIR)")
-        merged["source"] = "given" if not checkpoints else f"{merged.get('source')}, with given overrides"
-        values["model"] = merged
-    if "model" not in values:
-        raise InputError("give a model: --checkpoint DIR, or --parameters, --layers, --kv-heads and --head-dim (or --reference-case)")
-    values["model"] = _validated(ModelShape, **values["model"])
-    if specs:
-        values["formats"] = tuple(specs)
-    if isinstance(gamma_range, str):
-        gamma_range = parse_gamma_range(gamma_range)
-    if gamma_range is not None:
-        values["gamma_range"] = tuple(gamma_range)
-    for key, value in settings.items():
-        if value is not None:
-            values[key] = tuple(value) if isinstance(value, list) else value
-    return _validated(BoundsConfig, **values)
+    return cell
 
 
 def _fixed(value: float, decimals: int) -> str:
-    """Fixed decimals as token-cost.md prints them; significant digits for values below 1."""
+    """Fixed decimals as the reference table prints them (docs/sources.md); significant digits for values below 1."""
     return f"{value:.{decimals}f}" if value == 0 or abs(value) >= 1 else f"{value:.4g}"

@@ -1,6 +1,6 @@
 """Hardware profiles for the decode-time bounds: memory bandwidth and peak dense FLOP/s, each
 with its source and whether it is a spec-sheet figure or an assumption. Built-ins are YAML
-data in quantize/hardware/; a user's own profile is a YAML file of the same shape."""
+data in quantize/measure/hardware/; a user's own profile is a YAML file of the same shape."""
 
 from __future__ import annotations
 
@@ -8,16 +8,15 @@ from importlib import resources
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
 
 from quantgate.core.artifacts import read_yaml
 from quantgate.core.errors import InputError, did_you_mean
+from quantgate.core.validation import Strict, first_problem
 
 
-class HardwareProfile(BaseModel):
+class HardwareProfile(Strict):
     """Peak figures of one accelerator. Bounds from them are lower bounds, never predictions."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str = Field(min_length=1)
     kind: Literal["spec sheet", "assumption"]
@@ -48,8 +47,7 @@ def load_profile(spec: str | Path) -> HardwareProfile:
     if not isinstance(data, dict):
         raise InputError(f"hardware profile {path}: expected a YAML mapping of hbm_bytes_per_second, peak_dense_flops, ...")
     try:
-        return HardwareProfile(**data)
+        return HardwareProfile.model_validate(data)
     except ValidationError as error:
-        first = error.errors()[0]
-        where = ".".join(str(part) for part in first["loc"]) or "profile"
-        raise InputError(f"hardware profile {path}: invalid {where}: {first['msg']}") from error
+        problem = first_problem(error)
+        raise InputError(f"hardware profile {path}: invalid {problem.location or 'profile'}: {problem.message}") from error

