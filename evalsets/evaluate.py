@@ -55,6 +55,7 @@ ITEMS_FILE = "items.json"
 TOPK_FILE = "topk.safetensors"
 ORDER_RULE = "the first N items of the set's seeded order (items.jsonl line order)"
 # What of a model's identity decides its numbers (its path does not).
+# What identifies a model in every cache key: its weights, its config and its tokenizer.
 IDENTITY_KEYS = ("weights_sha256", "config_sha256", "tokenizer_sha256")
 
 
@@ -263,7 +264,7 @@ def _default_device() -> str:
 
 
 def compute_dtype_name(device: str, storage_dtype: str) -> str:
-    """FP32 on a CPU (BF16 matrix products are ~60x slower there, quantize.models.compute_dtype),
+    """FP32 on a CPU (BF16 matrix products are ~60x slower there, quantgate.core.models.compute_dtype),
     the storage dtype on an accelerator."""
     return "float32" if device == "cpu" else TORCH_DTYPES.get(storage_dtype, "float32")
 

@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-from pydantic import ValidationError
 
 from evalsets.config import (
     ITEM_MODELS,
@@ -36,7 +34,7 @@ from quantgate.core.artifacts import (
 from quantgate.core.errors import InputError, IntegrityError, did_you_mean
 from quantgate.core.ids import SetRef
 from quantgate.core.models import quantgate_home
-from quantgate.core.validation import Problem, first_problem
+from quantgate.core.validation import Problem, validated
 
 BUILTIN_DIR = Path(__file__).parent / "data"
 DEMO_LIMITS = Path(__file__).parent / "demo_limits.yaml"
@@ -231,11 +229,8 @@ def load_dir(path: Path, origin: str = "user") -> GoldenSet:
         raw = read_json(manifest_path)
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise IntegrityError(f"{what}: {MANIFEST} is not valid JSON ({error})") from error
-    try:
-        manifest = SetManifest.model_validate(raw)
-    except ValidationError as error:
-        problem = first_problem(error)
-        raise IntegrityError(f"{what}: {MANIFEST} field {problem.location or 'manifest'}: {problem.message}") from error
+    manifest = validated(SetManifest, raw, error=IntegrityError,
+                         message=lambda problem: f"{what}: {MANIFEST} field {problem.location or 'manifest'}: {problem.message}")
     if (manifest.name, manifest.version) != (path.parent.name, path.name):
         raise IntegrityError(f"{what}: {MANIFEST} names {manifest.name}@{manifest.version}, not its directory")
     verify_files(path, manifest.files, what)
@@ -321,16 +316,17 @@ def parse_items(lines: Iterator[str] | Any, kind: Kind, where: str) -> Iterator[
             raise InputError(f"{where} line {number}: not valid JSON ({error.msg})") from error
         if not isinstance(record, dict):
             raise InputError(f"{where} line {number}: a {kind.value} item is a JSON object with {item_fields(kind)}")
-        try:
-            item = model.model_validate(record)
-        except ValidationError as error:
-            problem = _item_problem(first_problem(error))
-            raise InputError(f"{where} line {number}: {problem}; a {kind.value} item has {item_fields(kind)}") from error
+        item = validated(model, record, message=_item_error(f"{where} line {number}", kind))
         item_id = str(item.id) if item.id is not None else str(number)
         if item_id in seen:
             raise InputError(f"{where} line {number}: id {item_id!r} repeats line {seen[item_id]}")
         seen[item_id] = number
         yield {**item.model_dump(exclude_none=True), "id": item_id}
+
+
+def _item_error(line: str, kind: Kind) -> Callable[[Problem], str]:
+    """How a bad item at `line` is reported: its problem, then what such an item holds."""
+    return lambda problem: f"{line}: {_item_problem(problem)}; a {kind.value} item has {item_fields(kind)}"
 
 
 def _item_problem(problem: Problem) -> str:

@@ -1,5 +1,2 @@
-"""Stage 5 and the glue: gates, verdicts, the ledger, the report, the pipeline and the CLI.
-
-Also home to what every stage shares: the error family (`gates.errors`) and atomic,
-hashed artifacts (`gates.artifacts`). Importing this package imports nothing heavy.
-"""
+"""Stage 5: versioned gate policies, paired-bootstrap verdicts with the size and integrity
+gates (`verdict`), `quantgate gate` and verdict records (`stage`), the ledger and the report."""

@@ -8,6 +8,8 @@ largest size (no larger than requested) that divides every quantized layer's wid
 
 from __future__ import annotations
 
+# awq, torch and transformers are imported where used: they take seconds to import, and the
+# reference backend is an optional extra that `quantgate --help` must not need.
 import importlib.util
 from pathlib import Path
 from typing import Any
@@ -38,7 +40,6 @@ def common_group_size(widths: list[int], requested: int) -> int:
 
 def quantize_with_autoawq(cfg: QuantizeConfig, preset: Preset, *, model_dir: Path, calibration_set: Any,
                           out: Path, overwrite: bool, stopwatch: Stopwatch) -> Any:
-
     if preset.name != "awq-int4":
         raise InputError(f"--backend autoawq makes awq-int4 checkpoints only, not {preset.name}")
     require_autoawq()

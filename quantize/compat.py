@@ -3,6 +3,8 @@ upstream no longer needs it (tests/test_quantize_compat.py)."""
 
 from __future__ import annotations
 
+# torch, llmcompressor and awq are imported where used: each workaround patches a library only
+# while it runs, and importing them here would cost every command seconds.
 import contextlib
 from collections.abc import Iterator
 

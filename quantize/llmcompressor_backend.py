@@ -4,6 +4,8 @@ llmcompressor."""
 
 from __future__ import annotations
 
+# llmcompressor, compressed_tensors and torch are imported where used: they take seconds to
+# import, and building the group-size plan or `quantgate --help` needs none of them.
 from typing import Any
 
 from quantize.compat import cpu_safe_pinning

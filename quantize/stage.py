@@ -3,6 +3,8 @@ compressed-tensors checkpoint, checked on a fixed prompt before it is published.
 
 from __future__ import annotations
 
+# torch and transformers are imported where used: they take seconds to import, and every
+# input check before the quantization itself needs neither.
 import gc
 from pathlib import Path
 from typing import Any

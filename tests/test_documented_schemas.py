@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 import evalsets
+from quantize.measure.causes import Cause
 from tests.helpers import USER_ITEMS, write_header_only, write_jsonl
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
@@ -257,6 +258,12 @@ def test_measure_json_is_the_documented_schema(cli, tmp_path: Path) -> None:
     # Every cause the explanation names is in the table of causes.
     causes = {line["cause"] for line in data["explanation"]["lines"]} | {gap["cause"] for layer in data["linear_layers"] for gap in layer["gaps"]}
     assert "header" in causes and causes <= documented_causes()
+    # ... and the table is exactly the Cause enum: a new cause must be documented, a documented
+    # one must exist (`unquantized_<category>` stands for one cause per documented category).
+    table = set(re.findall(r"^\| `([a-z_<>]+)` \|", section("measure-and-bounds.md", "measure"), re.MULTILINE))
+    values = {cause.value for cause in Cause}
+    assert table == {value for value in values if not value.startswith("unquantized_")} | {"unquantized_<category>"}
+    assert {value for value in values if value.startswith("unquantized_")} <= documented_causes()
 
 
 def test_bounds_json_is_the_documented_schema(cli, tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -55,8 +56,11 @@ def test_demo_checkpoint_reloads_and_generates(demo_checkpoints: dict[str, Path]
     ids = tokenizer("The capital of France is", return_tensors="pt").input_ids
     with torch.no_grad():
         generated = model.generate(ids, max_new_tokens=6, do_sample=False)
-    words = [word for word in tokenizer.decode(generated[0, ids.shape[1]:], skip_special_tokens=True).split() if word.isalpha()]
-    assert len(words) >= 2, words
+    completion = tokenizer.decode(generated[0, ids.shape[1]:], skip_special_tokens=True)
+    # Real words, punctuation aside: the gptq-int4 checkpoint answers " Paris." and stops at its
+    # end-of-sequence token, so a count of whitespace-split alphabetic tokens would see none.
+    words = re.findall(r"[A-Za-z]{2,}", completion)
+    assert words, completion
 
 
 @pytest.mark.parametrize("name, limit", [("fp8-e4m3", 1.10), ("smoothquant-w8a8", 1.10), ("gptq-int4", 2.0), ("awq-int4", 2.0)])

@@ -1,6 +1,7 @@
 """The source rules of docs/architecture.md that neither ruff nor mypy checks: short functions
-where the issue asks for them, keyword arguments past the fifth, and every `# noqa` or
-`# type: ignore` with its reason on the same line. Each checker is first shown to catch a case."""
+where the issue asks for them, keyword arguments past the fifth, every `# noqa` or
+`# type: ignore` with its reason on the same line, and a note at the top of every module that
+defers a heavy import. Each checker is first shown to catch a case."""
 
 from __future__ import annotations
 
@@ -18,6 +19,11 @@ MAX_FUNCTION_LINES = 60
 MAX_POSITIONAL_ARGUMENTS = 5
 # Callees whose arguments are a sequence, not a list of parameters: rich's Table.add_row(*cells).
 SEQUENCE_CALLEES = frozenset({"add_row"})
+# Libraries that take seconds to import: imported inside the functions that use them, and a
+# module that does so says it once, above its imports ("... are imported where used: why").
+HEAVY_LIBRARIES = frozenset({"torch", "transformers", "llmcompressor", "compressed_tensors", "lm_eval", "awq",
+                             "datasets", "pyarrow", "safetensors", "huggingface_hub"})
+DEFERRED_NOTE = re.compile(r"^# .*\bimported where used\b", re.M)
 
 
 def sources(*folders: str, root: Path = ROOT) -> dict[str, str]:
@@ -63,6 +69,42 @@ def unexplained_suppressions(files: dict[str, str]) -> list[str]:
             if match and not re.search(r"[A-Za-z]{3}", match.group("rest")):
                 found.append(f"{name}:{token.start[0]}: {match.group(0).strip()}")
     return found
+
+
+def _deferred_heavy_imports(tree: ast.Module) -> set[str]:
+    found: set[str] = set()
+    for function in ast.walk(tree):
+        if isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for node in ast.walk(function):
+                if isinstance(node, ast.Import):
+                    found |= {alias.name.split(".")[0] for alias in node.names}
+                elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                    found.add(node.module.split(".")[0])
+    return found & HEAVY_LIBRARIES
+
+
+def unannounced_deferrals(files: dict[str, str]) -> list[str]:
+    """Modules that import a heavy library inside a function without the note at their top
+    (before the first definition) that says which and why."""
+    found = []
+    for name, text in files.items():
+        tree = ast.parse(text)
+        deferred = _deferred_heavy_imports(tree)
+        first_definition = min((node.lineno for node in tree.body if isinstance(
+            node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))), default=len(text.splitlines()) + 1)
+        head = "\n".join(text.splitlines()[:first_definition - 1])
+        if deferred and not DEFERRED_NOTE.search(head):
+            found.append(f"{name}: defers {', '.join(sorted(deferred))} without saying so at the top")
+    return found
+
+
+def test_deferred_heavy_imports_are_announced(tmp_path: Path) -> None:
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "silent.py").write_text("def f():\n    import torch\n")
+    (tmp_path / "pkg" / "said.py").write_text("# torch is imported where used: it is slow.\nimport os\n\n\ndef f():\n    import torch\n")
+    (tmp_path / "pkg" / "light.py").write_text("def f():\n    import json\n")
+    assert unannounced_deferrals(sources("pkg", root=tmp_path)) == ["pkg/silent.py: defers torch without saying so at the top"]
+    assert unannounced_deferrals(sources(*PACKAGES)) == []
 
 
 def test_checkers_catch_what_they_look_for(tmp_path: Path) -> None:

@@ -7,10 +7,9 @@ import json
 from typing import Any, TypeVar
 
 import typer
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
-from quantgate.core.errors import InputError
-from quantgate.core.validation import first_problem
+from quantgate.core.validation import validated
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -26,11 +25,8 @@ app = typer.Typer(
 def config(config_class: type[M], **values: Any) -> M:
     """Build a pydantic config from command-line values; a failure is one InputError line naming
     the option (`invalid group-size: ...`)."""
-    try:
-        return config_class(**values)
-    except ValidationError as error:
-        problem = first_problem(error)
-        raise InputError(f"invalid {(problem.location or 'config').replace('_', '-')}: {problem.message}") from error
+    return validated(config_class, values,
+                     message=lambda problem: f"invalid {(problem.location or 'config').replace('_', '-')}: {problem.message}")
 
 
 def print_json(value: Any) -> None:

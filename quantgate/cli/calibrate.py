@@ -56,7 +56,6 @@ def _report_calibration(built: Any) -> None:
         typer.echo(f"note: {manifest['selection']['samples_requested']} samples were asked, the source gave {manifest['samples']}")
 
 
-
 @app.command("overlap")
 def overlap(
     calibration_dir: Path = typer.Option(..., "--calibration", help="a calibration set directory"),

@@ -27,7 +27,6 @@ def verify_command(
     raise typer.Exit(0 if result.deployable else 1)
 
 
-
 @app.command("gate")
 def gate_command(
     baseline: Path = typer.Option(..., "--baseline", help="the baseline's evaluation results directory"),

@@ -86,18 +86,6 @@ def _parse_list(text: str | None, kind: type[float], option: str) -> list[float]
         raise InputError(f"invalid {option} {text!r}: expected comma-separated numbers") from error
 
 
-def _measured_checkpoints(checkpoints: list[Path]) -> tuple[ModelShape, list[WeightFormat]]:
-    """One model's shape from the checkpoints' config.json, and each one's stored bytes as a format."""
-    shapes, measured = [], []
-    for path in checkpoints:
-        shape, spec = bounds.measured_format(path, measure(path))
-        shapes.append(shape)
-        measured.append(spec)
-    if len({(shape.layers, shape.kv_heads, shape.head_dim) for shape in shapes}) > 1:
-        raise InputError("the --checkpoint models differ in layers, KV heads or head dim; bound one model at a time")
-    return shapes[0], measured
-
-
 def _model_values(model: dict[str, Any] | None, given: dict[str, float | int | None], from_checkpoints: bool) -> dict[str, Any]:
     """The model's fields: the reference case's or the checkpoints', with the options given over them."""
     if any(value is not None for value in given.values()):
@@ -122,7 +110,7 @@ def bounds_config(*, hardware: str, checkpoints: list[Path], shape: dict[str, fl
     values["hardware"] = profile
     specs = [parse_format(text) for text in formats]
     if checkpoints:
-        measured_shape, measured = _measured_checkpoints(checkpoints)
+        measured_shape, measured = bounds.measured_model(checkpoints)
         values["model"] = measured_shape.model_dump()
         specs = [*(specs or DEFAULT_FORMATS), *measured]
     values["model"] = _validated(ModelShape, _model_values(values.get("model"), shape, bool(checkpoints)))

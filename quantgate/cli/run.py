@@ -49,15 +49,12 @@ def run_command(
 
 
 def _run_plan(spec: str, out: Path | None, quiet: bool = False) -> None:
-
     result = pipeline.run(load_plan(spec), out, show_progress=not quiet)
     _print_summary(build(result.out), result)
     raise typer.Exit(result.exit_code)
 
 
 def _print_summary(data: dict[str, Any], result: Any = None) -> None:
-
-
     table = Table(title=f"quantgate: {Path(data['model']).name} under policy {data['policy']['name']}@{data['policy']['version']}")
     for column in ("format", "MB", "x baseline", "bits/weight", "KL", data["plot"]["y"] or "metric", "verdict", "reasons"):
         table.add_column(column, overflow="fold")
@@ -81,7 +78,6 @@ def _print_summary(data: dict[str, Any], result: Any = None) -> None:
         redone = len(result.redone)
         console.print(f"run directory {result.out} ({redone} of {len(result.stages)} stages run, {len(result.stages) - redone} reused) "
                       f"in {result.seconds:.0f} s; report {result.out / 'report' / 'report.html'}; ledger {data.get('ledger')}")
-
 
 
 @app.command("report")

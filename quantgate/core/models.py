@@ -8,6 +8,8 @@ state dict, re-ties the embeddings and saves BF16 safetensors.
 
 from __future__ import annotations
 
+# torch, transformers and huggingface_hub are imported where used: they take seconds to import,
+# and resolving a model directory or hashing its files needs none of them.
 import importlib.util
 import os
 from dataclasses import dataclass

@@ -3,7 +3,7 @@ one way a validation failure becomes a one-line typed error naming where it is."
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -29,6 +29,11 @@ class Problem:
     kind: str
     path: tuple[str | int, ...]
 
+    @property
+    def field(self) -> str:
+        """The outermost named field on the path ('' for the document itself)."""
+        return next((str(part) for part in self.path if isinstance(part, str)), "")
+
 
 def first_problem(error: ValidationError) -> Problem:
     """The first error of a ValidationError, with pydantic's 'Value error, ' prefix taken off our
@@ -42,25 +47,30 @@ def first_problem(error: ValidationError) -> Problem:
 def validated(
     model: type[M],
     values: Mapping[str, Any] | object,
-    what: str,
+    what: str = "",
     *,
     error: type[QuantgateError] = InputError,
     names: Mapping[str, str] | None = None,
     within: str = "",
+    message: Callable[[Problem], str] | None = None,
 ) -> M:
-    """`model` built from `values`, or `error('<what>: <where>: <message>')` in one line.
+    """`model` built from `values`, or `error('<what>: <where>: <message>')` in one line: the one
+    place a pydantic ValidationError becomes a quantgate error.
 
     `names` maps a field name to what the user typed for it (a command-line option), so the
     message names the option rather than the field. `within` is where `values` sit in a larger
     document (`quantize.gptq-int4` of a plan): `where` is then `quantize.gptq-int4.group_size`.
-    `values` that are no mapping (a YAML list where a mapping belongs) are the error themselves.
+    `message`, where given, words the whole line from the problem instead (a site whose users
+    know another shape, such as `invalid --format: ...`). `values` that are no mapping (a YAML
+    list where a mapping belongs) are the error themselves.
     """
     try:
         return model.model_validate(dict(values) if isinstance(values, Mapping) else values)
     except ValidationError as failure:
         problem = first_problem(failure)
-        field = next((str(part) for part in problem.path if isinstance(part, str)), "")
-        where = names.get(field, problem.location) if names is not None else problem.location
+        if message is not None:
+            raise error(message(problem)) from failure
+        where = names.get(problem.field, problem.location) if names is not None else problem.location
         where = ".".join(part for part in (within, where) if part)
         prefix = f"{what}: {where}" if where else what
         raise error(f"{prefix}: {problem.message}") from failure

@@ -13,11 +13,11 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
 from quantgate.core.artifacts import read_yaml, sha256_json
 from quantgate.core.errors import InputError, did_you_mean
-from quantgate.core.validation import Strict, first_problem
+from quantgate.core.validation import Problem, Strict, validated
 from quantize.presets import get_preset
 
 SCHEMA_VERSION = 1
@@ -116,6 +116,10 @@ class LoadedPlan:
         return sha256_json(self.plan.model_dump(mode="json"))
 
 
+class PlanError(InputError):
+    """A plan that cannot be run as written."""
+
+
 def _section(path: tuple[str | int, ...]) -> type[BaseModel] | None:
     """The model of the section a field at `path` is in (the plan, or calibration, evaluation,
     report), or None when it is inside a mapping of free values (quantize options)."""
@@ -127,26 +131,25 @@ def _section(path: tuple[str | int, ...]) -> type[BaseModel] | None:
     return section
 
 
-def _first_error(error: ValidationError, where: str) -> InputError:
+def _describe(problem: Problem, where: str) -> str:
     """A plan's first problem in one line; an unknown field lists the valid ones of its section."""
-    problem = first_problem(error)
     message = problem.message
     section = _section(problem.path) if problem.kind == "extra_forbidden" else None
     if section is not None:
         valid, name = list(section.model_fields), str(problem.path[-1])
         message = f"unknown field{did_you_mean(name, valid)}; valid: {', '.join(valid)}"
-    return InputError(f"plan {where}: {problem.location or 'plan'}: {message}")
+    return f"plan {where}: {problem.location or 'plan'}: {message}"
 
 
 def from_mapping(raw: Any, where: str = "(mapping)", base: Path | None = None, path: Path | None = None) -> LoadedPlan:
     if not isinstance(raw, dict):
         raise InputError(f"plan {where}: expected a YAML mapping with model, formats, evaluation, ...")
     try:
-        plan = RunPlan.model_validate(raw)
-    except ValidationError as error:
-        raise _first_error(error, where) from error
-    except InputError as error:  # an unknown format from get_preset
-        raise InputError(f"plan {where}: {error}") from error
+        plan = validated(RunPlan, raw, error=PlanError, message=lambda problem: _describe(problem, where))
+    except PlanError:
+        raise
+    except InputError as error:  # an unknown format from get_preset, raised inside a validator
+        raise PlanError(f"plan {where}: {error}") from error
     return LoadedPlan(plan, path, (base or Path.cwd()).resolve())
 
 

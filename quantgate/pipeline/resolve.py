@@ -13,7 +13,7 @@ from typing import Any
 import calibration
 import evalsets
 import quantize
-from evalsets.evaluate import model_identity
+from evalsets.evaluate import IDENTITY_KEYS, model_identity
 from gates.policy import LoadedPolicy
 from gates.stage import load_gate_policy
 from quantgate.core.console import stderr
@@ -26,7 +26,6 @@ from quantgate.pipeline.plan import LoadedPlan, RunPlan
 from quantize.measure.hardware import HardwareProfile, load_profile
 
 # the fields of a model's identity that decide its numbers (its path does not)
-IDENTITY_FIELDS = ("weights_sha256", "config_sha256", "tokenizer_sha256")
 
 
 @dataclass(frozen=True)
@@ -61,7 +60,7 @@ class ResolvedPlan:
     @property
     def identity_key(self) -> dict[str, str]:
         """The baseline's identity without its path: what decides its numbers."""
-        return {key: self.identity[key] for key in IDENTITY_FIELDS}
+        return {key: self.identity[key] for key in IDENTITY_KEYS}
 
     @property
     def eval_settings(self) -> dict[str, Any]:

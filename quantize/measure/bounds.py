@@ -10,12 +10,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 from rich.table import Table
 
 from quantgate.core.errors import InputError
 from quantgate.core.headers import read_checkpoint
-from quantgate.core.validation import Strict, first_problem
+from quantgate.core.validation import Problem, Strict, validated
+from quantize.measure.accounting import measure
 from quantize.measure.hardware import HardwareProfile
 from quantize.measure.measurement import Measurement
 
@@ -169,13 +170,12 @@ def checked(model: type[M], values: Mapping[str, Any], names: Mapping[str, str] 
     """`model` built from `values`, or InputError('invalid <where>: <message>') in one line,
     where `where` is what the user typed for the first bad field (`names`, e.g. the command
     line's option) or the field's name with dashes."""
-    try:
-        return model.model_validate(dict(values))
-    except ValidationError as error:
-        problem = first_problem(error)
-        field = next((str(part) for part in problem.path if isinstance(part, str)), "")
-        where = (names or {}).get(field, field.replace("_", "-")) or "settings"
-        raise InputError(f"invalid {where}: {problem.message}") from error
+
+    def message(problem: Problem) -> str:
+        where = (names or {}).get(problem.field, problem.field.replace("_", "-")) or "settings"
+        return f"invalid {where}: {problem.message}"
+
+    return validated(model, values, message=message)
 
 
 class ModelShape(Strict):
@@ -424,6 +424,19 @@ def measured_format(checkpoint: str | Path, measured: Measurement) -> tuple[Mode
     spec = checked(WeightFormat, {"name": Path(checkpoint).name or str(checkpoint), "weight_bytes": measured.tensor_bytes,
                                   "source": f"measured: {measured.format.name}"})
     return shape, spec
+
+
+def measured_model(checkpoints: list[Path]) -> tuple[ModelShape, list[WeightFormat]]:
+    """One model's shape from the checkpoints' config.json, and each one's stored bytes as a format."""
+    shapes, measured = [], []
+    for path in checkpoints:
+        shape, spec = measured_format(path, measure(path))
+        shapes.append(shape)
+        measured.append(spec)
+    if len({(shape.layers, shape.kv_heads, shape.head_dim) for shape in shapes}) > 1:
+        raise InputError("the --checkpoint models differ in layers, KV heads or head dim; bound one model at a time")
+    return shapes[0], measured
+
 
 
 # --- presentation (rich), kept apart from the math ------------------------------------------

@@ -8,11 +8,11 @@ from importlib import resources
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, ValidationError
+from pydantic import Field
 
 from quantgate.core.artifacts import read_yaml
 from quantgate.core.errors import InputError, did_you_mean
-from quantgate.core.validation import Strict, first_problem
+from quantgate.core.validation import Strict, validated
 
 
 class HardwareProfile(Strict):
@@ -46,8 +46,5 @@ def load_profile(spec: str | Path) -> HardwareProfile:
     data = read_yaml(path, "hardware profile")
     if not isinstance(data, dict):
         raise InputError(f"hardware profile {path}: expected a YAML mapping of hbm_bytes_per_second, peak_dense_flops, ...")
-    try:
-        return HardwareProfile.model_validate(data)
-    except ValidationError as error:
-        problem = first_problem(error)
-        raise InputError(f"hardware profile {path}: invalid {problem.location or 'profile'}: {problem.message}") from error
+    return validated(HardwareProfile, data,
+                     message=lambda problem: f"hardware profile {path}: invalid {problem.location or 'profile'}: {problem.message}")
