@@ -337,7 +337,7 @@ def weights_sha256(model_dir: Path) -> str:
 def weight_hashes(checkpoint: Path) -> dict[str, str]:
     """sha256 of every weight file of a checkpoint directory (its top-level *.safetensors), by
     name: the bytes a deployment serves, the same files `weight_file_hashes` takes from a manifest."""
-    files = sorted(Path(checkpoint).glob("*.safetensors"))
+    files = sorted(path for path in Path(checkpoint).iterdir() if is_weight_file(path.name)) if Path(checkpoint).is_dir() else []
     if not files:
         raise ModelError(f"{checkpoint} holds no *.safetensors weight files")
     return {path.name: sha256_file(path) for path in files}
@@ -346,7 +346,13 @@ def weight_hashes(checkpoint: Path) -> dict[str, str]:
 def weight_file_hashes(manifest_files: dict[str, str]) -> dict[str, str]:
     """The weight files' sha256s from a checkpoint manifest's `files` (top-level *.safetensors):
     the bytes a deployment serves, as the manifest holds them (verified, not hashed again)."""
-    return {name: digest for name, digest in manifest_files.items() if name.endswith(".safetensors") and "/" not in name}
+    return {name: digest for name, digest in manifest_files.items() if is_weight_file(name)}
+
+
+def is_weight_file(relative: str) -> bool:
+    """Whether a checkpoint's file (a path relative to its directory) is one of its weight
+    files: a top-level *.safetensors. The one rule both hashes above follow."""
+    return relative.endswith(".safetensors") and "/" not in relative
 
 
 def baseline_dtype(model_dir: Path) -> str:
