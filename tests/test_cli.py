@@ -2,20 +2,22 @@
 
 from __future__ import annotations
 
+import importlib
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import typer
-import typer.main
 
 import calibration
 import quantgate.cli
-from quantgate.cli import app
+from quantgate.cli.app import COMMANDS, load
 
 
 def all_commands() -> list[list[str]]:
-    root = typer.main.get_command(app)
+    """Every command path, the root's commands loaded from their modules."""
     found: list[list[str]] = []
 
     def walk(command: Any, path: list[str]) -> None:
@@ -26,7 +28,8 @@ def all_commands() -> list[list[str]]:
         else:
             found.append(path)
 
-    walk(root, [])
+    for name in COMMANDS:
+        walk(load(name), [name])
     return found
 
 
@@ -39,6 +42,29 @@ def test_every_command_has_help_with_an_example(cli) -> None:
         assert "Example: quantgate " + " ".join(path) in " ".join(result.out.split()), path
 
 
+def test_root_help_lists_each_command_with_its_own_summary(cli) -> None:
+    """The root lists commands from a table, without importing them: each summary there must be
+    the command's own short help (its docstring's first paragraph), so the two cannot drift."""
+    root = cli("--help")
+    assert root.code == 0
+    for name, entry in COMMANDS.items():
+        assert load(name).get_short_help_str(300) == entry.summary, name
+        assert name in root.out
+
+
+def test_root_help_imports_no_stage() -> None:
+    """`quantgate --help` loads the command table only; a command's module and the stage it calls
+    are imported when that command is asked for."""
+    code = ("import sys\nfrom quantgate.cli import app\n"
+            "try:\n    app(['--help'], standalone_mode=False)\nexcept SystemExit:\n    pass\n"
+            "print('STAGES', sorted({name.split('.')[0] for name in sys.modules} & {'calibration', 'quantize', 'evalsets', 'gates'}))\n"
+            "app(['measure', '--help'], standalone_mode=False)\n"
+            "print('MEASURE', 'quantize.measure.accounting' in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    marked = [line for line in done.stdout.splitlines() if line.startswith(("STAGES", "MEASURE"))]
+    assert marked == ["STAGES []", "MEASURE True"], done.stdout[-2000:]
+
+
 def registered_modules(group: typer.Typer) -> set[str]:
     found = {command.callback.__module__ for command in group.registered_commands if command.callback}
     for sub in group.registered_groups:
@@ -47,12 +73,17 @@ def registered_modules(group: typer.Typer) -> set[str]:
     return found
 
 
-def test_every_command_module_registers_its_commands() -> None:
-    """One module per command group: each module in quantgate/cli/ (but the app and the entry
-    points) is imported by the package and has commands on the app, so none is forgotten."""
+def test_every_command_module_is_in_the_command_table() -> None:
+    """One module per command group: each module in quantgate/cli/ (but the root, the shared
+    options and the entry points) defines the commands the table names for it, no more, no less."""
     folder = Path(quantgate.cli.__file__).parent
-    modules = {f"quantgate.cli.{path.stem}" for path in folder.glob("*.py") if path.stem not in {"__init__", "__main__", "app"}}
-    assert modules and registered_modules(app) == modules
+    modules = {f"quantgate.cli.{path.stem}" for path in folder.glob("*.py") if path.stem not in {"__init__", "__main__", "app", "options"}}
+    assert modules == {entry.module for entry in COMMANDS.values()}
+    for module in modules:
+        commands = importlib.import_module(module).commands
+        names = {command.name for command in commands.registered_commands} | {group.name for group in commands.registered_groups}
+        assert names == {name for name, entry in COMMANDS.items() if entry.module == module}, module
+        assert registered_modules(commands) == {module}
 
 
 def test_library_errors_become_one_line_and_exit_code_two(cli, tmp_path) -> None:

@@ -1,14 +1,12 @@
-"""The `quantgate` command line: a thin layer over the library, one module per command group.
-Each command calls one library function; only `main` turns a QuantgateError into one line on
-stderr and an exit code."""
+"""The `quantgate` command line: a thin layer over the library, one module per command group
+(`quantgate.cli.app` names them). Each command calls one library function; only `main` turns a
+QuantgateError into one line on stderr and an exit code."""
 
 from __future__ import annotations
 
 import sys
 import traceback
 
-# Importing a command module registers its commands on `app`, in this order in --help.
-from quantgate.cli import calibrate, evaluate, gate, measure, models, quantize, run  # noqa: F401 - registers the commands
 from quantgate.cli.app import app
 from quantgate.core.errors import QuantgateError
 

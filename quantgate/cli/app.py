@@ -1,20 +1,72 @@
-"""The `quantgate` Typer app and what every command module shares: config validation and JSON
-output. Command groups register themselves on `app` when `quantgate.cli` imports them."""
+"""The root of the `quantgate` command: every command by name, its module and its one-line
+summary. A command's module, and through it the stage it calls, is imported only when that
+command runs or shows its own help, so `quantgate --help` loads no stage (it starts in about
+the time Python and Typer take; `benchmarks/cli_startup.py`). This is Click's documented lazy
+subcommand pattern; `tests/test_cli.py` checks each summary against the command's docstring."""
 
 from __future__ import annotations
 
-import json
-from typing import Any, TypeVar
+import importlib
+from typing import Any, NamedTuple
 
 import typer
-from pydantic import BaseModel
+import typer.main
+from typer.core import TyperCommand, TyperGroup
 
-from quantgate.core.validation import validated
 
-M = TypeVar("M", bound=BaseModel)
+class Entry(NamedTuple):
+    module: str  # defines `commands`, a typer.Typer holding this command
+    summary: str  # the first line of the command's help, shown by `quantgate --help`
+
+
+# In the order of the release process; `quantgate --help` lists them so.
+COMMANDS: dict[str, Entry] = {
+    "models": Entry("quantgate.cli.models", "Provision and list baseline models."),
+    "calibrate": Entry("quantgate.cli.calibrate", "Build a reproducible calibration set: token ids plus a manifest with its fingerprint."),
+    "overlap": Entry("quantgate.cli.calibrate", "Share of a calibration set's word n-grams that occur in a text collection (leakage check)."),
+    "quantize": Entry("quantgate.cli.quantize", "Quantize a baseline into a compressed-tensors checkpoint that transformers and vLLM load."),
+    "measure": Entry("quantgate.cli.measure", "Account for every byte of a checkpoint from its safetensors headers, never its tensor data."),
+    "bounds": Entry("quantgate.cli.measure", "Lower bounds on decode step time per weight format, and what speculative decoding buys."),
+    "evalsets": Entry("quantgate.cli.evaluate", "Versioned golden sets: list, show, verify, add your own."),
+    "evaluate": Entry("quantgate.cli.evaluate", "Evaluate a model on golden sets: metrics, per-item results, agreement with a baseline."),
+    "gate": Entry("quantgate.cli.gate", "Gate one candidate against its baseline under a policy: exit 0 approved, 1 blocked, 2 bad input."),
+    "verify": Entry("quantgate.cli.gate", "Exit 0 only if the checkpoint's current weight bytes match an approved ledger record."),
+    "run": Entry("quantgate.cli.run", "Run every stage for one model: calibrate, quantize each format, measure and bound, "
+                 "evaluate the baseline and each candidate, gate, append to the ledger, write the report."),
+    "demo": Entry("quantgate.cli.run", "Run the whole pipeline on the embedded demo plan (quantgate/pipeline/plans/demo.yaml): "
+                  "SmolLM2-135M, four formats, four golden sets at demo limits, the small-model policy."),
+    "report": Entry("quantgate.cli.run", "Write the size-vs-accuracy report of a run again from its artifacts, and print its summary."),
+}
+
+
+def load(name: str) -> Any:
+    """The command `name` (a Typer command or group), from its module's `commands`, imported now
+    with what it imports."""
+    module = importlib.import_module(COMMANDS[name].module)
+    command = typer.main.get_command(module.commands)
+    return command.commands[name] if isinstance(command, TyperGroup) else command
+
+
+class LazyCommands(TyperGroup):
+    """Lists every command from COMMANDS without importing it; resolves a command to run (or to
+    show its own help) by importing its module."""
+
+    def __init__(self, **attrs: Any) -> None:
+        super().__init__(**attrs)
+        # A summary stub per name: what --help lists and a typo's "did you mean" draws on.
+        self.commands = {name: TyperCommand(name, short_help=entry.summary) for name, entry in COMMANDS.items()}
+
+    def list_commands(self, ctx: typer.Context) -> list[str]:
+        return list(COMMANDS)
+
+    def resolve_command(self, ctx: typer.Context, args: list[str]) -> tuple[str | None, Any, list[str]]:
+        name, command, rest = super().resolve_command(ctx, args)  # an unknown name fails here, as usual
+        return name, load(name) if name in COMMANDS else command, rest
+
 
 app = typer.Typer(
     name="quantgate",
+    cls=LazyCommands,
     help="Quantize an LLM and gate every format against its baseline before it ships.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
@@ -22,12 +74,6 @@ app = typer.Typer(
 )
 
 
-def config(config_class: type[M], **values: Any) -> M:
-    """Build a pydantic config from command-line values; a failure is one InputError line naming
-    the option (`invalid group-size: ...`)."""
-    return validated(config_class, values,
-                     message=lambda problem: f"invalid {(problem.location or 'config').replace('_', '-')}: {problem.message}")
-
-
-def print_json(value: Any) -> None:
-    typer.echo(json.dumps(value, indent=2, sort_keys=True))
+@app.callback()
+def root() -> None:
+    """Quantize an LLM and gate every format against its baseline before it ships."""

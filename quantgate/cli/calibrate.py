@@ -9,10 +9,13 @@ import typer
 
 import calibration
 from calibration.sources import load_documents
-from quantgate.cli.app import app, config, print_json
+from quantgate.cli.options import config, print_json
+
+# This module's commands; quantgate.cli.app.COMMANDS names each, so `quantgate --help` need not import it.
+commands = typer.Typer(add_completion=False)
 
 
-@app.command("calibrate")
+@commands.command("calibrate")
 def calibrate(
     model: str = typer.Option(..., "--model", help="model directory, demo model name or hub id"),
     source: str = typer.Option(..., "--source", help="'demo', a .txt/.jsonl/.parquet/.arrow file or a datasets directory"),
@@ -56,7 +59,7 @@ def _report_calibration(built: Any) -> None:
         typer.echo(f"note: {manifest['selection']['samples_requested']} samples were asked, the source gave {manifest['samples']}")
 
 
-@app.command("overlap")
+@commands.command("overlap")
 def overlap(
     calibration_dir: Path = typer.Option(..., "--calibration", help="a calibration set directory"),
     against: list[str] = typer.Option(..., "--against", help="a text collection (.txt/.jsonl/.parquet/.arrow/datasets dir); repeatable"),

@@ -8,11 +8,14 @@ from pathlib import Path
 import typer
 
 import evalsets
-from quantgate.cli.app import app, config, print_json
+from quantgate.cli.options import config, print_json
 from quantgate.core.errors import InputError, IntegrityError
 
+# This module's commands; quantgate.cli.app.COMMANDS names each, so `quantgate --help` need not import it.
+commands = typer.Typer(add_completion=False)
+
 evalsets_app = typer.Typer(help="Versioned golden sets: list, show, verify, add your own.", no_args_is_help=True)
-app.add_typer(evalsets_app, name="evalsets")
+commands.add_typer(evalsets_app, name="evalsets")
 
 
 @evalsets_app.command("list")
@@ -125,7 +128,7 @@ def _parse_limits(values: list[str] | None, demo_limits: bool) -> tuple[int | No
     return common, per_set
 
 
-@app.command("evaluate")
+@commands.command("evaluate")
 def evaluate_command(
     model: str = typer.Option(..., "--model", help="model or checkpoint directory, or a demo model name"),
     evalset: list[str] = typer.Option(..., "--evalset", help="NAME or NAME@vN; repeatable"),

@@ -8,10 +8,13 @@ import typer
 
 from gates.ledger import verify_checkpoint
 from gates.stage import gate_results
-from quantgate.cli.app import app, print_json
+from quantgate.cli.options import print_json
+
+# This module's commands; quantgate.cli.app.COMMANDS names each, so `quantgate --help` need not import it.
+commands = typer.Typer(add_completion=False)
 
 
-@app.command("verify")
+@commands.command("verify")
 def verify_command(
     checkpoint: Path = typer.Argument(..., help="checkpoint directory about to be deployed"),
     ledger_path: Path = typer.Option(..., "--ledger", help="the approval ledger (JSONL)"),
@@ -27,7 +30,7 @@ def verify_command(
     raise typer.Exit(0 if result.deployable else 1)
 
 
-@app.command("gate")
+@commands.command("gate")
 def gate_command(
     baseline: Path = typer.Option(..., "--baseline", help="the baseline's evaluation results directory"),
     candidate: Path = typer.Option(..., "--candidate", help="the candidate's results (evaluated with --baseline-results)"),

@@ -10,12 +10,15 @@ import typer
 from pydantic import BaseModel
 from rich.console import Console
 
-from quantgate.cli.app import app, print_json
+from quantgate.cli.options import print_json
 from quantgate.core.errors import InputError
 from quantize.measure import bounds
 from quantize.measure.accounting import measure, render
 from quantize.measure.bounds import DEFAULT_FORMATS, BoundsConfig, ModelShape, WeightFormat
 from quantize.measure.hardware import load_profile
+
+# This module's commands; quantgate.cli.app.COMMANDS names each, so `quantgate --help` need not import it.
+commands = typer.Typer(add_completion=False)
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -26,7 +29,7 @@ OPTION_NAMES = {"context_tokens": "context", "kv_bytes_per_element": "kv-bytes",
 SHAPE_OPTIONS = ("parameters", "layers", "kv_heads", "head_dim")
 
 
-@app.command("measure")
+@commands.command("measure")
 def measure_command(
     checkpoint: Path = typer.Argument(..., help="checkpoint directory (one file or sharded with an index) or a .safetensors file"),
     as_json: bool = typer.Option(False, "--json", help="print the measurement as JSON (schema: docs/measure-and-bounds.md)"),
@@ -124,7 +127,7 @@ def bounds_config(*, hardware: str, checkpoints: list[Path], shape: dict[str, fl
     return _validated(BoundsConfig, values)
 
 
-@app.command("bounds")
+@commands.command("bounds")
 def bounds_command(
     hardware: str = typer.Option("reference", "--hardware", help="reference, h100-sxm, h200 or a YAML profile"),
     checkpoint: list[Path] | None = typer.Option(None, "--checkpoint", help="measure this checkpoint: its shape, parameters and stored bytes; repeatable"),

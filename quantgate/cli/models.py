@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import typer
 
-from quantgate.cli.app import app
 from quantgate.core.models import DEMO_MODELS, demo_model_dir, pull
 
+# This module's commands; quantgate.cli.app.COMMANDS names each, so `quantgate --help` need not import it.
+commands = typer.Typer(add_completion=False)
+
 models_app = typer.Typer(help="Provision and list baseline models.", no_args_is_help=True)
-app.add_typer(models_app, name="models")
+commands.add_typer(models_app, name="models")
 
 
 @models_app.command("pull")

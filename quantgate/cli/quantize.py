@@ -7,11 +7,14 @@ from pathlib import Path
 import typer
 
 import quantize
-from quantgate.cli.app import app, config
+from quantgate.cli.options import config
 from quantgate.core.artifacts import peak_memory_bytes
 
+# This module's commands; quantgate.cli.app.COMMANDS names each, so `quantgate --help` need not import it.
+commands = typer.Typer(add_completion=False)
 
-@app.command("quantize")
+
+@commands.command("quantize")
 def quantize_command(
     model: str = typer.Option(..., "--model", help="baseline model directory or demo model name"),
     format: str = typer.Option(..., "--format", help="gptq-int4, awq-int4, smoothquant-w8a8 or fp8-e4m3"),

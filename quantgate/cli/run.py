@@ -10,13 +10,15 @@ from rich.console import Console
 from rich.table import Table
 
 from gates.report import build, recommendation, write
-from quantgate.cli.app import app
 from quantgate.core.artifacts import sha256_json
 from quantgate.pipeline import runner as pipeline
 from quantgate.pipeline.plan import load_plan
 
+# This module's commands; quantgate.cli.app.COMMANDS names each, so `quantgate --help` need not import it.
+commands = typer.Typer(add_completion=False)
 
-@app.command("demo")
+
+@commands.command("demo")
 def demo(
     out: Path | None = typer.Option(None, "--out", help="run directory (default: the plan's, demo-out)"),
 ) -> None:
@@ -30,7 +32,7 @@ def demo(
     _run_plan("demo", out)
 
 
-@app.command("run")
+@commands.command("run")
 def run_command(
     plan: str = typer.Argument(..., help="a plan YAML file (see quantgate/pipeline/plans/demo.yaml), or 'demo'"),
     out: Path | None = typer.Option(None, "--out", help="run directory (default: the plan's `out`)"),
@@ -80,7 +82,7 @@ def _print_summary(data: dict[str, Any], result: Any = None) -> None:
                       f"in {result.seconds:.0f} s; report {result.out / 'report' / 'report.html'}; ledger {data.get('ledger')}")
 
 
-@app.command("report")
+@commands.command("report")
 def report_command(
     run_dir: Path = typer.Argument(..., help="a run directory (quantgate run)"),
     out: Path | None = typer.Option(None, "--out", help="where to write report.{md,json,html} (default: RUN_DIR/report)"),

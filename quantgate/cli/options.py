@@ -1,0 +1,25 @@
+"""What every command module shares: a pydantic config from command-line values, with a failure
+worded for the option the user typed, and JSON on stdout."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, TypeVar
+
+import typer
+from pydantic import BaseModel
+
+from quantgate.core.validation import validated
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def config(config_class: type[M], **values: Any) -> M:
+    """Build a pydantic config from command-line values; a failure is one InputError line naming
+    the option (`invalid group-size: ...`)."""
+    return validated(config_class, values,
+                     message=lambda problem: f"invalid {(problem.location or 'config').replace('_', '-')}: {problem.message}")
+
+
+def print_json(value: Any) -> None:
+    typer.echo(json.dumps(value, indent=2, sort_keys=True))
