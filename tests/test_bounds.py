@@ -264,3 +264,13 @@ def test_bounds_json_has_the_documented_schema(cli) -> None:
                           "alpha_sweep", "best_gamma"}
     assert set(entry["speculative"]) == {"expected_tokens_per_target_step", "plain_step_ms", "plain_step_source",
                                          "free_verification", "with_verify_cost"}
+
+
+def test_a_profiles_figures_leave_out_its_prose() -> None:
+    """The pipeline keys measurements by a profile's figures: rewording its description or source
+    must not redo them, a changed number must."""
+    profile = load_profile("h200")
+    reworded = profile.model_copy(update={"description": "other words", "source": "another document"})
+    faster = profile.model_copy(update={"hbm_bytes_per_second": profile.hbm_bytes_per_second * 2})
+    assert reworded.figures() == profile.figures() != faster.figures()
+    assert "description" not in profile.figures() and profile.figures()["name"] == "h200"

@@ -55,7 +55,7 @@ class ResolvedPlan:
 
     @property
     def profile_key(self) -> dict[str, Any]:
-        return {name: profile.model_dump(mode="json") for name, profile in self.profiles.items()}
+        return {name: profile.figures() for name, profile in self.profiles.items()}
 
     @property
     def identity_key(self) -> dict[str, str]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from importlib import resources
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -25,6 +25,11 @@ class HardwareProfile(Strict):
     peak_dense_flops: float = Field(gt=0, description="peak dense (not sparse) FLOP/s in flops_dtype")
     flops_dtype: str = "bf16"
     source: str = Field(min_length=1, description="where the figures come from")
+
+    def figures(self) -> dict[str, Any]:
+        """What decides a bound computed on this profile: every field but the prose (`description`,
+        `source`), so that a cache keyed by it is not redone when only the words change."""
+        return self.model_dump(mode="json", exclude={"description", "source"})
 
 
 def builtin_profiles() -> dict[str, Path]:
