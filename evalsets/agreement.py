@@ -1,5 +1,6 @@
 """Agreement of a candidate's next-token distributions with the baseline's, and the text-set
 metrics, as pure functions on tensors: KL divergence from a cached top-k, top-1 agreement,
+the change in the probability of the baseline's top token, the tails of per-token values,
 perplexity and bits per byte. No model, no I/O.
 
 Notation per scored position: p is the baseline's distribution, q the candidate's, S the
@@ -10,9 +11,19 @@ from __future__ import annotations
 
 # torch is imported where used: it takes seconds to import, and the package imports without it.
 import math
-from typing import Any
+from typing import Any, Final
+
+import numpy as np
+
+from quantgate.core.metrics import METRICS, TOKEN_QUANTILES
 
 Tensor = Any  # torch.Tensor
+
+# The one quantile rule of per-token values, here and in the gates' bootstrap
+# (gates.stats.token_quantile): the inverted empirical CDF (Hyndman & Fan, 1996, definition 1;
+# numpy's method="inverted_cdf"): the smallest value v with at least a share q of the positions
+# at or below v. It interpolates nothing, so a quantile is always one of the measured values.
+QUANTILE_METHOD: Final = "inverted_cdf"
 
 
 def topk_cache(logprobs: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -98,6 +109,35 @@ def kl_shortfall_bound(base_ids: Tensor, base_logprobs: Tensor, base_residual: T
 def top1_matches(base_ids: Tensor, candidate_ids: Tensor) -> Tensor:
     """Per position, whether the candidate's most likely token is the baseline's (both from topk_cache)."""
     return base_ids[..., 0] == candidate_ids[..., 0]
+
+
+def top_prob_change(base_ids: Tensor, base_logprobs: Tensor, candidate_logprobs: Tensor) -> Tensor:
+    """Δp = q(t) - p(t) per position, t the baseline's most likely token (its cached top-k's
+    first column), in float64: below 0 where the candidate is less sure of the baseline's choice.
+    An identical candidate gives exactly 0 (the same log-probability, exponentiated the same way)."""
+    top = base_ids[..., :1].long()
+    candidate_at_top = candidate_logprobs.gather(-1, top)[..., 0].double().exp()
+    return candidate_at_top - base_logprobs[..., 0].double().exp()
+
+
+def quantile(values: Any, q: float) -> float:
+    """The q-quantile (0 <= q <= 1) of per-token values by the inverted CDF (QUANTILE_METHOD):
+    q = 1 is the maximum; NaN anywhere gives NaN."""
+    array = np.asarray(values, dtype=np.float64).ravel()
+    if array.size == 0:
+        return float("nan")
+    return float(np.quantile(array, q, method=QUANTILE_METHOD))
+
+
+def token_quantiles(token_values: dict[str, Any]) -> dict[str, float]:
+    """Every token_quantile metric of quantgate.core.metrics (kl_median ... kl_max,
+    top_prob_change_p01) from a text set's per-token series {"kl": ..., "top_prob_change": ...}."""
+    quantiles = {}
+    for name in TOKEN_QUANTILES:
+        metric = METRICS[name]
+        assert metric.tokens is not None and metric.quantile is not None
+        quantiles[name] = quantile(token_values[metric.tokens], metric.quantile)
+    return quantiles
 
 
 def perplexity(nll_sum: float, tokens: int) -> float:

@@ -49,10 +49,11 @@ from quantgate.core.models import (
 RESULTS_KIND = "evaluation-results"
 SCHEMA_VERSION = 1
 # Bump when a change to this package changes a number: every cached result is then recomputed.
-EVALUATOR_VERSION = 1
+EVALUATOR_VERSION = 2
 RECORD_FILE = "record.json"
 ITEMS_FILE = "items.json"
 TOPK_FILE = "topk.safetensors"
+TOKENS_FILE = "tokens.safetensors"
 ORDER_RULE = "the first N items of the set's seeded order (items.jsonl line order)"
 # What of a model's identity decides its numbers (its path does not).
 # What identifies a model in every cache key: its weights, its config and its tokenizer.
@@ -77,6 +78,16 @@ class EvaluationResults:
     def items(self, spec: str) -> dict[str, Any]:
         """The per-item results of one set (docs/evaluate.md, schema_version 1)."""
         return read_json(self.set_dir(spec) / ITEMS_FILE)
+
+    def token_values(self, spec: str) -> dict[str, Any]:
+        """A text set's per-position values against the baseline ({"kl": float32 array, ...}, item
+        order, numpy), split by nothing; {} when the set has none (no baseline, or not a text set)."""
+        path = self.set_dir(spec) / TOKENS_FILE
+        if not path.is_file():
+            return {}
+        from safetensors.numpy import load_file
+
+        return dict(load_file(path))
 
     @property
     def from_cache(self) -> dict[str, bool]:
@@ -164,6 +175,69 @@ class _SetJob:
     from_cache: bool = False
 
 
+class Evaluator:
+    """One model, evaluated on as many golden-set runs as asked, loaded once (on the first run
+    that misses the cache) and kept: sequential evaluation asks for the same model again at
+    every look."""
+
+    def __init__(self, model: str | Path, *, allow_pickle: bool = False, home: Path | None = None) -> None:
+        self.model_dir = resolve_model(model, allow_pickle=allow_pickle)
+        self.identity = model_identity(self.model_dir)
+        self.home = home
+        self._loaded: dict[str, _LoadedModel] = {}  # device -> the model loaded there
+
+    def loaded(self, device: str) -> _LoadedModel:
+        if device not in self._loaded:
+            self._loaded[device] = _LoadedModel(self.model_dir, device, compute_dtype_name(device, self.identity["storage_dtype"]))
+        return self._loaded[device]
+
+    def run(self, cfg: EvaluateConfig, out: str | Path, baseline_results: str | Path | None = None,
+            overwrite: bool = False) -> EvaluationResults:
+        """Evaluate this model on `cfg.evalsets` into `out` (written atomically); see `run`."""
+        stopwatch = Stopwatch()
+        out = Path(out)
+        if out.exists() and not overwrite:
+            raise OutputExistsError(f"{out} already exists (pass --overwrite to replace it)")
+        if cfg.backend is EvalBackend.vllm and importlib.util.find_spec("vllm") is None:
+            raise InputError("--backend vllm needs vllm installed (pip install vllm); the default is --backend hf")
+        home, identity = self.home, self.identity
+        goldens = [golden_sets.load(spec, home) for spec in cfg.evalsets]
+        baseline = load_results(baseline_results) if baseline_results is not None else None
+        device = cfg.device or _default_device()
+        dtype = compute_dtype_name(device, identity["storage_dtype"])
+        root = cache_root(home)
+
+        jobs = []
+        for golden in goldens:
+            settings = run_settings(cfg, golden, device, dtype)
+            topk = _baseline_topk_sha256(baseline, golden, settings) if golden.kind is Kind.text and baseline else None
+            job = _SetJob(golden, settings, cache_key(identity, golden, settings, topk), topk)
+            if cfg.use_cache and (entry := _cached(root, job.key)) is not None:
+                job.entry, job.from_cache = entry, True
+            jobs.append(job)
+
+        missing = [job for job in jobs if job.entry is None]
+        load_seconds = None
+        if missing:
+            load_seconds = _compute(cfg, self.loaded(device), missing, identity=identity, baseline=baseline, root=root)
+
+        with atomic_directory(out, overwrite=overwrite) as staging:
+            entries = {job.golden.spec: _publish(job, staging) for job in jobs}
+            manifest = {
+                "artifact": RESULTS_KIND,
+                "schema_version": SCHEMA_VERSION,
+                "model": identity,
+                "baseline": None if baseline is None else {"results": str(baseline.path.resolve()), "model": baseline.manifest["model"]},
+                "config": cfg.model_dump(mode="json"),
+                "sets": entries,
+                "model_load_seconds": load_seconds,
+                "files": file_hashes(staging),
+                "provenance": provenance(stopwatch),
+            }
+            write_json(staging / MANIFEST, manifest)
+        return EvaluationResults(out, manifest)
+
+
 def run(
     cfg: EvaluateConfig,
     model: str | Path,
@@ -179,49 +253,7 @@ def run(
     per byte. Either way the results keep this model's own text-set cache (final hidden states,
     output head, top-k), so it can serve as a baseline itself without being run again.
     """
-    stopwatch = Stopwatch()
-    out = Path(out)
-    if out.exists() and not overwrite:
-        raise OutputExistsError(f"{out} already exists (pass --overwrite to replace it)")
-    if cfg.backend is EvalBackend.vllm and importlib.util.find_spec("vllm") is None:
-        raise InputError("--backend vllm needs vllm installed (pip install vllm); the default is --backend hf")
-    model_dir = resolve_model(model, allow_pickle=cfg.allow_pickle)
-    goldens = [golden_sets.load(spec, home) for spec in cfg.evalsets]
-    identity = model_identity(model_dir)
-    baseline = load_results(baseline_results) if baseline_results is not None else None
-    device = cfg.device or _default_device()
-    dtype = compute_dtype_name(device, identity["storage_dtype"])
-    root = cache_root(home)
-
-    jobs = []
-    for golden in goldens:
-        settings = run_settings(cfg, golden, device, dtype)
-        topk = _baseline_topk_sha256(baseline, golden, settings) if golden.kind is Kind.text and baseline else None
-        job = _SetJob(golden, settings, cache_key(identity, golden, settings, topk), topk)
-        if cfg.use_cache and (entry := _cached(root, job.key)) is not None:
-            job.entry, job.from_cache = entry, True
-        jobs.append(job)
-
-    missing = [job for job in jobs if job.entry is None]
-    load_seconds = None
-    if missing:
-        load_seconds = _compute(cfg, model_dir, missing, identity=identity, baseline=baseline, root=root, device=device)
-
-    with atomic_directory(out, overwrite=overwrite) as staging:
-        entries = {job.golden.spec: _publish(job, staging) for job in jobs}
-        manifest = {
-            "artifact": RESULTS_KIND,
-            "schema_version": SCHEMA_VERSION,
-            "model": identity,
-            "baseline": None if baseline is None else {"results": str(baseline.path.resolve()), "model": baseline.manifest["model"]},
-            "config": cfg.model_dump(mode="json"),
-            "sets": entries,
-            "model_load_seconds": load_seconds,
-            "files": file_hashes(staging),
-            "provenance": provenance(stopwatch),
-        }
-        write_json(staging / MANIFEST, manifest)
-    return EvaluationResults(out, manifest)
+    return Evaluator(model, allow_pickle=cfg.allow_pickle, home=home).run(cfg, out, baseline_results, overwrite)
 
 
 def _publish(job: _SetJob, staging: Path) -> dict[str, Any]:
@@ -288,17 +320,16 @@ def _baseline_topk_sha256(baseline: EvaluationResults, golden: GoldenSet, settin
 
 def _compute(
     cfg: EvaluateConfig,
-    model_dir: Path,
+    loaded: _LoadedModel,
     jobs: list[_SetJob],
     *,
     identity: dict[str, Any],
     baseline: EvaluationResults | None,
     root: Path,
-    device: str,
 ) -> float:
-    """Load the model once, evaluate every set not in the cache, store each result in the cache;
-    returns the seconds the model took to load (kept out of every set's own timing)."""
-    loaded = _LoadedModel(model_dir, device, compute_dtype_name(device, identity["storage_dtype"]))
+    """Evaluate every set not in the cache (the model loaded once, on first use), store each
+    result in the cache; returns the seconds the model took to load (kept out of every set's own
+    timing; 0 when it was loaded already)."""
     loading = Stopwatch()
     if cfg.backend is EvalBackend.hf or any(job.golden.kind is Kind.text for job in jobs):
         loaded.transformers()
@@ -391,7 +422,8 @@ def _run_text(cfg: EvaluateConfig, loaded: _LoadedModel, job: _SetJob, items: li
         model, tokenizer, items, max_tokens=max_tokens, top_k=cfg.top_k, exact_positions=cfg.exact_positions,
         batch_size=cfg.batch_size, baseline=side, advance=advance,
     )
-    return {"metrics": run.metrics, "details": run.details, "items": run.items, "tensors": run.tensors, "lm_eval": None}
+    return {"metrics": run.metrics, "details": run.details, "items": run.items, "tensors": run.tensors,
+            "token_values": getattr(run, "token_values", None) or {}, "lm_eval": None}
 
 
 def _load_baseline_side(baseline: EvaluationResults, spec: str, sha256: str) -> BaselineSide:
@@ -452,6 +484,13 @@ def _write_entry(
         from safetensors.torch import save_file
 
         save_file(result["tensors"], staging / TOPK_FILE, metadata={"evalset": golden.spec, "top_k": str(cfg.top_k)})
+    if result.get("token_values"):
+        from safetensors.torch import save_file
+
+        # per scored position, in item order: the candidate's KL and top-token probability change
+        # against the baseline (docs/evaluate.md, tokens.safetensors); the tails are gated from it
+        save_file({name: values.float().contiguous() for name, values in result["token_values"].items()},
+                  staging / TOKENS_FILE, metadata={"evalset": golden.spec})
     write_json(
         staging / RECORD_FILE,
         {

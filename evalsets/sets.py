@@ -92,6 +92,19 @@ SCORING: dict[Kind, dict[str, Any]] = {
     },
 }
 
+# Metrics a kind reports beyond SCORING's, computed from values it keeps anyway (a text set's
+# per-token KL and Δp, docs/evaluate.md): gateable like those, but outside the manifests, since
+# SCORING is part of every set's sha256 (set_sha256) and adding to it would change the identity
+# of wiki-text@v1 (pinned in PINNED) and of every user text set without changing a number.
+DERIVED_METRICS: dict[Kind, list[str]] = {
+    Kind.text: ["kl_median", "kl_p90", "kl_p99", "kl_p999", "kl_max", "top_prob_change_mean", "top_prob_change_p01"],
+}
+
+
+def scored_metrics(kind: Kind) -> list[str]:
+    """Every metric a set of this kind reports: SCORING's, then DERIVED_METRICS'."""
+    return [*SCORING[kind]["metrics"], *DERIVED_METRICS.get(kind, [])]
+
 
 @dataclass(frozen=True)
 class GoldenSet:

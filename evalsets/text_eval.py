@@ -1,6 +1,7 @@
 """Text sets, scored directly with transformers: per-item negative log-likelihood, tokens and
 UTF-8 bytes (perplexity, bits per byte), this model's top-k cache (so it can serve as a
-baseline), and, given a baseline's cache, KL divergence and top-1 agreement per position.
+baseline), and, given a baseline's cache, KL divergence, top-1 agreement and the change in the
+probability of the baseline's top token per position (kept per position, for their tails).
 
 Why not lm-eval here: its loglikelihood_rolling returns one number per document, while the
 agreement metrics need the whole next-token distribution at every position; one forward pass
@@ -48,6 +49,10 @@ class TextRun:
     metrics: dict[str, float]
     details: dict[str, Any]
     tensors: dict[str, Any] = field(default_factory=dict)  # this model's cache, for topk.safetensors
+    # with a baseline, per scored position (the order of token_ids; item spans by item_tokens):
+    # "kl": KL(baseline || this), "top_prob_change": q(t) - p(t) for the baseline's top token t;
+    # float32 [positions] each. Empty without a baseline.
+    token_values: dict[str, Any] = field(default_factory=dict)
 
 
 def encode(tokenizer: Any, texts: list[str], max_tokens: int) -> list[tuple[list[int], int, bool]]:
@@ -176,6 +181,9 @@ def evaluate_text(
     nll = [0.0] * len(items)
     kl_sum = [0.0] * len(items)
     top1 = [0] * len(items)
+    change_sum = [0.0] * len(items)
+    kl_tokens = torch.zeros(total, dtype=torch.float32)
+    change_tokens = torch.zeros(total, dtype=torch.float32)
     checks: dict[str, list[float]] = {"exact": [], "estimate": [], "bound": []}
 
     # Longest first, fixed chunks: deterministic batches, so the same model gives the same bits.
@@ -217,6 +225,9 @@ def evaluate_text(
                         kl = _compare(baseline, span, logprobs, checks)
                         kl_sum[index] = float(kl.sum())
                         top1[index] = int(agreement.top1_matches(baseline.topk_ids[span], ids).sum())
+                        change = agreement.top_prob_change(baseline.topk_ids[span], baseline.topk_logprobs[span], logprobs)
+                        change_sum[index] = float(change.sum())
+                        kl_tokens[span], change_tokens[span] = kl.float(), change.float()
                 advance(len(chunk))
     finally:
         capture.close()
@@ -232,7 +243,7 @@ def evaluate_text(
             "nll": nll[index],
         }
         if baseline is not None:
-            record.update(kl_sum=kl_sum[index], top1_matches=top1[index])
+            record.update(kl_sum=kl_sum[index], top1_matches=top1[index], top_prob_change_sum=change_sum[index])
         records.append(record)
     total_nll = sum(nll)
     total_bytes = sum(record["bytes"] for record in records)
@@ -254,10 +265,15 @@ def evaluate_text(
             "tolerance": HEAD_TOLERANCE,
         },
     }
+    token_values: dict[str, Any] = {}
     if baseline is not None:
+        token_values = {"kl": kl_tokens, "top_prob_change": change_tokens}
         metrics.update(
             kl_divergence=sum(kl_sum) / total,
             top1_agreement=sum(top1) / total,
+            top_prob_change_mean=sum(change_sum) / total,
+            # from the float32 values that are stored, so a gate's point estimate is the same number
+            **agreement.token_quantiles({key: values.numpy() for key, values in token_values.items()}),
             baseline_residual_mass_mean=float(baseline.topk_residual.mean()),
         )
         details.update(
@@ -282,7 +298,7 @@ def evaluate_text(
         positions = sorted(full_rows)
         tensors.update(exact_positions=torch.tensor(positions, dtype=torch.int64),
                        exact_logprobs=torch.stack([full_rows[position] for position in positions]))
-    return TextRun(records, metrics, details, tensors)
+    return TextRun(records, metrics, details, tensors, token_values)
 
 
 def _compact(weight: Any) -> Any:

@@ -7,8 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
+from typing import Any
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from quantgate.core.artifacts import read_yaml, sha256_file
 from quantgate.core.errors import InputError, did_you_mean
@@ -33,6 +34,8 @@ class MetricGate(Strict):
     undecided_margin_points: float | None = Field(default=None, ge=0)
     undecided_margin_percent: float | None = Field(default=None, ge=0)
     undecided_margin: float | None = Field(default=None, ge=0)
+    # no verdict (pass or fail) on fewer items than this; default: the policy's sequential.min_items
+    min_items: int | None = Field(default=None, gt=0)
 
     @model_validator(mode="after")
     def _one_bound(self) -> MetricGate:
@@ -67,6 +70,37 @@ class Statistics(Strict):
     insufficient_evidence: str = Field(default="block", pattern="^block$")  # fail closed, always
 
 
+class Sequential(Strict):
+    """When to look at the evidence: after the first N items of each set's seeded order, for each
+    N in `looks` below the set's ceiling (the plan's limit, or the whole set), and at the ceiling.
+    With no looks, a set is evaluated to its ceiling and judged once (a fixed-size test)."""
+
+    looks: tuple[int, ...] = ()
+    looks_by_set: dict[str, tuple[int, ...]] = Field(default_factory=dict, description="per golden set (NAME): beats `looks`")
+    # the confidence is split evenly over a set's planned looks (docs/gates.md, "Sequential evaluation")
+    error_control: str = Field(default="bonferroni", pattern="^bonferroni$")
+    min_items: int = Field(default=1, gt=0, description="no gate is decided on fewer items")
+
+    @field_validator("looks")
+    @classmethod
+    def _increasing(cls, value: tuple[int, ...]) -> tuple[int, ...]:
+        return _increasing_looks(value)
+
+    @field_validator("looks_by_set")
+    @classmethod
+    def _each_increasing(cls, value: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
+        return {name: _increasing_looks(looks) for name, looks in value.items()}
+
+    def looks_for(self, name: str) -> tuple[int, ...]:
+        return self.looks_by_set.get(name, self.looks)
+
+
+def _increasing_looks(value: tuple[int, ...]) -> tuple[int, ...]:
+    if any(n <= 0 for n in value) or list(value) != sorted(set(value)):
+        raise ValueError(f"looks must be positive item counts in increasing order, got {list(value)}")
+    return value
+
+
 class SizeGate(Strict):
     max_bits_per_weight_excess: float = Field(default=0.01, ge=0)
     forbid_unexplained_bytes: bool = True
@@ -82,6 +116,7 @@ class Policy(Strict):
     version: str = Field(pattern=r"^v\d+$")
     description: str = ""
     statistics: Statistics = Statistics()
+    sequential: Sequential = Sequential()
     metrics: dict[str, dict[str, MetricGate]]
     size: SizeGate = SizeGate()
     integrity: IntegrityGate = IntegrityGate()
@@ -92,10 +127,45 @@ class LoadedPolicy:
     policy: Policy
     path: Path
     sha256: str
+    # a policy narrowed to some of its golden sets (the plan's `narrow_policy`, `gate --narrow-policy`):
+    # the sets it still gates and those it no longer does; None when whole
+    narrowed_to: tuple[str, ...] | None = None
+    dropped: tuple[str, ...] = ()
 
     @property
-    def identity(self) -> dict[str, str]:
-        return {"name": self.policy.name, "version": self.policy.version, "sha256": self.sha256}
+    def identity(self) -> dict[str, Any]:
+        identity: dict[str, Any] = {"name": self.policy.name, "version": self.policy.version, "sha256": self.sha256}
+        if self.narrowed_to is not None:
+            identity.update(narrowed_to=list(self.narrowed_to), dropped=list(self.dropped))
+        return identity
+
+    @property
+    def label(self) -> str:
+        """'small-model@v2', or 'small-model@v2 narrowed to arc-easy, wiki-text'."""
+        name = f"{self.policy.name}@{self.policy.version}"
+        return name if self.narrowed_to is None else f"{name} narrowed to {', '.join(self.narrowed_to)}"
+
+    def narrowed(self, keep: list[str]) -> LoadedPolicy:
+        """This policy gating only the sets in `keep` (NAME or NAME@vN, each one it gates);
+        the verdicts and the ledger record it as narrowed, with what was dropped."""
+        gated = list(self.policy.metrics)
+        unknown = [name for name in keep if not any(_matches(name, key) for key in gated)]
+        if unknown:
+            raise InputError(f"cannot narrow policy {self.policy.name}@{self.policy.version} to {', '.join(unknown)}: "
+                             f"it gates {', '.join(gated)}")
+        metrics = {key: gates for key, gates in self.policy.metrics.items() if any(_matches(name, key) for name in keep)}
+        dropped = tuple(key for key in gated if key not in metrics)
+        return LoadedPolicy(self.policy.model_copy(update={"metrics": metrics}), self.path, self.sha256,
+                            narrowed_to=tuple(metrics), dropped=dropped)
+
+
+def _matches(name: str, key: str) -> bool:
+    """Whether a set named in a plan (NAME or NAME@vN) is the set a policy key names."""
+    try:
+        wanted, gated = SetRef.parse(name), SetRef.parse(key)
+    except InputError:
+        return name == key
+    return wanted.name == gated.name and (gated.version is None or wanted.version in (None, gated.version))
 
 
 def resolve_policy(spec: str | Path) -> Path:
@@ -148,6 +218,7 @@ class Outcome(str, Enum):
     passed = "pass"
     failed = "fail"
     insufficient = "insufficient evidence"
+    not_evaluated = "not evaluated"  # fail fast: another gate blocked the candidate first
 
 
 def decide(estimate: float, low: float, high: float, *, limit: float, margin: float, higher_is_better: bool) -> Outcome:

@@ -1,23 +1,39 @@
 """The size-vs-accuracy report: one row per format (and the baseline), written as
-report.json (the data, schema_version 1), report.md and a self-contained report.html with an
-inline SVG plot (no scripts, no network), the Pareto front drawn."""
+report.json (the data, schema_version 1), report.md and a self-contained report.html (inline
+SVG, no scripts, no network).
+
+The page reads top down: a summary (what is recommended, one sentence per blocked format naming
+the gates that blocked it), a compact table that fits a 1280-pixel window, the size-vs-metric
+plot with its Pareto front, then one section per candidate with a forest plot of its metric
+gates and a table of every gate's numbers and reason."""
 
 from __future__ import annotations
 
 import html
 import json
+import math
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import evalsets
 from quantgate.core.artifacts import MANIFEST, atomic_directory, read_json
 from quantgate.core.errors import InputError
-from quantgate.core.ids import GateId
-from quantgate.core.metrics import metric as metric_facts
+from quantgate.core.ids import GateId, SetRef
+from quantgate.core.metrics import METRICS
 from quantgate.core.rundir import BASELINE, RUN_KIND, RunDir
 from quantgate.core.stagecache import stored_value
 
 SCHEMA_VERSION = 1
+
+# A gate's outcome as a verdict record writes it (gates.policy.Outcome's values: the report
+# renders stored records, so it reads the strings rather than the policy module).
+PASS, FAIL, INSUFFICIENT, NOT_EVALUATED = "pass", "fail", "insufficient evidence", "not evaluated"
+BLOCKING = (FAIL, INSUFFICIENT)  # the outcomes that decided a block (not evaluated only follows one)
+COLOURS = {PASS: "#1a7f37", FAIL: "#cf222e", INSUFFICIENT: "#bf8700", NOT_EVALUATED: "#8c959f"}
+
+# Which way the size and integrity checks are better (metric gates read it from the metrics table).
+_EXACT_HIGHER_IS_BETTER = {"bits_per_weight": False, "unexplained_bytes": False, "finite_logits": True,
+                           "loads": True, "calibration_overlap": False}
 
 
 def recommendation(rows: list[dict[str, Any]], profile: str) -> str | None:
@@ -47,61 +63,363 @@ def _number(value: Any, digits: int = 3) -> str:
     return f"{value:,}" if isinstance(value, int) else str(value)
 
 
-def _metric_cell(entry: dict[str, Any] | None) -> str:
-    if not entry:
+# ---- a gate's numbers -------------------------------------------------------------------------
+
+def _finite(value: object) -> TypeGuard[float]:
+    return isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def _amount(value: float | None, unit: str, signed: bool = True, limit: bool = False) -> str:
+    """A gate's number in its unit: changes (points, percent) signed to two decimals, bytes whole,
+    bits to four decimals, a bare value (KL, an agreement, a share) to three significant digits
+    kept (0.100, so an interval's ends line up), a bare limit as the policy wrote it (0.15)."""
+    if value is None:
         return "–"
-    text = _number(entry.get("value"), 4)
-    if entry.get("difference") is not None:
-        unit = entry.get("unit", "")
-        suffix = " pts" if unit == "points" else unit
-        text += f" ({entry['difference']:+.2f}{suffix} [{entry['low']:+.2f}, {entry['high']:+.2f}])"
-    elif entry.get("low") is not None and entry.get("high") is not None:
-        text += f" [{entry['low']:.4f}, {entry['high']:.4f}]"
+    if not math.isfinite(value):
+        return str(value)
+    if unit in ("points", "%"):
+        return f"{value:+.2f}" if signed else f"{value:.2f}"
+    if unit == "bytes":
+        return f"{value:,.0f}"
+    if unit == "bits":
+        return f"{value:+.4f}" if signed else f"{value:.4f}"
+    if abs(value) >= 100:
+        return f"{value:,.1f}"
+    return f"{value:g}" if limit else f"{value:#.3g}"
+
+
+def _suffix(unit: str, short: bool = False) -> str:
+    if unit == "points":
+        return " pts" if short else " points"
+    return unit if unit in ("%", "") else f" {unit}"
+
+
+def _gates(row: dict[str, Any]) -> list[dict[str, Any]]:
+    return list(row.get("gates") or [])
+
+
+def _gate_id(gate: dict[str, Any]) -> GateId | None:
+    try:
+        return GateId.parse(gate["gate"])
+    except (InputError, KeyError):
+        return None
+
+
+def _on_golden_set(gate: dict[str, Any]) -> bool:
+    gate_id = _gate_id(gate)
+    return gate_id is not None and gate_id.on_golden_set
+
+
+def _label(gate: dict[str, Any]) -> str:
+    """'wiki-text kl_divergence': the set without its version, as the gates' reasons name it."""
+    gate_id = _gate_id(gate)
+    if gate_id is None:
+        return str(gate.get("gate", "?"))
+    try:
+        scope = SetRef.parse(gate_id.scope).name if gate_id.on_golden_set else gate_id.scope
+    except InputError:
+        scope = gate_id.scope
+    return f"{scope} {gate_id.check}"
+
+
+def _higher_is_better(gate: dict[str, Any]) -> bool:
+    """Which way a gate's number is better: the metrics table for metric gates, a fixed table for
+    size and integrity checks; for a gate this version does not know, what its outcome implies
+    (a pass above its limit means higher is better), else lower (a divergence, a change)."""
+    gate_id = _gate_id(gate)
+    if gate_id is not None:
+        known = METRICS.get(gate_id.check) if gate_id.on_golden_set else None
+        if known is not None:
+            return known.higher_is_better
+        if not gate_id.on_golden_set and gate_id.check in _EXACT_HIGHER_IS_BETTER:
+            return _EXACT_HIGHER_IS_BETTER[gate_id.check]
+    estimate, limit, outcome = gate.get("estimate"), gate.get("limit"), gate.get("outcome")
+    if _finite(estimate) and _finite(limit) and estimate != limit and outcome in (PASS, FAIL):
+        return (estimate > limit) == (outcome == PASS)
+    return False
+
+
+def _limit_text(gate: dict[str, Any], short: bool = True) -> str:
+    relation = "≥" if _higher_is_better(gate) else "≤"
+    unit = gate.get("unit", "")
+    return f"{relation} {_amount(gate.get('limit'), unit, limit=True)}{_suffix(unit, short)}"
+
+
+def _exact(gate: dict[str, Any]) -> bool:
+    """A size or integrity check: one exact number, no interval."""
+    return gate.get("decided_by") == "exact" or not _on_golden_set(gate)
+
+
+def _interval_text(gate: dict[str, Any]) -> str:
+    if _exact(gate) or gate.get("low") is None or gate.get("high") is None:
+        return "–"
+    unit = gate.get("unit", "")
+    return f"[{_amount(gate['low'], unit)}, {_amount(gate['high'], unit)}]"
+
+
+def _estimate_text(gate: dict[str, Any], short: bool = True) -> str:
+    if gate.get("estimate") is None:
+        return "–"
+    unit = gate.get("unit", "")
+    return f"{_amount(gate['estimate'], unit)}{_suffix(unit, short)}"
+
+
+def _look_text(gate: dict[str, Any]) -> str:
+    look, looks = gate.get("look"), gate.get("looks")
+    text = f"{look} of {looks}" if look is not None and looks is not None else "–"
+    decided_by = gate.get("decided_by")
+    return f"{text}, by {decided_by}" if decided_by in ("interval", "ceiling") else text
+
+
+def _confidence_text(value: float | None) -> str:
+    return "–" if value is None else f"{100 * value:.3g}%"
+
+
+def _spread_text(gate: dict[str, Any], key: str) -> str:
+    value = gate.get(key)
+    if value is None:
+        return "–"
+    unit = gate.get("unit", "")
+    return f"{_amount(value, unit, signed=False)}{_suffix(unit, short=True)}"
+
+
+def _counts(row: dict[str, Any]) -> tuple[int, int, int]:
+    """(gates in all, gates that blocked: failed or insufficient evidence, gates not evaluated)."""
+    gates = _gates(row)
+    return (len(gates), sum(gate.get("outcome") in BLOCKING for gate in gates),
+            sum(gate.get("outcome") == NOT_EVALUATED for gate in gates))
+
+
+def items_evaluated(row: dict[str, Any]) -> int | None:
+    """Items a candidate was evaluated on, over its golden sets: each set's gates were judged on
+    the same items, so a set counts once, at the most items any of its gates saw."""
+    per_set: dict[str, int] = {}
+    for gate in _gates(row):
+        gate_id = _gate_id(gate)
+        if gate_id is not None and gate_id.on_golden_set and gate.get("items") is not None:
+            per_set[gate_id.scope] = max(per_set.get(gate_id.scope, 0), int(gate["items"]))
+    return sum(per_set.values()) if per_set else None
+
+
+def _verdict_note(row: dict[str, Any]) -> str:
+    """'blocked by 2 of 9 gates, 4 not evaluated' / 'all 9 gates passed'."""
+    total, blocking, skipped = _counts(row)
+    if row["verdict"] == "baseline":
+        return ""
+    if not total:
+        reasons = len(row.get("reasons") or [])
+        return f"{reasons} reason{'s' if reasons != 1 else ''}" if reasons else ""
+    if row["verdict"] == "approved":
+        return f"all {total} gates passed" if blocking + skipped == 0 else f"{total - blocking - skipped} of {total} gates passed"
+    note = f"{blocking} of {total} gates failed"
+    return note + (f", {skipped} not evaluated" if skipped else "")
+
+
+# ---- the summary ------------------------------------------------------------------------------
+
+def _decided(gate: dict[str, Any]) -> str:
+    """', decided after 25 items (look 1 of 3)': how much evidence settled a metric gate."""
+    if _exact(gate) or gate.get("items") is None:
+        return ""
+    text = f", decided after {gate['items']} items"
+    if (gate.get("looks") or 1) > 1 and gate.get("look") is not None:
+        text += f" (look {gate['look']} of {gate['looks']})"
     return text
 
 
+def _gate_phrase(gate: dict[str, Any]) -> str:
+    """One blocking gate in a sentence: its numbers against its limit (without `_decided`)."""
+    estimate, outcome = gate.get("estimate"), gate.get("outcome")
+    if _exact(gate) or not _finite(estimate):
+        return str(gate.get("reason") or f"{_label(gate)} {outcome}")
+    unit = gate.get("unit", "")
+    observed = f"{_label(gate)} {_amount(estimate, unit)}{_suffix(unit)} {_interval_text(gate)}"
+    limit = _amount(gate.get("limit"), unit, limit=True) + _suffix(unit)
+    if outcome == FAIL:
+        return f"{observed} {'below' if _higher_is_better(gate) else 'above'} {limit}"
+    return f"{observed}, insufficient evidence against the limit {limit}"
+
+
+def _join(phrases: list[str]) -> str:
+    # the phrases hold commas of their own, so semicolons separate them
+    return phrases[0] if len(phrases) == 1 else "; ".join(phrases[:-1]) + "; and " + phrases[-1]
+
+
+def blocked_sentence(row: dict[str, Any]) -> str:
+    """Why a blocked format is blocked, in one sentence naming the gates that decided it."""
+    gates = _gates(row)
+    if not gates:  # a verdict record from before gates were recorded one by one
+        reasons = row.get("reasons") or []
+        return f"{row['format']} is blocked" + (f": {'; '.join(reasons)}." if reasons else ".")
+    blocking = [gate for gate in gates if gate.get("outcome") in BLOCKING]
+    skipped = [gate for gate in gates if gate.get("outcome") == NOT_EVALUATED]
+    if not blocking:
+        return (f"{row['format']} is blocked: {len(skipped)} gate{'s were' if len(skipped) != 1 else ' was'} "
+                f"not evaluated ({', '.join(_label(gate) for gate in skipped)}).")
+    decided = {_decided(gate) for gate in blocking}
+    if len(decided) == 1:  # one look settled them all (the usual case): say how once
+        joined = _join([_gate_phrase(gate) for gate in blocking]) + decided.pop()
+    else:
+        joined = _join([_gate_phrase(gate) + _decided(gate) for gate in blocking])
+    tail = f"; {len(skipped)} more gate{'s were' if len(skipped) != 1 else ' was'} not evaluated after that" if skipped else ""
+    return f"{row['format']} is blocked by {joined}{tail}."
+
+
+def recommendation_sentences(report: dict[str, Any]) -> list[str]:
+    """Per hardware profile, the recommended format and why, one sentence each."""
+    rows = {row["format"]: row for row in report["rows"]}
+    sentences = []
+    for profile, choice in report["recommendation"].items():
+        if choice is None:
+            sentences.append(f"On {profile}: no format is approved, so none is recommended.")
+            continue
+        row = rows[choice]
+        bound = row.get("bounds", {}).get(profile, {})
+        ratio = row.get("ratio_to_baseline")
+        size = f", {ratio:.2f}x the baseline's bytes" if ratio is not None else ""
+        sentences.append(f"On {profile}: {choice}, the approved format with the lowest batch-1 decode bound "
+                         f"({bound.get('batch1_ms', float('nan')):.3f} ms a step, a lower bound{size}).")
+    return sentences
+
+
+def approved_sentence(report: dict[str, Any]) -> str:
+    approved = [row["format"] for row in report["rows"] if row["verdict"] == "approved"]
+    candidates = [row for row in report["rows"] if row["verdict"] != "baseline"]
+    if not approved:
+        return f"No format is approved: all {len(candidates)} are blocked."
+    listed = approved[0] if len(approved) == 1 else ", ".join(approved[:-1]) + " and " + approved[-1]
+    return f"Approved, every gate passed: {listed} ({len(approved)} of {len(candidates)} formats)."
+
+
+# ---- the main table ---------------------------------------------------------------------------
+
 def table(report: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """The compact table: one row per format, few columns (the gates' numbers are in each
+    candidate's section), so that it fits a 1280-pixel window."""
     profiles = [profile["name"] for profile in report["hardware"]]
-    metrics = report["metric_columns"]
-    header = ["format", "bytes", "bits/weight (layers)", "bits/param (model)", "x baseline"]
-    header += [f"{p} b1 / b32 ms (lower bound)" for p in profiles] + metrics + ["KL", "verdict", "reasons"]
+    header = ["format", "MB", "x baseline", "bits/weight"] + [f"{p} b1 ms" for p in profiles] + ["KL", "verdict", "items"]
+    baseline_items = sum(entry["items"] for entry in report.get("evalsets") or []) or None
     rows = []
     for row in report["rows"]:
-        cells = [row["format"], _number(row["bytes"]), _number(row.get("bits_per_weight_layers")),
-                 _number(row.get("bits_per_parameter")), _number(row.get("ratio_to_baseline"))]
+        bits = row.get("bits_per_weight_layers")
+        if bits is None:
+            bits = row.get("bits_per_parameter")  # the baseline: no quantized layers, its dtype's bits
+        cells = [row["format"], _number(None if row.get("bytes") is None else row["bytes"] / 1e6, 1),
+                 _number(row.get("ratio_to_baseline"), 2), _number(bits, 2)]
         for profile in profiles:
             bound = row.get("bounds", {}).get(profile)
-            cells.append(f"{bound['batch1_ms']:.3f} / {bound['batch32_ms']:.3f}" if bound else "–")
-        cells += [_metric_cell(row.get("metrics", {}).get(metric)) for metric in metrics]
-        cells += [_number(row.get("kl_divergence"), 4), row["verdict"], "; ".join(row.get("reasons", [])) or "–"]
+            cells.append(f"{bound['batch1_ms']:.3f}" if bound else "–")
+        items = baseline_items if row["verdict"] == "baseline" else items_evaluated(row)
+        cells += [_number(row.get("kl_divergence"), 4), row["verdict"], _number(items)]
         rows.append(cells)
     return header, rows
 
 
-def markdown(report: dict[str, Any]) -> str:
-    header, rows = table(report)
-    lines = [f"# quantgate report: {report['model']}", "",
-             f"Policy {report['policy']['name']}@{report['policy']['version']} (sha256 {report['policy']['sha256'][:12]}). "
-             "Decode times are lower bounds from peak bandwidth and FLOP/s, not measurements.", "",
-             "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows]
-    lines += ["", "## Recommendation", "",
-              "The approved format with the lowest batch-1 decode bound on each hardware profile:", ""]
-    for profile, choice in report["recommendation"].items():
-        lines.append(f"- {profile}: {choice or 'none (no format approved)'}")
-    lines += ["", "## What was measured", ""] + [f"- {line}" for line in context_lines(report)]
-    return "\n".join(lines) + "\n"
+# ---- a candidate's details --------------------------------------------------------------------
+
+GATE_HEADER = ["gate", "outcome", "estimate", "interval", "limit", "items", "look", "confidence",
+               "± half-width", "detectable", "reason"]
+
+
+def gate_cells(gate: dict[str, Any]) -> list[str]:
+    """One row of a candidate's gate table (GATE_HEADER)."""
+    return [str(gate.get("gate", "?")), str(gate.get("outcome", "?")), _estimate_text(gate), _interval_text(gate),
+            _limit_text(gate), _number(gate.get("items")), _look_text(gate), _confidence_text(gate.get("confidence")),
+            _spread_text(gate, "half_width"), _spread_text(gate, "detectable"), str(gate.get("reason", ""))]
+
+
+def facts_sentence(row: dict[str, Any], profiles: list[str]) -> str:
+    """A format's size and decode bounds (batch 1 and 32) in one sentence."""
+    parts = []
+    if row.get("bytes") is not None:
+        ratio = row.get("ratio_to_baseline")
+        relative = ratio is not None and row["verdict"] != "baseline"
+        parts.append(f"{row['bytes'] / 1e6:.1f} MB" + (f" ({ratio:.2f}x the baseline)" if relative else ""))
+    if row.get("bits_per_weight_layers") is not None:
+        parts.append(f"{row['bits_per_weight_layers']:.2f} bits per weight in the quantized layers")
+    if row.get("bits_per_parameter") is not None:
+        parts.append(f"{row['bits_per_parameter']:.2f} bits per parameter over the whole model")
+    bounds = [f"{p} {row['bounds'][p]['batch1_ms']:.3f} / {row['bounds'][p]['batch32_ms']:.3f} ms"
+              for p in profiles if p in row.get("bounds", {})]
+    text = "; ".join(parts) if parts else "not measured"
+    if bounds:
+        text += f". Decode-step lower bounds at batch 1 / 32: {', '.join(bounds)}"
+    return text + "."
+
+
+def forest_svg(row: dict[str, Any]) -> str:
+    """Every metric gate of a candidate as one row: the interval as a line, the estimate as a
+    dot, the limit as a mark, coloured by outcome. The gates are in different units (points,
+    percent, nats, a share), so each row has its own scale: the limit sits at the same x in
+    every row, each row is stretched to its own farthest number, and each row is turned so that
+    the worse side is to the right. The numbers themselves are printed beside the row."""
+    gates = [gate for gate in _gates(row) if _on_golden_set(gate)]
+    label_w, plot_w, row_h, top = 210, 300, 26, 34
+    centre, half = label_w + plot_w / 2, plot_w / 2 - 12
+    text_x = label_w + plot_w + 18
+    columns = (text_x, text_x + 190, text_x + 285)  # estimate [interval], limit, outcome
+    width = columns[2] + 150  # room for "insufficient evidence" in bold: 968 px, inside a 1280-px window
+    height = top + max(1, len(gates)) * row_h + 8
+    name = html.escape(row["format"])
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" class="forest" width="{width}" height="{height}" '
+             f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="12" role="img" '
+             f'aria-label="forest plot of the metric gates of {name}">',
+             # the worse half of the plot area, tinted, so the side a row leans to reads at a glance
+             f'<rect x="{centre:.1f}" y="{top - 6}" width="{plot_w / 2:.1f}" height="{height - top:.1f}" fill="#cf222e" fill-opacity="0.05"/>',
+             f'<text x="{centre - 20:.1f}" y="22" text-anchor="end" fill="#59636e">← better</text>',
+             f'<text x="{centre:.1f}" y="22" text-anchor="middle" fill="#59636e">limit</text>',
+             f'<text x="{centre + 20:.1f}" y="22" fill="#59636e">worse →</text>',
+             '<text x="8" y="22" font-weight="bold">gate</text>']
+    for x, title in zip(columns, ("estimate [interval]", "limit", "outcome"), strict=True):
+        parts.append(f'<text x="{x}" y="22" font-weight="bold">{title}</text>')
+    if not gates:
+        parts.append(f'<text x="8" y="{top + 17}" fill="#59636e">no metric gate was evaluated</text>')
+    for index, gate in enumerate(gates):
+        y = top + index * row_h + row_h / 2
+        outcome = str(gate.get("outcome", ""))
+        colour = COLOURS.get(outcome, COLOURS[NOT_EVALUATED])
+        parts.append(f'<g class="gate {html.escape(outcome.replace(" ", "-"))}"><title>{html.escape(str(gate.get("reason", "")))}</title>')
+        if index % 2:
+            parts.append(f'<rect x="0" y="{y - row_h / 2:.1f}" width="{width}" height="{row_h}" fill="#f6f8fa" fill-opacity="0.7"/>')
+        label = _label(gate)
+        label = label if len(label) <= 32 else label[:31] + "…"
+        parts.append(f'<text x="8" y="{y + 4:.1f}">{html.escape(label)}</text>')
+        parts.append(f'<line x1="{centre:.1f}" y1="{y - 10:.1f}" x2="{centre:.1f}" y2="{y + 10:.1f}" stroke="#424a53" stroke-width="2"/>')
+        limit, sign = gate.get("limit"), (-1.0 if _higher_is_better(gate) else 1.0)
+        # how far past the limit, on the worse side (positive) or the better side (negative)
+        ends = {key: sign * (gate[key] - limit) for key in ("low", "estimate", "high")
+                if _finite(gate.get(key)) and _finite(limit)}
+        # the row's own scale: its farthest number from the limit reaches the plot's edge
+        scale = half / max((abs(value) for value in ends.values()), default=0.0) if any(ends.values()) else 0.0
+
+        def x_of(distance: float, scale: float = scale) -> float:
+            return centre + distance * scale
+
+        if outcome != NOT_EVALUATED and "low" in ends and "high" in ends:
+            x1, x2 = sorted((x_of(ends["low"]), x_of(ends["high"])))
+            parts.append(f'<line class="interval" x1="{x1:.1f}" y1="{y:.1f}" x2="{x2:.1f}" y2="{y:.1f}" stroke="{colour}" stroke-width="3"/>')
+            for end in (x1, x2):
+                parts.append(f'<line x1="{end:.1f}" y1="{y - 5:.1f}" x2="{end:.1f}" y2="{y + 5:.1f}" stroke="{colour}" stroke-width="2"/>')
+        if outcome != NOT_EVALUATED and "estimate" in ends:
+            parts.append(f'<circle class="estimate" cx="{x_of(ends["estimate"]):.1f}" cy="{y:.1f}" r="5.5" fill="{colour}" stroke="#ffffff"/>')
+        numbers = "–" if outcome == NOT_EVALUATED else f"{_estimate_text(gate)} {_interval_text(gate)}".replace(" –", "")
+        parts.append(f'<text x="{columns[0]}" y="{y + 4:.1f}">{html.escape(numbers)}</text>'
+                     f'<text x="{columns[1]}" y="{y + 4:.1f}">{html.escape(_limit_text(gate))}</text>'
+                     f'<text x="{columns[2]}" y="{y + 4:.1f}" fill="{colour}" font-weight="bold">{html.escape(outcome)}</text></g>')
+    parts.append("</svg>")
+    return "".join(parts)
 
 
 def context_lines(report: dict[str, Any]) -> list[str]:
     """The sizes behind the numbers: how many items each golden set contributed, the
-    confidence level, the calibration set, the bounds' assumptions."""
+    confidence level, the calibration set, the bounds' assumptions, the baseline's own numbers."""
     lines = []
     if report.get("evalsets"):
         sets = ", ".join(f"{entry['spec']} {entry['items']} items" + (f" (first {entry['limit']} of {entry['size']})" if entry.get("limit") else "")
                          for entry in report["evalsets"])
         lines.append(f"Golden sets: {sets}. Differences are candidate minus baseline, item by item, with "
-                     f"{report.get('confidence', 0.95):.0%} paired-bootstrap intervals.")
+                     f"{report.get('confidence', 0.95):.0%} paired-bootstrap intervals (a set looked at more than once "
+                     "has each look's interval at a higher confidence; each gate's is in its candidate's table).")
     if report.get("calibration"):
         calibration = report["calibration"]
         lines.append(f"Calibration set: {calibration['samples']} x {calibration['seq_len']} tokens from {calibration['source']} "
@@ -110,17 +428,75 @@ def context_lines(report: dict[str, Any]) -> list[str]:
         inputs = report["bounds_inputs"]
         lines.append(f"Decode bounds: batch 1 and 32, {inputs['context_tokens']} context tokens a sequence, "
                      f"{inputs['kv_bytes_per_element']:g}-byte KV cache, peak bandwidth and FLOP/s of each profile.")
+    baseline = next((row for row in report["rows"] if row["verdict"] == "baseline"), None)
+    if baseline is not None:
+        values = [f"{column} {entry['value']:.4f}" for column, entry in (baseline.get("metrics") or {}).items()
+                  if _finite(entry.get("value"))]
+        profiles = [profile["name"] for profile in report["hardware"]]
+        lines.append(f"Baseline: {facts_sentence(baseline, profiles)}" + (f" Its values: {', '.join(values)}." if values else ""))
     return lines
 
 
-def _higher_is_better(column: str) -> bool:
-    """Which way the plot's metric column ('SET METRIC') is better, from the metrics table."""
-    return metric_facts(GateId.parse(column).check).higher_is_better
+def _not_evaluated(row: dict[str, Any]) -> list[str]:
+    return [f"{spec}: {why}" for spec, why in (row.get("not_evaluated") or {}).items()]
+
+
+# ---- Markdown ---------------------------------------------------------------------------------
+
+def _md_row(cells: list[str]) -> str:
+    return "| " + " | ".join(cell.replace("|", "\\|").replace("\n", " ") for cell in cells) + " |"
+
+
+def markdown(report: dict[str, Any]) -> str:
+    header, rows = table(report)
+    profiles = [profile["name"] for profile in report["hardware"]]
+    verdicts = {row["format"]: row for row in report["rows"]}
+    lines = [f"# quantgate report: {report['model']}", "",
+             f"Policy {report['policy']['name']}@{report['policy']['version']} (sha256 {report['policy']['sha256'][:12]}). "
+             "Decode times are lower bounds from peak bandwidth and FLOP/s, not measurements.", "",
+             "## Summary", ""]
+    lines += [f"- {sentence}" for sentence in recommendation_sentences(report)]
+    lines += [f"- {approved_sentence(report)}"]
+    lines += [f"- {blocked_sentence(row)}" for row in report["rows"] if row["verdict"] == "blocked"]
+    lines += ["", "## Formats", "", _md_row(header), "|" + "---|" * len(header)]
+    for cells in rows:
+        note = _verdict_note(verdicts[cells[0]])
+        lines.append(_md_row(cells[:-2] + [cells[-2] + (f" ({note})" if note else ""), cells[-1]]))
+    lines += ["", "## Recommendation", "",
+              "The approved format with the lowest batch-1 decode bound on each hardware profile:", ""]
+    for profile, choice in report["recommendation"].items():
+        lines.append(f"- {profile}: {choice or 'none (no format approved)'}")
+    lines += ["", "## Candidates"]
+    for row in report["rows"]:
+        if row["verdict"] == "baseline":
+            continue
+        lines += ["", f"### {row['format']}: {row['verdict']}", "", facts_sentence(row, profiles), ""]
+        if row["verdict"] == "blocked":
+            lines += [blocked_sentence(row), ""]
+        gates = _gates(row)
+        if gates:
+            lines += [_md_row(GATE_HEADER), "|" + "---|" * len(GATE_HEADER)] + [_md_row(gate_cells(gate)) for gate in gates]
+        else:
+            lines += [f"- {reason}" for reason in row.get("reasons") or []] or ["No gates recorded."]
+        skipped = _not_evaluated(row)
+        if skipped:
+            lines += ["", "Not evaluated:", ""] + [f"- {line}" for line in skipped]
+    lines += ["", "## What was measured", ""] + [f"- {line}" for line in context_lines(report)]
+    return "\n".join(lines) + "\n"
+
+
+# ---- HTML ---------------------------------------------------------------------------------------
+
+def _column_higher_is_better(column: str) -> bool:
+    """Which way the plot's metric column ('SET METRIC') is better, from the metrics table
+    (a metric this version does not know: lower, like a divergence)."""
+    known = METRICS.get(GateId.parse(column).check)
+    return known.higher_is_better if known is not None else False
 
 
 def svg_plot(report: dict[str, Any], width: int = 640, height: int = 400) -> str:
     metric = report["plot"]["y"]
-    higher_is_better = report["plot"]["higher_is_better"] if "higher_is_better" in report["plot"] else _higher_is_better(metric)
+    higher_is_better = report["plot"]["higher_is_better"] if "higher_is_better" in report["plot"] else _column_higher_is_better(metric)
     points = [(row["bytes"] / 1e6, row["metrics"][metric]["value"], row["format"], row["verdict"])
               for row in report["rows"] if row.get("metrics", {}).get(metric, {}).get("value") is not None]
     margin = 60
@@ -169,29 +545,125 @@ def svg_plot(report: dict[str, Any], width: int = 640, height: int = 400) -> str
     return "".join(parts)
 
 
-def html_page(report: dict[str, Any]) -> str:
+def _html_table(header: list[str], rows: list[list[str]], *, table_id: str = "", table_class: str = "",
+                row_classes: list[str] | None = None, numeric: set[int] | None = None) -> str:
+    """A table of cells already escaped; a cell that is a whole `<td ...>` element is kept as is,
+    the columns in `numeric` are right-aligned."""
+    numeric = numeric or set()
+    align = ' class="n"'
+
+    def cell_html(index: int, cell: str) -> str:
+        return cell if cell.startswith("<td") else f"<td{align if index in numeric else ''}>{cell}</td>"
+
+    head = "".join(f"<th{align if index in numeric else ''}>{html.escape(cell)}</th>" for index, cell in enumerate(header))
+    body = []
+    for position, cells in enumerate(rows):
+        row_class = f' class="{html.escape(row_classes[position])}"' if row_classes else ""
+        body.append(f"<tr{row_class}>" + "".join(cell_html(index, cell) for index, cell in enumerate(cells)) + "</tr>")
+    attributes = (f' id="{table_id}"' if table_id else "") + (f' class="{table_class}"' if table_class else "")
+    return f"<table{attributes}><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+
+
+def _formats_table(report: dict[str, Any]) -> str:
+    """The main table; each candidate's name links to its section."""
     header, rows = table(report)
-    head = "".join(f"<th>{html.escape(cell)}</th>" for cell in header)
-    body = "".join("<tr class=\"{}\">{}</tr>".format(html.escape(row[-2]), "".join(f"<td>{html.escape(cell)}</td>" for cell in row)) for row in rows)
-    recommendations = "".join(f"<li>{html.escape(profile)}: <b>{html.escape(choice or 'none (no format approved)')}</b></li>"
-                              for profile, choice in report["recommendation"].items())
+    verdicts = {row["format"]: row for row in report["rows"]}
+    cells_out = []
+    for cells in rows:
+        row = verdicts[cells[0]]
+        name = html.escape(cells[0])
+        link = name if row["verdict"] == "baseline" else f'<a href="#candidate-{name}">{name}</a>'
+        note = _verdict_note(row)
+        verdict = f'<td class="verdict"><b>{html.escape(cells[-2])}</b>' + (f' <span class="muted">{html.escape(note)}</span>' if note else "") + "</td>"
+        cells_out.append([f"<td>{link}</td>", *(html.escape(cell) for cell in cells[1:-2]), verdict, html.escape(cells[-1])])
+    numeric = set(range(1, len(header) - 2)) | {len(header) - 1}
+    return _html_table(header, cells_out, table_id="formats", row_classes=[row["verdict"] for row in report["rows"]], numeric=numeric)
+
+
+def _candidate_section(row: dict[str, Any], profiles: list[str]) -> str:
+    name = html.escape(row["format"])
+    verdict = html.escape(row["verdict"])
+    parts = [f'<section class="candidate" id="candidate-{name}">',
+             f'<h3>{name} <span class="badge {verdict}">{verdict}</span></h3>',
+             f'<p class="facts">{html.escape(facts_sentence(row, profiles))}</p>']
+    if row["verdict"] == "blocked":
+        parts.append(f'<p class="why">{html.escape(blocked_sentence(row))}</p>')
+    parts.append(forest_svg(row))
+    gates = _gates(row)
+    if gates:
+        rows = []
+        for gate in gates:
+            cells = [html.escape(cell) for cell in gate_cells(gate)]
+            outcome = str(gate.get("outcome", ""))
+            cells[1] = f'<td class="outcome" style="color: {COLOURS.get(outcome, COLOURS[NOT_EVALUATED])}">{cells[1]}</td>'
+            cells[-1] = f'<td class="reason">{cells[-1]}</td>'
+            rows.append(cells)
+        parts.append(_html_table(GATE_HEADER, rows, table_class="gates", row_classes=["gate"] * len(rows),
+                                 numeric={2, 3, 4, 5, 7, 8, 9}))
+    elif row.get("reasons"):
+        parts.append("<ul>" + "".join(f"<li>{html.escape(reason)}</li>" for reason in row["reasons"]) + "</ul>")
+    skipped = _not_evaluated(row)
+    if skipped:
+        parts.append('<p class="muted">Not evaluated:</p><ul class="not-evaluated">'
+                     + "".join(f"<li>{html.escape(line)}</li>" for line in skipped) + "</ul>")
+    parts.append("</section>")
+    return "\n".join(parts)
+
+
+# Sized for a 1280-pixel window: the body is at most 1200 px wide, tables wrap their text
+# (the reasons) rather than widen, and SVGs shrink with the page.
+STYLE = """
+body { font-family: sans-serif; color: #1f2328; max-width: 1200px; margin: 0 auto; padding: 1em 1.5em 3em; line-height: 1.4; }
+h1 { font-size: 1.6em; margin-bottom: 0.2em; } h2 { margin-top: 1.6em; border-bottom: 1px solid #d0d7de; }
+table { border-collapse: collapse; font-size: 13px; }
+th, td { border: 1px solid #d0d7de; padding: 3px 8px; text-align: left; vertical-align: top; }
+th { background: #f6f8fa; }
+.n { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
+table.gates { width: 100%; font-size: 12px; }
+table.gates td.reason { overflow-wrap: anywhere; min-width: 18em; }
+table.gates td:first-child, table.gates td:nth-child(7) { white-space: nowrap; }
+tr.approved td.verdict b, .badge.approved { color: #1a7f37; }
+tr.blocked td.verdict b, .badge.blocked { color: #cf222e; }
+.badge { font-size: 0.75em; border: 1px solid currentColor; border-radius: 1em; padding: 0 0.6em; vertical-align: middle; }
+.muted { color: #59636e; }
+#summary li { margin: 0.25em 0; }
+section.candidate { margin-top: 1.5em; }
+section.candidate h3 { margin-bottom: 0.2em; }
+svg { max-width: 100%; height: auto; display: block; }
+svg.forest { margin: 0.6em 0; }
+svg.forest text { font-variant-numeric: tabular-nums; }
+"""
+
+
+def html_page(report: dict[str, Any]) -> str:
+    profiles = [profile["name"] for profile in report["hardware"]]
+    recommendations = "".join(f"<li>{html.escape(sentence)}</li>" for sentence in recommendation_sentences(report))
+    blocked = "".join(f"<li>{html.escape(blocked_sentence(row))}</li>" for row in report["rows"] if row["verdict"] == "blocked")
+    candidates = "\n".join(_candidate_section(row, profiles) for row in report["rows"] if row["verdict"] != "baseline")
     context = "".join(f"<li>{html.escape(line)}</li>" for line in context_lines(report))
+    model = html.escape(report["model"])
     return f"""<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8"><title>quantgate report: {html.escape(report['model'])}</title>
-<style>
-body {{ font-family: sans-serif; margin: 2em; color: #1f2328; }}
-table {{ border-collapse: collapse; font-size: 13px; }}
-th, td {{ border: 1px solid #d0d7de; padding: 4px 8px; text-align: left; vertical-align: top; }}
-tr.approved td:nth-last-child(2) {{ color: #1a7f37; font-weight: bold; }}
-tr.blocked td:nth-last-child(2) {{ color: #cf222e; font-weight: bold; }}
-</style></head><body>
-<h1>quantgate report: {html.escape(report['model'])}</h1>
-<p>Policy {html.escape(report['policy']['name'])}@{html.escape(report['policy']['version'])}
+<html lang="en"><head><meta charset="utf-8"><title>quantgate report: {model}</title>
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<style>{STYLE}</style></head><body>
+<h1>quantgate report: {model}</h1>
+<p class="muted">Policy {html.escape(report['policy']['name'])}@{html.escape(report['policy']['version'])}
 (sha256 {html.escape(report['policy']['sha256'][:12])}). Decode times are lower bounds from peak bandwidth and FLOP/s, not measurements.</p>
-<table id="formats"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>
+<section id="summary"><h2>Summary</h2>
+<ul id="recommendation">{recommendations}</ul>
+<p>{html.escape(approved_sentence(report))}</p>
+<ul id="blocked">{blocked}</ul></section>
+<h2>Formats</h2>
+{_formats_table(report)}
+<p class="muted">MB: checkpoint bytes / 10<sup>6</sup>. bits/weight: the quantized layers' (the baseline: its whole model's).
+b1 ms: the decode-step lower bound at batch 1 (batch 32 in each candidate's section). items: golden-set items evaluated.</p>
 <h2>Size against {html.escape(report['plot']['y'])}</h2>
 {svg_plot(report)}
-<h2>Recommendation</h2><ul id="recommendation">{recommendations}</ul>
+<h2>Candidates</h2>
+<p class="muted">Each forest plot has one row per metric gate, each on its own scale: the gate's limit is the dark mark in the
+middle, the worse side is to the right (tinted), the line is the interval and the dot the estimate; green passed, red failed,
+amber insufficient evidence, grey not evaluated. The numbers are beside each row and in the table below it.</p>
+{candidates}
 <h2>What was measured</h2><ul>{context}</ul>
 </body></html>
 """
@@ -216,14 +688,14 @@ def _row(name: str, measured: dict[str, Any] | None, results: dict[str, Any] | N
     metrics: dict[str, Any] = {}
     for column in columns:
         gate_id = GateId.parse(column)
-        facts = metric_facts(gate_id.check)
-        value = (results or {}).get("sets", {}).get(gate_id.scope, {}).get("metrics", {}).get(facts.name)
+        facts = METRICS.get(gate_id.check)  # None: a metric newer than this table (a value, not a change)
+        value = (results or {}).get("sets", {}).get(gate_id.scope, {}).get("metrics", {}).get(gate_id.check)
         gate = (verdict or {}).get("metrics", {}).get(column)
-        if verdict is None and results is not None and value is None:
+        if verdict is None and results is not None and value is None and facts is not None:
             value = facts.baseline_value  # the baseline against itself (agreement metrics)
         entry: dict[str, Any] = {"value": value}
         if gate is not None:
-            if facts.is_change:
+            if facts is not None and facts.is_change:
                 entry.update(difference=gate["estimate"], low=gate["low"], high=gate["high"], unit=gate["unit"])
             else:
                 entry.update(value=gate["estimate"], low=gate["low"], high=gate["high"], unit=gate["unit"])
@@ -246,6 +718,10 @@ def _row(name: str, measured: dict[str, Any] | None, results: dict[str, Any] | N
         "kl_divergence": kl,
         "verdict": "baseline" if verdict is None else verdict["verdict"],
         "reasons": [] if verdict is None else verdict["reasons"],
+        # every gate with its numbers (GateResult.as_dict), and the sets fail fast left out;
+        # verdict records from before either was written have neither
+        "gates": [] if verdict is None else list(verdict.get("gates") or []),
+        "not_evaluated": {} if verdict is None else dict(verdict.get("not_evaluated") or {}),
     }
 
 
@@ -264,8 +740,9 @@ def build(run_dir: Path) -> dict[str, Any]:
         path = directory / MANIFEST
         return read_json(path) if path.is_file() else None
 
-    verdicts = {fmt: stored_value(layout.verdict(fmt)) for fmt in run["formats"]}
-    missing = [fmt for fmt, verdict in verdicts.items() if verdict is None]
+    stored = {fmt: stored_value(layout.verdict(fmt)) for fmt in run["formats"]}
+    missing = [fmt for fmt, verdict in stored.items() if verdict is None]
+    verdicts = {fmt: verdict for fmt, verdict in stored.items() if verdict is not None}
     if missing:
         raise InputError(f"the run in {run_dir} has no verdict yet for {', '.join(missing)}: run it to the end first")
     columns: list[str] = []  # every metric gate, in policy order (a format that failed to quantize has none)
@@ -279,7 +756,7 @@ def build(run_dir: Path) -> dict[str, Any]:
     any_bounds = next(iter((baseline_measured.get("bounds") or {}).values()), None)
     plot = dict(run["plot"])
     if plot.get("y") not in columns and columns:
-        plot.update(y=columns[0], higher_is_better=_higher_is_better(columns[0]))
+        plot.update(y=columns[0], higher_is_better=_column_higher_is_better(columns[0]))
     return {
         "model": run["plan"]["model"],
         "model_path": run["model"],

@@ -12,7 +12,7 @@ import calibration
 import evalsets
 from calibration import CalibrationSet
 from evalsets import EvaluationResults, GoldenSet
-from evalsets.sets import SCORING, all_names
+from evalsets.sets import all_names, scored_metrics
 from gates import ledger as ledger_module
 from gates.policy import PRECISION_CLASSES, LoadedPolicy, load_policy, precision_class
 from gates.verdict import Records, Verdict, judge
@@ -30,26 +30,47 @@ def valid_metrics(set_specs: list[str]) -> dict[str, list[str]]:
     metrics = {}
     for spec in set_specs:
         golden = evalsets.load(spec)
-        metrics[golden.name] = [name for name in SCORING[golden.kind]["metrics"] if name in GATEABLE]
+        metrics[golden.name] = [name for name in scored_metrics(golden.kind) if name in GATEABLE]
     return metrics
 
 
-def load_gate_policy(spec: str | Path, set_specs: list[str]) -> LoadedPolicy:
-    """The policy, validated against every known golden set's metrics, and then against the
-    sets that will be evaluated: it may gate only those."""
+def load_gate_policy(spec: str | Path, set_specs: list[str], narrow_to: list[str] | None = None,
+                     narrow_hint: str = "--narrow-policy {sets}") -> LoadedPolicy:
+    """The policy, validated against every known golden set's metrics, narrowed to `narrow_to`
+    when given, and then checked against the sets that will be evaluated: it may gate only
+    those. A gate is never skipped silently: the refusal names both ways out (`narrow_hint`,
+    with `{sets}` for the sets to keep, says how the caller narrows a policy)."""
     known = list(dict.fromkeys([*all_names(), *set_specs]))
     policy = load_policy(spec, valid_metrics(known))
+    if narrow_to is not None:
+        policy = policy.narrowed(narrow_to)
     names = {SetRef.parse(spec).name for spec in set_specs} | set(set_specs)
     missing = [name for name in policy.policy.metrics if name not in names]
     if missing:
-        raise InputError(f"policy {policy.policy.name}@{policy.policy.version} gates {', '.join(missing)}, "
-                         f"which is not evaluated here (sets: {', '.join(set_specs)})")
+        kept = [key for key in policy.policy.metrics if key not in missing]
+        narrow = narrow_hint.format(sets=", ".join(kept)) if kept else "nothing would be left to gate"
+        raise InputError(f"policy {policy.label} gates {', '.join(missing)}, which is not evaluated here (sets: "
+                         f"{', '.join(set_specs)}): evaluate {'it' if len(missing) == 1 else 'them'} too, or narrow the policy "
+                         f"to the sets evaluated ({narrow}; every verdict and the ledger record it as narrowed)")
     return policy
 
 
 def item_records(results: EvaluationResults) -> dict[str, Records]:
-    """Set spec -> per-item records of one results directory."""
-    return {spec: results.items(spec)["items"] for spec in results.manifest["sets"]}
+    """Set spec -> per-item records of one results directory. A text set's records evaluated
+    against a baseline also carry, in memory only, their per-token values
+    (`record["token_values"]`: {"kl": array, "top_prob_change": array}) for the tail gates."""
+    records = {}
+    for spec in results.manifest["sets"]:
+        items = results.items(spec)["items"]
+        values = results.token_values(spec)
+        if values:
+            start = 0
+            for item in items:
+                stop = start + int(item["tokens"])
+                item["token_values"] = {name: array[start:stop] for name, array in values.items()}
+                start = stop
+        records[spec] = items
+    return records
 
 
 def golden_texts(goldens: list[GoldenSet]) -> list[str]:
@@ -132,15 +153,17 @@ def _checkpoint_manifest(checkpoint: Path | None) -> dict[str, Any] | None:
 
 
 def gate_results(baseline: Path, candidate: Path, policy_spec: str | Path, *, checkpoint: Path | None = None,
-                 calibration_dir: Path | None = None, precision: str | None = None, ledger: Path | None = None) -> dict[str, Any]:
-    """The verdict record (as the pipeline writes it); appended to `ledger` when given."""
+                 calibration_dir: Path | None = None, precision: str | None = None, ledger: Path | None = None,
+                 narrow_to: list[str] | None = None) -> dict[str, Any]:
+    """The verdict record (as the pipeline writes it); appended to `ledger` when given. The
+    results are judged as they are (one look at the items they hold: a fixed-size test)."""
     baseline_results = evalsets.load_results(baseline)
     candidate_results = evalsets.load_results(candidate)
     specs = list(baseline_results.manifest["sets"])
     missing = [spec for spec in specs if spec not in candidate_results.manifest["sets"]]
     if missing:
         raise InputError(f"the candidate's results hold no {', '.join(missing)}; evaluate it on the baseline's sets")
-    policy = load_gate_policy(policy_spec, specs)
+    policy = load_gate_policy(policy_spec, specs, narrow_to)
 
     if checkpoint is None:
         named = Path(candidate_results.manifest["model"]["path"])

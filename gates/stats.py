@@ -84,6 +84,57 @@ def ratio_of_sums(numerator: np.ndarray, denominator: np.ndarray) -> Statistic:
     return lambda index: numerator[index].sum(axis=-1) / denominator[index].sum(axis=-1)
 
 
+# token_quantile works on at most this many (resample, token) weights at a time
+_WEIGHTS_AT_ONCE = 4_000_000
+
+
+def token_quantile(values_per_item: list[np.ndarray], q: float) -> Statistic:
+    """The q-quantile of the per-token values of the resampled items, the candidate's alone (an
+    item drawn twice counts its tokens twice): e.g. the 99th percentile of per-token KL.
+
+    One rule for the point estimate and every resample, the inverted empirical CDF of
+    `evalsets.agreement.quantile` (numpy's method="inverted_cdf"): with per-token weights w
+    (how often the token's item was drawn) and the values sorted, the smallest value whose
+    cumulative weight reaches q * Σ w. With every weight 1 (the actual items) this is exactly
+    np.quantile(values, q, method="inverted_cdf"); q = 1 is the maximum. Values are sorted
+    once; each resample costs one cumulative sum over the tokens. NaN anywhere gives NaN."""
+    if not 0 <= q <= 1:
+        raise InputError(f"a quantile must be in [0, 1], got {q}")
+    arrays = [np.asarray(values, dtype=np.float64).ravel() for values in values_per_item]
+    if not arrays or sum(array.size for array in arrays) == 0:
+        raise InputError("a per-token quantile needs at least one token")
+    values = np.concatenate(arrays)
+    owner = np.repeat(np.arange(len(arrays)), [array.size for array in arrays])
+    order = np.argsort(values, kind="stable")
+    sorted_values, sorted_owner = values[order], owner[order]
+    has_nan = bool(np.isnan(values).any())
+    items = len(arrays)
+    # a resample's total weight is at most items x the longest item's tokens
+    counts = np.int32 if items * max(array.size for array in arrays) < 2**31 else np.int64
+
+    def statistic(index: np.ndarray) -> np.ndarray:
+        index = np.atleast_2d(index)
+        resamples = index.shape[0]
+        if has_nan:
+            return np.full(resamples, np.nan)
+        result = np.empty(resamples)
+        rows = max(1, _WEIGHTS_AT_ONCE // values.size)
+        for start in range(0, resamples, rows):
+            chunk = index[start : start + rows]
+            count = chunk.shape[0]
+            offsets = (chunk + items * np.arange(count)[:, None]).ravel()
+            draws = np.bincount(offsets, minlength=count * items).reshape(count, items).astype(counts)  # per item
+            cumulative = np.cumsum(draws[:, sorted_owner], axis=1, dtype=counts)  # per token, in sorted order
+            for row, weights in enumerate(cumulative):
+                target = q * float(weights[-1])
+                # the first position whose cumulative weight reaches q * Σ w (q = 0: the first with any weight)
+                at = np.searchsorted(weights, target, side="left") if q > 0 else np.searchsorted(weights, 0, side="right")
+                result[start + row] = sorted_values[at]
+        return result
+
+    return statistic
+
+
 def _paired(first: np.ndarray, second: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     first, second = np.asarray(first, dtype=np.float64), np.asarray(second, dtype=np.float64)
     if first.shape != second.shape or first.ndim != 1:

@@ -13,7 +13,8 @@ from typing import Any
 import numpy as np
 
 from gates import stats
-from gates.policy import LoadedPolicy, MetricGate, Outcome, Statistics, decide
+from gates.policy import LoadedPolicy, MetricGate, Outcome, Statistics
+from gates.sequential import decide_at_look, detectable_regression
 from quantgate.core.errors import InputError
 from quantgate.core.ids import INTEGRITY, SIZE, GateId, SetRef
 from quantgate.core.metrics import METRICS, Metric, Statistic
@@ -22,22 +23,53 @@ from quantize.measure.causes import UNEXPLAINED_CAUSES
 Records = list[dict[str, Any]]  # per-item records of one set (docs/evaluate.md, items.json)
 
 # Where a text set's per-item record keeps the numerator of each ratio-of-sums metric.
-_NUMERATORS = {"kl_divergence": "kl_sum", "top1_agreement": "top1_matches"}
+_NUMERATORS = {"kl_divergence": "kl_sum", "top1_agreement": "top1_matches", "top_prob_change_mean": "top_prob_change_sum"}
+
+
+@dataclass(frozen=True)
+class Look:
+    """Where a metric gate is judged: the `index`-th of `looks` planned looks (1-based), at
+    `confidence`; the last look is the set's ceiling. A fixed-size test is one final look."""
+
+    index: int = 1
+    looks: int = 1
+    confidence: float = 0.95
+    min_items: int = 1
+
+    @property
+    def final(self) -> bool:
+        return self.index >= self.looks
 
 
 @dataclass(frozen=True)
 class GateResult:
     gate: str  # "hellaswag@v1 acc_norm"
     outcome: Outcome
-    estimate: float  # unrounded: difference in points, change in percent, or the value itself
-    low: float
-    high: float
+    # unrounded: difference in points, change in percent, or the value itself; None when not evaluated
+    estimate: float | None
+    low: float | None
+    high: float | None
     limit: float
     unit: str
     reason: str
+    # metric gates: the items and the look that decided it, its interval's confidence
+    items: int | None = None
+    look: int | None = None
+    looks: int | None = None
+    confidence: float | None = None
+    # "interval" (it lies wholly on one side of the limit), "ceiling" (the fixed-size rule at the
+    # last look), "exact" (size and integrity: one exact number), "not evaluated" (fail fast)
+    decided_by: str = "exact"
+    half_width: float | None = None  # of the interval, in the gate's unit
+    detectable: float | None = None  # smallest difference from the limit found with 80% power here
 
     def as_dict(self) -> dict[str, Any]:
         return {**asdict(self), "outcome": self.outcome.value}
+
+    @classmethod
+    def from_dict(cls, entry: dict[str, Any]) -> GateResult:
+        """A gate as `as_dict` wrote it (a stored sequential stage)."""
+        return cls(**{**entry, "outcome": Outcome(entry["outcome"])})
 
 
 @dataclass(frozen=True)
@@ -65,6 +97,12 @@ def _aligned(baseline: Records, candidate: Records, spec: str) -> tuple[Records,
     return baseline, [by_id[item["id"]] for item in baseline]
 
 
+def gate_records(spec: str, baseline: Records, candidate: Records) -> tuple[Records, Records]:
+    """The two sides' records of one set, paired item by item (the candidate's in the baseline's
+    order); records that cover different items are refused."""
+    return _aligned(baseline, candidate, spec)
+
+
 def _series(items: Records, key: str, sign: float = 1.0) -> np.ndarray:
     return np.array([sign * item[key] for item in items], dtype=float)
 
@@ -86,6 +124,17 @@ def _statistic(metric: Metric, baseline: Records, candidate: Records) -> stats.S
         if key not in candidate[0]:
             raise InputError(f"candidate results have no {metric.name}: evaluate the candidate with --baseline-results")
         return stats.ratio_of_sums(_series(candidate, key), _series(candidate, "tokens"))
+    if metric.statistic is Statistic.token_quantile and metric.tokens is not None and metric.quantile is not None:
+        # text sets: the per-token values the results loader attaches to each item (in memory)
+        if any(metric.tokens not in (item.get("token_values") or {}) for item in candidate):
+            raise InputError(f"candidate results have no per-token values for {metric.name}: "
+                             "evaluate the candidate with --baseline-results")
+        values = [np.asarray(item["token_values"][metric.tokens], dtype=float) for item in candidate]
+        wrong = next((item for item, array in zip(candidate, values, strict=True) if array.size != item["tokens"]), None)
+        if wrong is not None:
+            raise InputError(f"candidate item {wrong['id']} has {np.asarray(wrong['token_values'][metric.tokens]).size} "
+                             f"per-token values for {wrong['tokens']} tokens")
+        return stats.token_quantile(values, metric.quantile)
     raise InputError(f"no gate rule for metric {metric.name!r}")
 
 
@@ -108,24 +157,48 @@ def _describe(name: str, metric: Metric, outcome: Outcome, *, estimate: float, l
     return f"{observed} within {number(limit)}{suffix}"
 
 
-def _metric_gate(spec: str, metric: Metric, gate: MetricGate, items: tuple[Records, Records], *,
-                 settings: Statistics, precision: str) -> GateResult:
-    """One metric of one set: the estimate and its paired-bootstrap interval, against the limit."""
+def metric_gate(spec: str, metric: Metric, gate: MetricGate, items: tuple[Records, Records], *,
+                settings: Statistics, precision: str, look: Look | None = None) -> GateResult | None:
+    """One metric of one set at one look: the estimate and its paired-bootstrap interval at the
+    look's confidence, against the limit. None: undecided at this look (evaluate more items)."""
+    look = look or Look(confidence=settings.confidence)
     baseline, candidate = items
     interval = stats.paired_bootstrap(_statistic(metric, baseline, candidate), len(baseline), resamples=settings.resamples,
-                                      confidence=settings.confidence, seed=settings.seed)
+                                      confidence=look.confidence, seed=settings.seed)
     estimate, low, high = interval.estimate * metric.scale, interval.low * metric.scale, interval.high * metric.scale
     limit = _limit(gate, precision)
     name = SetRef.parse(spec).name
+    min_items = gate.min_items or look.min_items
+    decided_by = "interval"
     if not math.isfinite(estimate):
         # NaN compares false both ways, so it would slip through `decide`: a candidate
         # whose numbers are not finite fails, and says so.
         outcome, reason = Outcome.failed, f"{name} {metric.name} is {estimate} (NaN or Inf logits or losses)"
     else:
-        outcome = decide(estimate, low, high, limit=limit, margin=gate.margin, higher_is_better=metric.higher_is_better)
+        decided = decide_at_look(estimate, low, high, limit=limit, margin=gate.margin, higher_is_better=metric.higher_is_better,
+                                 final=look.final, items=len(baseline), min_items=min_items)
+        if decided is None:
+            return None
+        outcome = decided
+        wholly = (low >= limit or high < limit) if metric.higher_is_better else (high <= limit or low > limit)
+        if not wholly or len(baseline) < min_items:
+            decided_by = "ceiling"
         reason = _describe(name, metric, outcome, estimate=estimate, low=low, high=high, limit=limit)
+        if outcome is Outcome.insufficient and len(baseline) < min_items:
+            reason = (f"{name} {metric.name}: insufficient evidence, {len(baseline)} items evaluated, "
+                      f"the policy decides no gate on fewer than {min_items}")
+    half_width = (high - low) / 2 if math.isfinite(high - low) else None
     return GateResult(gate=str(GateId(spec, metric.name)), outcome=outcome, estimate=estimate, low=low, high=high,
-                      limit=limit, unit=metric.unit, reason=reason)
+                      limit=limit, unit=metric.unit, reason=reason, items=len(baseline), look=look.index, looks=look.looks,
+                      confidence=look.confidence, decided_by=decided_by, half_width=half_width,
+                      detectable=None if half_width is None else detectable_regression(half_width, look.confidence))
+
+
+def not_evaluated(spec: str, metric: str, unit: str, limit: float, why: str) -> GateResult:
+    """A gate of a set that fail fast left unevaluated: it blocks (nothing was shown), with why."""
+    return GateResult(gate=str(GateId(spec, metric)), outcome=Outcome.not_evaluated, estimate=None, low=None,
+                      high=None, limit=limit, unit=unit, reason=f"{SetRef.parse(spec).name} {metric}: not evaluated ({why})",
+                      items=0, decided_by="not evaluated")
 
 
 def _gated(name: str) -> Metric:
@@ -145,8 +218,10 @@ def compare(baseline_items: dict[str, Records], candidate_items: dict[str, Recor
         if spec is None or spec not in baseline_items:
             raise InputError(f"policy gates {set_name}, but the results hold no {set_name} for both models")
         items = _aligned(baseline_items[spec], candidate_items[spec], spec)
-        results += [_metric_gate(spec, _gated(metric), gate, items, settings=policy.policy.statistics, precision=precision)
-                    for metric, gate in gates.items()]
+        for metric, gate in gates.items():
+            result = metric_gate(spec, _gated(metric), gate, items, settings=policy.policy.statistics, precision=precision)
+            assert result is not None  # a single look is the last look: always decided
+            results.append(result)
     return Verdict(all(result.outcome is Outcome.passed for result in results), results)
 
 
@@ -235,13 +310,17 @@ def integrity_gates(policy: LoadedPolicy, smoke: dict[str, Any] | None, overlap:
     return results
 
 
-def judge(baseline_items: dict[str, Records], candidate_items: dict[str, Records], policy: LoadedPolicy,
+def judge(baseline_items: dict[str, Records], candidate_items: dict[str, Records] | None, policy: LoadedPolicy,
           precision: str, *, measurement: dict[str, Any] | None = None, smoke: dict[str, Any] | None = None,
-          overlap: dict[str, Any] | None = None) -> Verdict:
-    """Every gate of the policy: metrics against the baseline, then size (when the candidate was
-    measured) and integrity. Approved only when every gate passes."""
+          overlap: dict[str, Any] | None = None, metric_gates: list[GateResult] | None = None) -> Verdict:
+    """Every gate of the policy: integrity, size (when the candidate was measured), then the
+    metrics against the baseline: `metric_gates` where sequential evaluation decided them
+    already, else one look at the items the results hold. Approved only when every gate passes."""
     results = integrity_gates(policy, smoke, overlap, candidate_items)
     if measurement is not None:
         results += size_gates(measurement, policy)
-    results += compare(baseline_items, candidate_items, policy, precision).gates
-    return Verdict(all(result.outcome is Outcome.passed for result in results), results)
+    if metric_gates is not None:
+        results += metric_gates
+    elif candidate_items is not None:
+        results += compare(baseline_items, candidate_items, policy, precision).gates
+    return Verdict(bool(results) and all(result.outcome is Outcome.passed for result in results), results)

@@ -127,18 +127,81 @@ def write_header_only(path: Path, tensors: dict[str, tuple[str, list[int]]], met
 
 
 def sample_report() -> dict[str, Any]:
-    """A report document of four formats and a baseline, in the shape gates.report.write takes."""
-    def row(name: str, size: int, acc: float, verdict: str, b1: float, reasons: tuple[str, ...] = ()) -> dict[str, Any]:
-        return {"format": name, "bytes": size, "bits_per_weight_layers": None if name == "baseline" else 4.2,
+    """A report document of four formats and a baseline, in the shape gates.report.write takes.
+    Its verdicts' gates hold every outcome: fp8-e4m3 and smoothquant-w8a8 pass all; gptq-int4
+    fails wiki-text's KL, top-1 and perplexity at the first of three looks (25 items), and fail
+    fast leaves arc-easy not evaluated; awq-int4 has too little evidence on arc-easy."""
+    def metric(name: str, outcome: str, estimate: float | None, low: float | None, high: float | None, limit: float,
+               unit: str, items: int, look: tuple[int, int] = (1, 1), reason: str = "") -> dict[str, Any]:
+        confidence = 1 - 0.05 / look[1]
+        if estimate is None:
+            return {"gate": name, "outcome": outcome, "estimate": None, "low": None, "high": None, "limit": limit, "unit": unit,
+                    "reason": reason, "items": 0, "look": None, "looks": None, "confidence": None, "decided_by": "not evaluated",
+                    "half_width": None, "detectable": None}
+        assert low is not None and high is not None
+        half = (high - low) / 2
+        return {"gate": name, "outcome": outcome, "estimate": estimate, "low": low, "high": high, "limit": limit, "unit": unit,
+                "reason": reason or f"{name.split('@')[0]} {name.split()[1]} {estimate:.4f} [{low:.4f}, {high:.4f}] within {limit}",
+                "items": items, "look": look[0], "looks": look[1], "confidence": confidence,
+                "decided_by": "interval" if look[0] < look[1] else "ceiling", "half_width": half, "detectable": half * 1.42}
+
+    def exact(name: str, value: float, limit: float, unit: str, reason: str, outcome: str = "pass") -> dict[str, Any]:
+        return {"gate": name, "outcome": outcome, "estimate": value, "low": value, "high": value, "limit": limit, "unit": unit,
+                "reason": reason, "items": None, "look": None, "looks": None, "confidence": None, "decided_by": "exact",
+                "half_width": None, "detectable": None}
+
+    def checks(bits_excess: float) -> list[dict[str, Any]]:
+        return [exact("integrity finite_logits", 1.0, 1.0, "", "integrity: the checkpoint loads and its logits are finite on every evaluated item"),
+                exact("integrity calibration_overlap", 0.0021, 0.01, "", "integrity: 9 of the calibration set's 4210 13-grams occur in the golden sets (0.21%, within 1.00%)"),
+                exact("size bits_per_weight", bits_excess, 0.01, "bits", f"size: quantized layers store {bits_excess:+.4f} bits per weight over the format's exact figure (within the tolerance 0.01)"),
+                exact("size unexplained_bytes", 0.0, 0.0, "bytes", "size: every byte is explained by the format")]
+
+    def passing(kl: float, top1: float, ppl: float, acc: float, limits: tuple[float, float, float, float]) -> list[dict[str, Any]]:
+        return [metric("wiki-text@v1 perplexity", "pass", ppl, ppl - 0.9, ppl + 1.1, limits[0], "%", 25, (1, 3)),
+                metric("wiki-text@v1 kl_divergence", "pass", kl, kl * 0.85, kl * 1.2, limits[1], "", 25, (1, 3)),
+                metric("wiki-text@v1 top1_agreement", "pass", top1, top1 - 0.02, top1 + 0.02, limits[2], "", 25, (1, 3)),
+                metric("wiki-text@v1 kl_p99", "pass", kl * 5, kl * 4, kl * 6.5, 1.0, "", 25, (1, 3)),
+                metric("arc-easy@v1 acc", "pass", acc, acc - 4.5, acc + 4.0, limits[3], "points", 50, (2, 2))]
+
+    def row(name: str, size: int, top1: float, verdict: str, b1: float, gates: list[dict[str, Any]],
+            not_evaluated: dict[str, str] | None = None) -> dict[str, Any]:
+        by_id = {gate["gate"]: gate for gate in gates}
+        acc, kl = by_id.get("arc-easy@v1 acc"), by_id.get("wiki-text@v1 kl_divergence")
+        acc_value = 0.60 if name == "baseline" or acc is None or acc["estimate"] is None else 0.60 + acc["estimate"] / 100
+        metrics = {"arc-easy@v1 acc": {"value": acc_value, "difference": None if acc is None else acc["estimate"],
+                                       "low": None if acc is None else acc["low"], "high": None if acc is None else acc["high"], "unit": "points"},
+                   "wiki-text@v1 top1_agreement": {"value": top1}}
+        return {"format": name, "bytes": size, "bits_per_weight_layers": None if name == "baseline" else 4.2 if "int4" in name else 8.03,
                 "bits_per_parameter": 16.0 * size / 270e6, "ratio_to_baseline": size / 270e6,
                 "bounds": {"reference": {"batch1_ms": b1, "batch32_ms": b1 * 1.5}, "h200": {"batch1_ms": b1 / 1.6, "batch32_ms": b1}},
-                "metrics": {"arc-easy@v1 acc": {"value": acc, "difference": None if name == "baseline" else (acc - 0.60) * 100,
-                                                 "low": -1.0, "high": 1.0, "unit": "points"}},
-                "kl_divergence": None if name == "baseline" else 0.01, "verdict": verdict, "reasons": list(reasons)}
-    return {"model": "tiny", "policy": {"name": "default", "version": "v1", "sha256": "ab" * 32},
-            "hardware": [{"name": "reference"}, {"name": "h200"}], "metric_columns": ["arc-easy@v1 acc"],
-            "plot": {"x": "bytes", "y": "arc-easy@v1 acc"},
-            "rows": [row("baseline", 270_000_000, 0.60, "baseline", 0.09),
-                     row("fp8-e4m3", 166_000_000, 0.598, "approved", 0.055),
-                     row("gptq-int4", 112_000_000, 0.50, "blocked", 0.037, ("arc-easy acc -10.00 points [-14, -6] exceeds -3.00 points",)),
-                     row("smoothquant-w8a8", 166_000_000, 0.595, "approved", 0.054)]}
+                "metrics": metrics, "kl_divergence": None if kl is None else kl["estimate"], "verdict": verdict,
+                "reasons": [gate["reason"] for gate in gates if gate["outcome"] != "pass"],
+                "gates": gates, "not_evaluated": not_evaluated or {}}
+
+    gptq = checks(0.0) + [
+        metric("wiki-text@v1 perplexity", "fail", 14.2, 11.0, 17.9, 10.0, "%", 25, (1, 3),
+               "wiki-text perplexity +14.20% [+11.00, +17.90] exceeds +10.00%"),
+        metric("wiki-text@v1 kl_divergence", "fail", 0.331, 0.276, 0.397, 0.15, "", 25, (1, 3),
+               "wiki-text kl_divergence 0.3310 [0.2760, 0.3970] exceeds 0.1500"),
+        metric("wiki-text@v1 top1_agreement", "fail", 0.712, 0.681, 0.744, 0.80, "", 25, (1, 3),
+               "wiki-text top1_agreement 0.7120 [0.6810, 0.7440] is below 0.8000"),
+        metric("wiki-text@v1 kl_p99", "pass", 0.82, 0.55, 0.97, 1.0, "", 25, (1, 3)),
+        metric("arc-easy@v1 acc", "not evaluated", None, None, None, -10.0, "points", 0,
+               reason="arc-easy acc: not evaluated (wiki-text@v1 blocked the candidate first)")]
+    awq = checks(0.0) + passing(0.118, 0.83, 7.4, 0.0, (10.0, 0.15, 0.80, -10.0))[:4] + [
+        metric("arc-easy@v1 acc", "insufficient evidence", -8.0, -22.0, 6.0, -10.0, "points", 50, (2, 2),
+               "arc-easy acc -8.00 points [-22.00, +6.00]: insufficient evidence, the interval reaches past -10.00 points "
+               "by more than the policy allows")]
+    return {"model": "tiny", "policy": {"name": "small-model", "version": "v1", "sha256": "ab" * 32},
+            "hardware": [{"name": "reference"}, {"name": "h200"}],
+            "metric_columns": ["arc-easy@v1 acc", "wiki-text@v1 top1_agreement"],
+            "plot": {"x": "bytes", "y": "wiki-text@v1 top1_agreement", "higher_is_better": True},
+            "evalsets": [{"spec": "wiki-text@v1", "items": 75, "limit": 75, "sha256": "cd" * 32, "size": 200},
+                         {"spec": "arc-easy@v1", "items": 50, "limit": 50, "sha256": "ef" * 32, "size": 2376}],
+            "confidence": 0.95,
+            "rows": [row("baseline", 270_000_000, 1.0, "baseline", 0.09, []),
+                     row("fp8-e4m3", 166_000_000, 0.902, "approved", 0.055, checks(0.0) + passing(0.031, 0.902, 1.2, -0.4, (3.0, 0.05, 0.85, -5.0))),
+                     row("gptq-int4", 112_000_000, 0.712, "blocked", 0.037, gptq,
+                         {"arc-easy@v1": "fail fast: wiki-text@v1 blocked the candidate at 25 items"}),
+                     row("awq-int4", 118_000_000, 0.83, "blocked", 0.039, awq),
+                     row("smoothquant-w8a8", 166_000_000, 0.889, "approved", 0.054, checks(0.0) + passing(0.042, 0.889, 1.9, -1.2, (3.0, 0.05, 0.85, -5.0)))]}

@@ -23,6 +23,26 @@ def test_identical_candidate_has_zero_kl_and_full_top1_agreement() -> None:
     assert torch.equal(agreement.kl_from_topk(ids, values, residual, candidate), torch.zeros(50, dtype=torch.float64))
     assert agreement.top1_matches(ids, agreement.topk_cache(candidate, 8)[0]).all()
     assert torch.equal(agreement.kl_exact(candidate, candidate), torch.zeros(50, dtype=torch.float64))
+    assert torch.equal(agreement.top_prob_change(ids, values, candidate), torch.zeros(50, dtype=torch.float64))
+
+
+def test_top_prob_change_is_the_candidates_probability_of_the_baselines_top_token_minus_the_baselines() -> None:
+    p = logprobs([0.5, 0.3, 0.2], [0.1, 0.1, 0.8])
+    q = logprobs([0.2, 0.7, 0.1], [0.05, 0.05, 0.9])
+    ids, values, _ = agreement.topk_cache(p, 2)
+    change = agreement.top_prob_change(ids, values, q)
+    assert change.tolist() == pytest.approx([0.2 - 0.5, 0.9 - 0.8], abs=1e-6)
+
+
+def test_token_quantiles_use_the_inverted_cdf_and_the_metrics_table() -> None:
+    kl = torch.tensor([0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 5.0], dtype=torch.float32)
+    change = torch.tensor([-0.9, -0.5, 0, 0, 0, 0, 0, 0, 0, 0.1], dtype=torch.float32)
+    tails = agreement.token_quantiles({"kl": kl.numpy(), "top_prob_change": change.numpy()})
+    as_stored = kl.double().tolist()  # every quantile is one of the values: no interpolation
+    assert tails == {"kl_median": as_stored[4], "kl_p90": as_stored[8], "kl_p99": 5.0, "kl_p999": 5.0, "kl_max": 5.0,
+                     "top_prob_change_p01": pytest.approx(-0.9)}
+    assert agreement.quantile([3.0, 1.0, 2.0, 4.0], 0.5) == 2.0  # not 2.5: the lower of the middle two
+    assert math.isnan(agreement.quantile([1.0, float("nan")], 0.5))
 
 
 def test_topk_estimate_is_the_exact_kl_when_k_covers_the_vocabulary() -> None:

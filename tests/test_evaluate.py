@@ -59,7 +59,42 @@ def agreement_mode(request, monkeypatch: pytest.MonkeyPatch) -> str:
     return request.param
 
 
-def test_identical_candidate_has_kl_zero_and_top1_agreement_one(agreement_mode: str, tiny_model: Path, tmp_path: Path) -> None:
+@pytest.fixture
+def text_runs(monkeypatch: pytest.MonkeyPatch) -> list:
+    """Every TextRun evaluate_text returns during the test, in order (its per-token values)."""
+    from evalsets import text_eval
+
+    runs: list = []
+    evaluate_text = text_eval.evaluate_text
+
+    def keep(*args, **kwargs):
+        runs.append(evaluate_text(*args, **kwargs))
+        return runs[-1]
+
+    monkeypatch.setattr(text_eval, "evaluate_text", keep)
+    return runs
+
+
+TAILS = ("kl_median", "kl_p90", "kl_p99", "kl_p999", "kl_max", "top_prob_change_mean", "top_prob_change_p01")
+
+
+def assert_token_values_match_the_items(run) -> None:
+    """Per-token values in item order: each item's span sums to its kl_sum and top_prob_change_sum."""
+    import torch
+
+    assert set(run.token_values) == {"kl", "top_prob_change"}
+    tokens = [item["tokens"] for item in run.items]
+    for key, summed in (("kl", "kl_sum"), ("top_prob_change", "top_prob_change_sum")):
+        values = run.token_values[key]
+        assert values.dtype == torch.float32 and values.shape == (sum(tokens),)
+        spans = torch.split(values.double(), tokens)
+        assert [float(span.sum()) for span in spans] == pytest.approx([item[summed] for item in run.items], abs=1e-4)
+    assert run.metrics["kl_max"] == float(run.token_values["kl"].max())
+    assert run.metrics["top_prob_change_mean"] == pytest.approx(float(run.token_values["top_prob_change"].double().mean()), abs=1e-6)
+
+
+def test_identical_candidate_has_kl_zero_and_top1_agreement_one(agreement_mode: str, tiny_model: Path, tmp_path: Path,
+                                                               text_runs: list) -> None:
     baseline = evalsets.run(config("wiki-text", limit=4), tiny_model, tmp_path / "baseline")
     twin = Path(shutil.copytree(tiny_model, tmp_path / "twin"))  # another directory, the same model
     candidate = evalsets.run(config("wiki-text", limit=4), twin, tmp_path / "candidate", baseline_results=baseline.path)
@@ -68,6 +103,13 @@ def test_identical_candidate_has_kl_zero_and_top1_agreement_one(agreement_mode: 
     items = candidate.items("wiki-text@v1")
     assert items["primary"] == "kl_divergence" and items["baseline"]["weights_sha256"] == baseline.manifest["model"]["weights_sha256"]
     assert all(item["kl_sum"] == 0.0 and item["top1_matches"] == item["tokens"] for item in items["items"])
+    # per token too: KL and the change in the probability of the baseline's top token are exactly 0
+    unagreed, run = text_runs
+    assert unagreed.token_values == {} and not set(TAILS) & set(unagreed.metrics)
+    assert all(item["top_prob_change_sum"] == 0.0 for item in items["items"])
+    assert all(not values.any() for values in run.token_values.values())
+    assert {name: run.metrics[name] for name in TAILS} == dict.fromkeys(TAILS, 0.0)
+    assert_token_values_match_the_items(run)
     details = candidate.record("wiki-text@v1")["details"]
     assert details["agreement_mode"] == agreement_mode
     if agreement_mode == "top-k":
@@ -93,7 +135,7 @@ def exact_kl_by_hand(baseline_dir: Path, candidate_dir: Path, texts: list[str]) 
 
 
 def test_exact_mode_equals_the_kl_of_the_full_distributions_and_top_k_never_exceeds_it(
-    agreement_mode: str, tiny_model_template: Path, tmp_path: Path
+    agreement_mode: str, tiny_model_template: Path, tmp_path: Path, text_runs: list
 ) -> None:
     from tests.factories import build_tiny_llama
 
@@ -103,6 +145,11 @@ def test_exact_mode_equals_the_kl_of_the_full_distributions_and_top_k_never_exce
     kl = candidate.manifest["sets"]["wiki-text@v1"]["metrics"]["kl_divergence"]
     truth = exact_kl_by_hand(tiny_model_template, other, [item["text"] for item in evalsets.load("wiki-text").items(3)])
     assert truth > 0
+    run = text_runs[-1]
+    assert_token_values_match_the_items(run)
+    assert run.metrics["kl_median"] <= run.metrics["kl_p90"] <= run.metrics["kl_p99"] <= run.metrics["kl_max"]
+    assert run.metrics["kl_max"] > run.metrics["kl_divergence"] > 0
+    assert -1.0 <= run.metrics["top_prob_change_p01"] <= run.metrics["top_prob_change_mean"] <= 1.0
     if agreement_mode == "exact":
         assert kl == pytest.approx(truth, rel=1e-4)
     else:

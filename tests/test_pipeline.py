@@ -82,10 +82,10 @@ def test_finished_run_started_again_does_nothing_and_prints_the_same_verdicts(ti
 def test_killed_run_redoes_only_what_is_missing(tiny_run, quant_model: Path) -> None:
     root, _ = tiny_run
     out = root / "run"
-    # as if killed while evaluating gptq-int4: its results and its stage record never landed,
+    # as if killed while evaluating gptq-int4: its results and its looks' record never landed,
     # and a half-written staging directory is left behind
     shutil.rmtree(out / "results" / "gptq-int4")
-    (out / "stages" / "evaluate-gptq-int4.json").unlink()
+    (out / "sequential" / "gptq-int4.json").unlink()
     (out / "results" / ".gptq-int4.partial-dead").mkdir()
     ledger_before = (out / "ledger.jsonl").read_bytes()
     resumed = pipeline.run(from_mapping(plan_mapping(quant_model, root)), show_progress=False)
@@ -106,9 +106,11 @@ def test_policy_edit_changes_the_verdict_of_a_run(tiny_run, quant_model: Path, t
     root, first = tiny_run
     strict = write_policy(tmp_path / "strict.yaml", TINY_POLICY.replace("4bit: 0.05", "4bit: 0.00001"))
     rerun = pipeline.run(from_mapping(plan_mapping(quant_model, root, policy=str(strict))), show_progress=False)
-    assert rerun.redone == ["gate fp8-e4m3", "gate gptq-int4", "report"]  # nothing upstream of the gates
+    # the looks are judged again (the policy's bounds decide when they stop) from cached
+    # evaluations; nothing upstream of them is redone
+    assert rerun.redone == ["evaluate fp8-e4m3", "gate fp8-e4m3", "evaluate gptq-int4", "gate gptq-int4", "report"]
     assert rerun.verdicts["gptq-int4"]["verdict"] == "blocked" and rerun.exit_code == 1
-    (reason,) = [r for r in rerun.verdicts["gptq-int4"]["reasons"] if "kl_divergence" in r]
+    (reason,) = [r for r in rerun.verdicts["gptq-int4"]["reasons"] if r.startswith("wiki-text kl_divergence")]
     assert reason.startswith("wiki-text kl_divergence 0.") and reason.endswith("exceeds 0.0000")
     # the ledger keeps both verdicts, each under its own policy hash
     policies = [json.loads(line)["policy"]["sha256"] for line in (root / "run" / "ledger.jsonl").read_text().splitlines()]
@@ -125,8 +127,10 @@ def test_run_command_exit_codes_and_summary(cli, quant_model: Path, tmp_path: Pa
     strict = write_policy(tmp_path / "policy.yaml", TINY_POLICY.replace("8bit: 0.01,", "8bit: 0.0000001,"))
     blocked = cli("run", plan, "--quiet")
     assert blocked.code == 1 and "blocked" in blocked.out, blocked.err
-    (reason,) = read_json(tmp_path / "run" / "verdicts" / "fp8-e4m3.json")["value"]["reasons"]
+    reason, *not_run = read_json(tmp_path / "run" / "verdicts" / "fp8-e4m3.json")["value"]["reasons"]
     assert reason.startswith("wiki-text kl_divergence") and strict.is_file()
+    # fail fast: the KL gate blocked it, so lambada was never evaluated, and says why
+    assert not_run and all(": not evaluated (blocked first by wiki-text kl_divergence" in r for r in not_run)
     again = cli("report", tmp_path / "run")
     assert again.code == 0 and "report written to" in again.out
 

@@ -25,6 +25,14 @@ def text_items(nll: list[float], kl: list[float] | None = None, top1: list[int] 
     return items
 
 
+def token_items(kl: list[np.ndarray], change: list[np.ndarray] | None = None) -> list[dict]:
+    """Text-set records with per-token values, as the results loader attaches them in memory."""
+    change = change if change is not None else [np.zeros_like(values) for values in kl]
+    return [{"id": str(i), "nll": 30.0, "tokens": values.size, "kl_sum": float(values.sum()), "top1_matches": values.size,
+             "top_prob_change_sum": float(delta.sum()), "token_values": {"kl": values, "top_prob_change": delta}}
+            for i, (values, delta) in enumerate(zip(kl, change, strict=True))]
+
+
 def policy_file(tmp_path: Path, body: str) -> Path:
     path = tmp_path / "policy.yaml"
     path.write_text("name: test\nversion: v1\n" + body)
@@ -106,6 +114,69 @@ def test_a_nan_estimate_fails_instead_of_slipping_through(tmp_path: Path) -> Non
     assert gate.outcome is Outcome.failed and "NaN or Inf" in gate.reason and not verdict.approved
 
 
+TAIL_POLICY = """
+metrics:
+  wiki-text:
+    kl_divergence: {max_value: {8bit: 0.05}, undecided_margin: 0.01}
+    kl_p999: {max_value: {8bit: 0.5}, undecided_margin: 0.1}
+"""
+
+
+def test_a_mean_kl_that_passes_does_not_hide_a_p999_that_does_not(tmp_path: Path) -> None:
+    # 200 items x 50 tokens: almost every token agrees (KL 0.01 nats), but 30 tokens, one in each
+    # of 30 items, go off (KL 4 nats). The mean is 0.022 and passes; the p99.9 is 4 and blocks.
+    rng = np.random.default_rng(0)
+    benign = [rng.uniform(0.0, 0.02, 50).astype(np.float32) for _ in range(200)]
+    spiky = [np.full(50, 0.01, dtype=np.float32) for _ in range(200)]
+    for values in spiky[::200 // 30][:30]:
+        values[7] = 4.0
+    baseline = {"wiki-text@v1": text_items([30.0] * 200)}
+    policy = load_policy(policy_file(tmp_path, TAIL_POLICY))
+    blocked = compare(baseline, {"wiki-text@v1": token_items(spiky)}, policy, "8bit")
+    mean, tail = blocked.gates
+    assert mean.outcome is Outcome.passed and mean.estimate == pytest.approx(0.01 + 30 * 3.99 / 10_000)
+    assert tail.gate == "wiki-text@v1 kl_p999" and tail.outcome is Outcome.failed and tail.estimate == 4.0
+    assert not blocked.approved and blocked.reasons == ["wiki-text kl_p999 4.0000 [4.0000, 4.0000] exceeds 0.5000"]
+    passed = compare(baseline, {"wiki-text@v1": token_items(benign)}, policy, "8bit")
+    assert passed.approved, passed.reasons
+    every = np.concatenate(benign)
+    assert passed.gates[1].estimate == float(np.quantile(every, 0.999, method="inverted_cdf"))  # the metric evaluate reports
+
+
+def test_top_prob_change_gates_block_a_candidate_that_drops_the_baselines_choice(tmp_path: Path) -> None:
+    # Δp: higher is better (0 for an identical model); a drop of 0.6 on 1% of the tokens
+    policy = load_policy(policy_file(tmp_path, """
+metrics:
+  wiki-text:
+    top_prob_change_mean: {min_value: {4bit: -0.05}, undecided_margin: 0.01}
+    top_prob_change_p01: {min_value: {4bit: -0.3}, undecided_margin: 0.05}
+"""))
+    kl = [np.full(100, 0.05, dtype=np.float32) for _ in range(100)]
+    steady = [np.full(100, -0.01, dtype=np.float32) for _ in range(100)]
+    dropping = [values.copy() for values in steady]
+    for values in dropping:
+        values[:2] = -0.6  # 2% of each item's tokens
+    baseline = {"wiki-text@v1": text_items([30.0] * 100)}
+    good = compare(baseline, {"wiki-text@v1": token_items(kl, steady)}, policy, "4bit")
+    assert good.approved, good.reasons
+    bad = compare(baseline, {"wiki-text@v1": token_items(kl, dropping)}, policy, "4bit")
+    mean, tail = bad.gates
+    assert mean.outcome is Outcome.passed and mean.estimate == pytest.approx(-0.01 * 0.98 - 0.6 * 0.02)
+    assert tail.outcome is Outcome.failed and tail.estimate == pytest.approx(-0.6)
+    assert bad.reasons == ["wiki-text top_prob_change_p01 -0.6000 [-0.6000, -0.6000] is below -0.3000"]
+
+
+def test_a_tail_gate_without_per_token_values_asks_for_a_baseline(tmp_path: Path) -> None:
+    policy = load_policy(policy_file(tmp_path, "metrics: {wiki-text: {kl_p99: {max_value: {8bit: 1.0}}}}\n"))
+    nll = [30.0] * 10
+    with pytest.raises(InputError, match="no per-token values for kl_p99: evaluate the candidate with --baseline-results"):
+        compare({"wiki-text@v1": text_items(nll)}, {"wiki-text@v1": text_items(nll, [0.0] * 10, [10] * 10)}, policy, "8bit")
+    short = token_items([np.zeros(10, dtype=np.float32)] * 10)
+    short[3]["token_values"] = {"kl": np.zeros(9), "top_prob_change": np.zeros(9)}
+    with pytest.raises(InputError, match="candidate item 3 has 9 per-token values for 10 tokens"):
+        compare({"wiki-text@v1": text_items(nll)}, {"wiki-text@v1": short}, policy, "8bit")
+
+
 def measurement(measured: float | None, exact: float | None, lines: list[dict] | None = None) -> dict:
     return {"quantized_linear": {"bits_per_weight": {"measured": measured, "exact": exact}},
             "explanation": {"lines": lines or []}}
@@ -146,19 +217,23 @@ def test_integrity_gates_finite_logits_and_calibration_overlap(tmp_path: Path) -
 
 
 def test_every_metric_a_set_scores_is_in_the_metrics_table_and_each_gateable_one_has_a_rule(tmp_path: Path) -> None:
-    from evalsets.sets import SCORING
+    from evalsets.sets import SCORING, scored_metrics
     from quantgate.core.metrics import GATEABLE, METRICS
 
-    scored = {name for scoring in SCORING.values() for name in scoring["metrics"]}
+    scored = {name for kind in SCORING for name in scored_metrics(kind)}
     assert scored == set(METRICS)  # a typo in either would silently drop a gate
     rng = np.random.default_rng(1)
     nll = rng.uniform(20, 40, 50).tolist()
     records = {"arc-easy@v1": mc_items(rng.integers(0, 2, 50).tolist()),
-               "wiki-text@v1": text_items(nll, [0.0] * 50, [10] * 50)}
+               "wiki-text@v1": token_items([np.zeros(10, dtype=np.float32)] * 50)}
+    for item, value in zip(records["wiki-text@v1"], nll, strict=True):
+        item["nll"] = value
     for item in records["arc-easy@v1"]:
         item["metrics"]["exact_match"] = item["metrics"]["acc"]
     sets = {"acc": "arc-easy", "acc_norm": "arc-easy", "exact_match": "arc-easy", "perplexity": "wiki-text",
-            "kl_divergence": "wiki-text", "top1_agreement": "wiki-text"}
+            "kl_divergence": "wiki-text", "top1_agreement": "wiki-text",
+            **dict.fromkeys(["kl_median", "kl_p90", "kl_p99", "kl_p999", "kl_max", "top_prob_change_mean",
+                             "top_prob_change_p01"], "wiki-text")}
     assert set(sets) == set(GATEABLE)
     bounds = {"points": "max_drop_points", "%": "max_increase_percent"}
     for name in GATEABLE:

@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 
 import evalsets
+from gates import samplesize
 from quantgate.cli.options import config, print_json
 from quantgate.core.errors import InputError, IntegrityError
 
@@ -109,6 +110,40 @@ def evalsets_add(
     state = "added" if added.created else "unchanged, already"
     typer.echo(f"{state} {added.golden.spec}: {added.golden.size} {cfg.kind.value} items, sha256 {added.golden.sha256}")
     typer.echo(f"  at {added.golden.path}")
+
+
+@evalsets_app.command("plan")
+def evalsets_plan(
+    policy: str = typer.Option("default", "--policy", help="a policy YAML file, or NAME or NAME@vN of a built-in one"),
+    precision: str | None = typer.Option(None, "--precision", help="8bit or 4bit bounds (default: every class the policy gives)"),
+    effect: list[str] | None = typer.Option(None, "--effect", help="the true distance from the bound to plan for, in each "
+                                            "gate's unit: X (every gate) or METRIC=X; repeatable (default: half of each "
+                                            "bound's distance from no change)"),
+    discordance: float | None = typer.Option(None, "--discordance", help="accuracy gates: the share of items the two models "
+                                             "answer differently (default: 0.05 for 8-bit, 0.15 for INT4)"),
+    power: float = typer.Option(samplesize.DEFAULT_POWER, "--power", help="the chance of a decisive verdict at that effect"),
+    baseline_results: Path | None = typer.Option(None, "--baseline-results", help="a baseline's results: with "
+                                                 "--candidate-results, each gate's per-item spread is measured on them"),
+    candidate_results: Path | None = typer.Option(None, "--candidate-results", help="a candidate's results, evaluated "
+                                                  "against --baseline-results"),
+    as_json: bool = typer.Option(False, "--json", help="print the plan as JSON"),
+) -> None:
+    """How many items each gate of a policy needs for a decisive verdict, and at which look.
+
+    For each gate: the items at which its interval, at the policy's confidence split over the
+    set's looks, lies wholly on one side of the bound with the given power when the truth is the
+    effect away from it; the set's looks and size, and the look that count falls in. Accuracy
+    gates take their per-item spread from a discordance; other gates need results.
+
+    Example: quantgate evalsets plan --policy small-model --precision 8bit --discordance 0.2
+    """
+    result = samplesize.plan(policy, precision=precision, effects=effect or (), discordance=discordance,
+                             baseline_results=baseline_results, candidate_results=candidate_results, power=power)
+    if as_json:
+        print_json(result.as_dict())
+        return
+    for line in result.lines():
+        typer.echo(line)
 
 
 def _parse_limits(values: list[str] | None, demo_limits: bool) -> tuple[int | None, dict[str, int]]:

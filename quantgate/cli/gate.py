@@ -39,6 +39,8 @@ def gate_command(
     calibration_dir: Path | None = typer.Option(None, "--calibration", help="its calibration set (default: the one its manifest names); enables the overlap gate"),
     precision: str | None = typer.Option(None, "--precision", help="8bit or 4bit thresholds (default: from the checkpoint's format)"),
     ledger_path: Path | None = typer.Option(None, "--ledger", help="append the verdict to this ledger"),
+    narrow_policy: list[str] | None = typer.Option(None, "--narrow-policy", help="gate only this golden set of the policy "
+                                                   "(repeat for each kept); the verdict records the policy as narrowed"),
     as_json: bool = typer.Option(False, "--json", help="print the verdict record as JSON"),
 ) -> None:
     """Gate one candidate against its baseline under a policy: exit 0 approved, 1 blocked, 2 bad input.
@@ -46,13 +48,14 @@ def gate_command(
     Example: quantgate gate --baseline results/baseline --candidate results/gptq-int4 --policy default --ledger ledger.jsonl
     """
     record = gate_results(baseline, candidate, policy, checkpoint=checkpoint, calibration_dir=calibration_dir,
-                          precision=precision, ledger=ledger_path)
+                          precision=precision, ledger=ledger_path, narrow_to=narrow_policy or None)
     if as_json:
         print_json(record)
     else:  # plain lines, one a gate, so a CI log can be searched
         typer.echo(f"{record['verdict']} {record['format']} ({record['precision']} thresholds) "
-                   f"under {record['policy']['name']}@{record['policy']['version']}")
+                   f"under {record['policy']['name']}@{record['policy']['version']}"
+                   + (f" narrowed to {', '.join(record['policy']['narrowed_to'])}" if record["policy"].get("narrowed_to") else ""))
         for gate in record["gates"]:
-            mark = {"pass": "pass", "fail": "FAIL"}.get(gate["outcome"], "UNDECIDED")
+            mark = {"pass": "pass", "fail": "FAIL", "not evaluated": "SKIPPED"}.get(gate["outcome"], "UNDECIDED")
             typer.echo(f"  {mark}  {gate['reason']}")
     raise typer.Exit(0 if record["verdict"] == "approved" else 1)

@@ -15,6 +15,9 @@ class Statistic(str, Enum):
     mean_difference = "mean_difference"  # candidate - baseline of a per-item 0/1 score
     perplexity_change = "perplexity_change"  # exp(Σ nll_c / Σ n) / exp(Σ nll_b / Σ n) - 1
     ratio_of_sums = "ratio_of_sums"  # Σ per-item value / Σ positions, the candidate's alone
+    # the q-quantile of a per-token series over every position of the items, the candidate's
+    # alone (inverted CDF: the smallest value with at least a share q of positions at or below it)
+    token_quantile = "token_quantile"
 
 
 @dataclass(frozen=True)
@@ -26,6 +29,9 @@ class Metric:
     scale: float = 1.0  # statistic -> display units (a 0..1 difference is x100 points)
     # agreement metrics: the value of the baseline against itself (the report's baseline row)
     baseline_value: float | None = None
+    # token_quantile metrics: which quantile of which per-token series (TextRun.token_values)
+    quantile: float | None = None
+    tokens: str | None = None
 
     @property
     def gateable(self) -> bool:
@@ -48,9 +54,20 @@ METRICS: dict[str, Metric] = {
         Metric("kl_divergence", "", False, Statistic.ratio_of_sums, baseline_value=0.0),
         Metric("top1_agreement", "", True, Statistic.ratio_of_sums, baseline_value=1.0),
         Metric("bits_per_byte", "", False, None),
+        # the tails of the per-token KL and the change in the probability of the baseline's top
+        # token (Δp = q(t) - p(t)), as llama.cpp's perplexity tool reports them (docs/evaluate.md)
+        Metric("kl_median", "", False, Statistic.token_quantile, baseline_value=0.0, quantile=0.5, tokens="kl"),
+        Metric("kl_p90", "", False, Statistic.token_quantile, baseline_value=0.0, quantile=0.9, tokens="kl"),
+        Metric("kl_p99", "", False, Statistic.token_quantile, baseline_value=0.0, quantile=0.99, tokens="kl"),
+        Metric("kl_p999", "", False, Statistic.token_quantile, baseline_value=0.0, quantile=0.999, tokens="kl"),
+        Metric("kl_max", "", False, Statistic.token_quantile, baseline_value=0.0, quantile=1.0, tokens="kl"),
+        Metric("top_prob_change_mean", "", True, Statistic.ratio_of_sums, baseline_value=0.0),
+        Metric("top_prob_change_p01", "", True, Statistic.token_quantile, baseline_value=0.0, quantile=0.01,
+               tokens="top_prob_change"),
     )
 }
 GATEABLE = tuple(name for name, metric in METRICS.items() if metric.gateable)
+TOKEN_QUANTILES = tuple(name for name, metric in METRICS.items() if metric.statistic is Statistic.token_quantile)
 
 
 def metric(name: str) -> Metric:

@@ -6,7 +6,10 @@ that writes it and the report that reads it.
     overlap.json             n-gram overlap of the calibration texts with the golden sets
     checkpoints/<format>/    the quantized checkpoints (servable as is)
     measure/<name>.json      byte accounting and decode-time bounds (baseline and formats)
-    results/<name>/          evaluation results (baseline and formats)
+    results/<name>/          evaluation results (baseline at each set's first look; formats as deep as they went)
+    baselines/<format>/      the baseline's results on the items each format was judged on
+    sequential/<format>.json the looks: what each look decided, the items that decided each gate
+    looks/                   the results of each look (set at N items), baseline and formats
     verdicts/<format>.json   every gate, its numbers, the verdict and its reasons
     stages/<stage>.json      keys of the directory artifacts
     report/                  report.md, report.json, report.html
@@ -51,6 +54,17 @@ class RunDir:
     def results(self, name: str) -> Path:
         """The evaluation results of the baseline (`BASELINE`) or of a format's checkpoint."""
         return self.root / "results" / name
+
+    def paired_baseline(self, fmt: str) -> Path:
+        """The baseline's results on the sets and items the format was judged on."""
+        return self.root / "baselines" / fmt
+
+    def sequential(self, fmt: str) -> Path:
+        return self.root / "sequential" / f"{fmt}.json"
+
+    def look(self, name: str, spec: str, items: int) -> Path:
+        """The results of one look: `name` (a format or BASELINE) on set `spec` at its first `items` items."""
+        return self.root / "looks" / name / f"{spec}@{items}"
 
     def verdict(self, fmt: str) -> Path:
         return self.root / "verdicts" / f"{fmt}.json"

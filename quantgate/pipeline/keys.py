@@ -18,7 +18,9 @@ def baseline_measure_key(plan: ResolvedPlan) -> str:
 
 
 def baseline_evaluate_key(plan: ResolvedPlan) -> str:
-    return sha256_json({"stage": "evaluate", "model": plan.identity_key, "config": plan.eval_settings, "quantgate": plan.version})
+    """The baseline at every set's first look."""
+    return sha256_json({"stage": "evaluate", "model": plan.identity_key, "config": plan.first_look_cfg.model_dump(mode="json"),
+                        "quantgate": plan.version})
 
 
 def quantize_key(plan: ResolvedPlan, fmt: str, calibration_fingerprint: str) -> str:
@@ -30,7 +32,7 @@ def quantize_key(plan: ResolvedPlan, fmt: str, calibration_fingerprint: str) -> 
 
 def blocked_gate_key(plan: ResolvedPlan, quantize: str, failure: str) -> str:
     """The verdict on a checkpoint that failed its own checks: the failure decides it."""
-    return sha256_json({"stage": "gate", "quantize": quantize, "failed": failure, "policy": plan.policy.sha256})
+    return sha256_json({"stage": "gate", "quantize": quantize, "failed": failure, "policy": plan.policy.identity})
 
 
 def measure_key(plan: ResolvedPlan, checkpoint_sha: str) -> str:
@@ -39,15 +41,19 @@ def measure_key(plan: ResolvedPlan, checkpoint_sha: str) -> str:
                         "hardware": plan.profile_key, "quantgate": plan.version})
 
 
-def evaluate_key(plan: ResolvedPlan, checkpoint_sha: str, baseline_results_sha: str) -> str:
-    """A candidate's results: its checkpoint, the settings, and the baseline's results (KL and
-    top-1 agreement are measured against them)."""
-    return sha256_json({"stage": "evaluate", "checkpoint": checkpoint_sha, "config": plan.eval_settings,
-                        "baseline": baseline_results_sha, "quantgate": plan.version})
+def sequential_key(plan: ResolvedPlan, checkpoint_sha: str, *, precision: str, blocked_before: str | None) -> str:
+    """A candidate's looks: its checkpoint, the settings and each set's looks, the baseline, and
+    the policy (its bounds decide when a look settles a gate), the precision class, and the size
+    or integrity gate that blocks it before any evaluation, if one does."""
+    return sha256_json({"stage": "sequential", "checkpoint": checkpoint_sha, "config": plan.eval_settings,
+                        "looks": {spec: list(looks) for spec, looks in plan.looks.items()}, "baseline": plan.identity_key,
+                        "policy": plan.policy.identity, "precision": precision, "blocked_before": blocked_before,
+                        "quantgate": plan.version})
 
 
-def gate_key(plan: ResolvedPlan, *, precision: str, baseline: str, candidate: str, measure: str, overlap: str) -> str:
-    """A verdict: the policy, the precision class, the sha256s of the baseline's and the
-    candidate's results manifests, and the keys of the measurement and the overlap."""
-    return sha256_json({"stage": "gate", "policy": plan.policy.sha256, "precision": precision, "baseline": baseline,
-                        "candidate": candidate, "measure": measure, "overlap": overlap, "quantgate": plan.version})
+def gate_key(plan: ResolvedPlan, *, precision: str, evidence: str, measure: str, overlap: str, results: list[str]) -> str:
+    """A verdict: the policy, the precision class, the key of the looks, the sha256s of the
+    candidate's and the paired baseline's results manifests, and the keys of the measurement and
+    the overlap."""
+    return sha256_json({"stage": "gate", "policy": plan.policy.identity, "precision": precision, "evidence": evidence,
+                        "results": results, "measure": measure, "overlap": overlap, "quantgate": plan.version})

@@ -42,8 +42,9 @@ class EvaluationPlan(Strict):
     """`quantgate evaluate` settings, the same for the baseline and every candidate."""
 
     sets: tuple[str, ...] = Field(min_length=1)
-    limit: int | None = Field(default=None, gt=0, description="first N items of every set")
-    limits: dict[str, int] = Field(default_factory=dict, description="per set (NAME or NAME@vN); beats `limit`")
+    # the ceiling of each set: its first N items at most; the policy's looks come before it
+    limit: int | None = Field(default=None, gt=0, description="ceiling: first N items of every set at most")
+    limits: dict[str, int] = Field(default_factory=dict, description="ceiling per set (NAME or NAME@vN); beats `limit`")
     batch_size: int = Field(default=4, gt=0)
     max_tokens: int = Field(default=512, gt=1)
     top_k: int = Field(default=64, gt=0)
@@ -63,6 +64,8 @@ class RunPlan(Strict):
     calibration: CalibrationPlan = CalibrationPlan()
     evaluation: EvaluationPlan
     policy: str = "default"
+    narrow_policy: tuple[str, ...] | None = Field(
+        default=None, description="gate only these golden sets of the policy (recorded in every verdict as narrowed)")
     hardware: tuple[str, ...] = ("reference", "h200")
     out: str = "runs/out"
     ledger: str | None = Field(default=None, description="default: <out>/ledger.jsonl")

@@ -15,6 +15,7 @@ import evalsets
 import quantize
 from evalsets.evaluate import IDENTITY_KEYS, model_identity
 from gates.policy import LoadedPolicy
+from gates.sequential import schedule
 from gates.stage import load_gate_policy
 from quantgate.core.console import stderr
 from quantgate.core.errors import InputError, did_you_mean
@@ -40,6 +41,7 @@ class ResolvedPlan:
     quantize_cfgs: Mapping[str, quantize.QuantizeConfig]  # format -> its config
     eval_cfg: evalsets.EvaluateConfig
     plot_metric: Mapping[str, Any]  # the report plot's axes: {"x", "y", "higher_is_better"}
+    looks: Mapping[str, tuple[int, ...]]  # set spec -> the item counts it is looked at; the last is its ceiling
     model_dir: Path
     calibration_cfg: calibration.CalibrationConfig
     identity: Mapping[str, Any]  # the baseline's model_identity
@@ -65,6 +67,15 @@ class ResolvedPlan:
     @property
     def eval_settings(self) -> dict[str, Any]:
         return self.eval_cfg.model_dump(mode="json")
+
+    def look_cfg(self, items: Mapping[str, int]) -> evalsets.EvaluateConfig:
+        """The evaluation settings of the plan on the sets in `items`, each at its first N items."""
+        return self.eval_cfg.model_copy(update={"evalsets": tuple(items), "limit": None, "limits": dict(items)})
+
+    @property
+    def first_look_cfg(self) -> evalsets.EvaluateConfig:
+        """Every set at its first look: what the baseline is evaluated on before any candidate."""
+        return self.look_cfg({spec: looks[0] for spec, looks in self.looks.items()})
 
 
 def _yaml_or_name(loaded: LoadedPlan, value: str) -> str:
@@ -123,15 +134,20 @@ def resolve_plan(loaded: LoadedPlan, show_progress: bool = True) -> ResolvedPlan
     plan = loaded.plan
     goldens = {golden.spec: golden for golden in map(evalsets.load, plan.evaluation.sets)}
     set_specs = list(goldens)
-    policy = load_gate_policy(_yaml_or_name(loaded, plan.policy), set_specs)
+    policy = load_gate_policy(_yaml_or_name(loaded, plan.policy), set_specs,
+                              list(plan.narrow_policy) if plan.narrow_policy is not None else None,
+                              narrow_hint="`narrow_policy: [{sets}]` in the plan")
     hardware = tuple(_yaml_or_name(loaded, name) for name in plan.hardware)
     profiles = {name: load_profile(name) for name in hardware}
     quantize_cfgs = {fmt: validated(quantize.QuantizeConfig, {"format": fmt, **plan.quantize.get(fmt, {})}, "plan",
                                     within=f"quantize.{fmt}") for fmt in plan.formats}
     eval_cfg = _evaluation_config(plan, set_specs)
     plot = plot_metric(plan.report.plot_metric, set_specs, policy)
+    looks = {spec: tuple(schedule(policy.policy.sequential.looks_for(golden.name),
+                                  min(golden.size, eval_cfg.limit_for(golden.name, spec) or golden.size)))
+             for spec, golden in goldens.items()}
     model_dir = _baseline(plan, show_progress)
     return ResolvedPlan(
         plan=plan, goldens=goldens, policy=policy, hardware=hardware, profiles=profiles, quantize_cfgs=quantize_cfgs,
-        eval_cfg=eval_cfg, plot_metric=plot, model_dir=model_dir, calibration_cfg=_calibration_config(loaded, model_dir),
+        eval_cfg=eval_cfg, plot_metric=plot, looks=looks, model_dir=model_dir, calibration_cfg=_calibration_config(loaded, model_dir),
         identity=model_identity(model_dir), version=metadata.version("quantgate"))

@@ -12,6 +12,7 @@ lands is `quantgate.core.rundir`.
 
 from __future__ import annotations
 
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,17 +21,19 @@ from typing import Any
 import calibration
 import evalsets
 import quantize
-from gates.policy import precision_class
+from gates.policy import Outcome, precision_class
 from gates.report import build as build_report
 from gates.report import write as write_report
 from gates.stage import item_records, overlap_summary, record_verdict, verdict_record
-from gates.verdict import blocked_verdict, judge
+from gates.verdict import GateResult, blocked_verdict, integrity_gates, judge, size_gates
 from quantgate.core.artifacts import MANIFEST, read_json, sha256_file, sha256_json, verify_files, write_json
+from quantgate.core.errors import InputError
 from quantgate.core.models import weight_file_hashes
 from quantgate.core.rundir import BASELINE, RUN_KIND, RunDir
-from quantgate.core.stagecache import Cached, StageCache
+from quantgate.core.stagecache import Cached, StageCache, stored_value
 from quantgate.pipeline import keys
 from quantgate.pipeline.lock import RunLock
+from quantgate.pipeline.looks import Looks
 from quantgate.pipeline.plan import LoadedPlan
 from quantgate.pipeline.progress import StageLog, StageStatus
 from quantgate.pipeline.resolve import ResolvedPlan, resolve_plan
@@ -85,6 +88,27 @@ class _Baseline:
 
 
 @dataclass(frozen=True)
+class _Evidence:
+    """What a candidate's looks decided (the sequential stage's value and key), and the results
+    they leave: the candidate's and the baseline's on the same items (None: nothing evaluated)."""
+
+    value: dict[str, Any]
+    key: str
+    results: evalsets.EvaluationResults | None
+    baseline: evalsets.EvaluationResults | None
+
+
+def sequential_summary(value: dict[str, Any]) -> dict[str, Any]:
+    """A verdict's record of its looks: the planned looks and the items evaluated per set, the
+    error control, what stopped them, and the sets not evaluated, with why."""
+    not_run = {spec: f"not evaluated: the candidate was blocked first by {value['blocked_by']}"
+               for spec, items in value["depths"].items() if not items and value.get("blocked_by")}
+    return {"looks": value["looks"], "items": value["depths"], "error_control": value["error_control"],
+            "confidence": value["confidence"], "blocked_by": value["blocked_by"], "not_evaluated": not_run,
+            "trace": value["trace"]}
+
+
+@dataclass(frozen=True)
 class _Candidate:
     """One format's checkpoint, as the quantize stage left it."""
 
@@ -135,6 +159,7 @@ class _Run:
         self.dir = pipeline.run_dir
         self.log = StageLog(pipeline.planned_stages(), pipeline.show_progress)
         self.cache = StageCache(self.dir, self.log)
+        self.evaluators: dict[str, evalsets.Evaluator] = {}
         self.started = time.perf_counter()
 
     def chain(self) -> RunResult:
@@ -167,6 +192,28 @@ class _Run:
                                   produce=lambda: overlap_summary(calibration_set, list(self.plan.goldens.values())))
         return _Overlap(summary, key)
 
+    def evaluator(self, name: str) -> evalsets.Evaluator:
+        """The evaluator of the baseline or of a format's checkpoint, kept for the run: a model
+        is loaded once however many looks ask for it (and not at all when they hit the cache)."""
+        if name not in self.evaluators:
+            model = self.plan.model_dir if name == BASELINE else self.dir.checkpoint(name)
+            self.evaluators[name] = evalsets.Evaluator(model, allow_pickle=self.plan.plan.allow_pickle)
+        return self.evaluators[name]
+
+    def evaluate(self, name: str, items: dict[str, int], out: Path, baseline: Path | None) -> evalsets.EvaluationResults:
+        """`name` (BASELINE or a format) on the sets in `items` at their first N items, into `out`;
+        results already there for exactly these settings are used as they are."""
+        cfg = self.plan.look_cfg(items)
+        if baseline is None and out.is_dir():
+            try:
+                existing = evalsets.load_results(out)
+            except InputError:  # damaged, or not results: made again
+                existing = None
+            if existing is not None and existing.manifest["config"] == cfg.model_dump(mode="json") and \
+                    existing.manifest["model"]["weights_sha256"] == self.evaluator(name).identity["weights_sha256"]:
+                return existing
+        return self.evaluator(name).run(cfg, out, baseline_results=baseline, overwrite=True)
+
     def baseline(self) -> _Baseline:
         plan = self.plan
         self.cache.json(kind="measure", label="measure baseline", path=self.dir.measure(BASELINE), key=keys.baseline_measure_key(plan),
@@ -175,7 +222,7 @@ class _Run:
         evaluated = self.cache.directory(
             kind="evaluate", name="evaluate-baseline", label="evaluate baseline", key=keys.baseline_evaluate_key(plan),
             artifact=results_dir, load=evalsets.load_results,
-            produce=lambda: evalsets.run(plan.eval_cfg, plan.model_dir, results_dir, overwrite=True))
+            produce=lambda: self.evaluator(BASELINE).run(plan.first_look_cfg, results_dir, overwrite=True))
         results = evaluated.value
         assert results is not None  # no failure is caught: a value or an exception
         return _Baseline(results, item_records(results), sha256_file(results.path / MANIFEST))
@@ -201,8 +248,9 @@ class _Run:
         if candidate.quantized.value is None:  # it failed its own checks
             return self.blocked(candidate, baseline)
         measured, measure_key = self.measure(candidate)
-        results = self.evaluate(candidate, baseline)
-        return self.gate(candidate, measured=measured, measure_key=measure_key, results=results, baseline=baseline, overlap=overlap)
+        evidence = self.evaluate_sequentially(candidate, measured=measured, measure_key=measure_key, overlap=overlap)
+        self.evaluators.pop(candidate.fmt, None)  # its model is not needed again this run
+        return self.gate(candidate, measured=measured, measure_key=measure_key, evidence=evidence, baseline=baseline, overlap=overlap)
 
     def quantize(self, fmt: str, calibration_set: calibration.CalibrationSet) -> _Candidate:
         plan, checkpoint = self.plan, self.dir.checkpoint(fmt)
@@ -235,33 +283,72 @@ class _Run:
                                    produce=lambda: measure_and_bound(candidate.checkpoint, self.plan.model_dir, self.plan.profiles))
         return measured, key
 
-    def evaluate(self, candidate: _Candidate, baseline: _Baseline) -> evalsets.EvaluationResults:
-        plan, fmt, results_dir = self.plan, candidate.fmt, self.dir.results(candidate.fmt)
-        evaluated = self.cache.directory(
-            kind="evaluate", name=f"evaluate-{fmt}", label=f"evaluate {fmt}",
-            key=keys.evaluate_key(plan, candidate.quantized.manifest_sha256, baseline.manifest_sha256),
-            artifact=results_dir, load=evalsets.load_results,
-            produce=lambda: evalsets.run(plan.eval_cfg, candidate.checkpoint, results_dir, baseline_results=baseline.results.path,
-                                         overwrite=True))
-        assert evaluated.value is not None  # no failure is caught: a value or an exception
-        return evaluated.value
+    def pre_gates(self, candidate: _Candidate, measured: dict[str, Any], overlap: _Overlap) -> str | None:
+        """The first size or integrity gate that blocks the candidate before any evaluation
+        (fail fast: they are exact numbers, decided without a single item), or None."""
+        policy = self.plan.policy
+        gates = integrity_gates(policy, candidate.manifest.get("smoke"), overlap.summary) + size_gates(measured["measurement"], policy)
+        return next((gate.reason for gate in gates if gate.outcome is not Outcome.passed), None)
 
-    def gate(self, candidate: _Candidate, *, measured: dict[str, Any], measure_key: str, results: evalsets.EvaluationResults,
+    def evaluate_sequentially(self, candidate: _Candidate, *, measured: dict[str, Any], measure_key: str,
+                              overlap: _Overlap) -> _Evidence:
+        """The candidate's looks (quantgate.pipeline.looks), then its results and the baseline's on
+        the same items, published for the gate and the report."""
+        plan, fmt = self.plan, candidate.fmt
+        blocked_before = self.pre_gates(candidate, measured, overlap)
+        key = keys.sequential_key(plan, candidate.quantized.manifest_sha256, precision=candidate.precision,
+                                  blocked_before=blocked_before)
+        path = self.dir.sequential(fmt)
+
+        def produce() -> dict[str, Any]:
+            outcome = Looks(plan, self.dir, self.evaluate).run(fmt, candidate.precision, blocked_before)
+            evaluated = {spec: items for spec, items in outcome.depths.items() if items}
+            if evaluated:
+                paired = self.evaluate(BASELINE, evaluated, self.dir.paired_baseline(fmt), None)
+                self.evaluate(fmt, evaluated, self.dir.results(fmt), paired.path)
+            else:  # blocked before a single item: no results of its own
+                shutil.rmtree(self.dir.results(fmt), ignore_errors=True)
+            return {**outcome.as_dict(), "looks": {spec: list(looks) for spec, looks in plan.looks.items()},
+                    "error_control": plan.policy.policy.sequential.error_control,
+                    "confidence": plan.policy.policy.statistics.confidence}
+
+        if not self._evidence_intact(path, fmt):
+            path.unlink(missing_ok=True)  # its results went missing or were damaged: looked at again (cached items)
+        value = self.cache.json(kind="evaluate", label=f"evaluate {fmt}", path=path, key=key, produce=produce)
+        evaluated = any(value["depths"].values())
+        return _Evidence(value, key, evalsets.load_results(self.dir.results(fmt)) if evaluated else None,
+                         evalsets.load_results(self.dir.paired_baseline(fmt)) if evaluated else None)
+
+    def _evidence_intact(self, path: Path, fmt: str) -> bool:
+        stored = stored_value(path) if path.is_file() else None
+        if stored is None or not any(stored.get("depths", {}).values()):
+            return True
+        try:
+            evalsets.load_results(self.dir.results(fmt))
+            evalsets.load_results(self.dir.paired_baseline(fmt))
+        except (InputError, OSError):
+            return False
+        return True
+
+    def gate(self, candidate: _Candidate, *, measured: dict[str, Any], measure_key: str, evidence: _Evidence,
              baseline: _Baseline, overlap: _Overlap) -> dict[str, Any]:
         """The verdict record, appended to the ledger unless the ledger holds it already."""
         plan, fmt = self.plan, candidate.fmt
-        key = keys.gate_key(plan, precision=candidate.precision, baseline=baseline.manifest_sha256,
-                            candidate=sha256_file(results.path / MANIFEST), measure=measure_key, overlap=overlap.key)
+        key = keys.gate_key(plan, precision=candidate.precision, evidence=evidence.key, measure=measure_key, overlap=overlap.key,
+                            results=[sha256_file(results.path / MANIFEST) for results in (evidence.results, evidence.baseline) if results])
 
         def verdict() -> dict[str, Any]:
             manifest = candidate.manifest
-            judged = judge(baseline.items, item_records(results), plan.policy, candidate.precision,
-                           measurement=measured["measurement"], smoke=manifest.get("smoke"), overlap=overlap.summary)
+            metric_gates = [GateResult.from_dict(entry) for entry in evidence.value["gates"]]
+            candidate_items = item_records(evidence.results) if evidence.results else None
+            judged = judge({}, candidate_items, plan.policy, candidate.precision, measurement=measured["measurement"],
+                           smoke=manifest.get("smoke"), overlap=overlap.summary, metric_gates=metric_gates)
             # the weight files' sha256s from the checkpoint's manifest, which the quantize stage
             # just wrote or verified against the bytes: not hashed a third time
-            return verdict_record(fmt, judged, precision=candidate.precision, policy=plan.policy, checkpoint=candidate.checkpoint,
-                                  baseline_results=baseline.results, candidate_results=results,
-                                  weights=weight_file_hashes(manifest["files"]))
+            record = verdict_record(fmt, judged, precision=candidate.precision, policy=plan.policy, checkpoint=candidate.checkpoint,
+                                    baseline_results=evidence.baseline or baseline.results, candidate_results=evidence.results,
+                                    weights=weight_file_hashes(manifest["files"]))
+            return {**record, "sequential": sequential_summary(evidence.value)}
 
         record = self.cache.json(kind="gate", label=f"gate {fmt}", path=self.dir.verdict(fmt), key=key, produce=verdict)
         appended = record_verdict(self.pipeline.ledger, record)
@@ -285,6 +372,7 @@ class _Run:
             "hardware": list(plan.hardware),
             "policy": plan.policy.identity | {"path": str(plan.policy.path)},
             "confidence": plan.policy.policy.statistics.confidence,
+            "looks": {spec: list(looks) for spec, looks in plan.looks.items()},
             "plot": dict(plan.plot_metric),
             "ledger": str(self.pipeline.ledger),
             "stages": [vars(stage) for stage in self.log.stages],
