@@ -194,6 +194,10 @@ class EvaluateConfig(Strict):
     evalsets: tuple[str, ...] = Field(min_length=1, description="NAME or NAME@vN, built-in or added")
     limit: int | None = Field(default=None, gt=0, description="first N items of each set's seeded order")
     limits: dict[str, int] = Field(default_factory=dict, description="per-set limit by NAME or NAME@vN; beats `limit`")
+    # sequential evaluation: per set (NAME or NAME@vN), the earlier looks (item counts, increasing,
+    # below its limit) whose cached items a multiple-choice, last-word or generation set's results
+    # extend: only the items past the last of them are evaluated (text sets are evaluated whole)
+    grown_from: dict[str, tuple[int, ...]] = Field(default_factory=dict)
     backend: EvalBackend = EvalBackend.hf
     batch_size: int = Field(default=4, gt=0, le=512)
     # text sets: tokens scored per item (longer items are truncated, recorded per item)
@@ -222,6 +226,17 @@ class EvaluateConfig(Strict):
             if limit <= 0:
                 raise ValueError(f"the limit of {name} must be positive, got {limit}")
         return value
+
+    @field_validator("grown_from")
+    @classmethod
+    def _increasing(cls, value: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
+        for name, looks in value.items():
+            if any(n <= 0 for n in looks) or list(looks) != sorted(set(looks)):
+                raise ValueError(f"grown_from of {name} must be positive item counts in increasing order, got {list(looks)}")
+        return value
+
+    def grown_from_for(self, name: str, spec: str) -> tuple[int, ...]:
+        return self.grown_from.get(spec, self.grown_from.get(name, ()))
 
     def limit_for(self, name: str, spec: str) -> int | None:
         """The first-N limit of one set: by NAME@vN, else by NAME, else the common limit."""

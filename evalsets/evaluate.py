@@ -129,8 +129,11 @@ def run_settings(cfg: EvaluateConfig, golden: GoldenSet, device: str, dtype: str
     if kind is Kind.text:
         return {**common, "runner": "transformers", "max_tokens": cfg.max_tokens, "top_k": cfg.top_k,
                 "exact_positions": cfg.exact_positions}
-    return {**common, "runner": f"lm-eval/{cfg.backend.value}", "num_fewshot": 0,
-            "bootstrap_iters": cfg.bootstrap_iters}
+    settings = {**common, "runner": f"lm-eval/{cfg.backend.value}", "num_fewshot": 0, "bootstrap_iters": cfg.bootstrap_iters}
+    grown = [n for n in cfg.grown_from_for(golden.name, golden.spec) if common["limit"] is None or n < common["limit"]]
+    if grown:  # these items extend the cached results of the earlier looks (in the key: other bits)
+        settings["grown_from"] = grown
+    return settings
 
 
 def cache_key(identity: dict[str, Any], golden: GoldenSet, settings: dict[str, Any], baseline_topk: str | None) -> str:
@@ -334,17 +337,23 @@ def _compute(
     if cfg.backend is EvalBackend.hf or any(job.golden.kind is Kind.text for job in jobs):
         loaded.transformers()
     load_seconds = loading.seconds
+    # the earlier looks that grown results extend, made first where the cache lost them (each
+    # with its own progress bar, before this one starts)
+    earlier = {job.key: _earlier_look(cfg, loaded, job, identity=identity, root=root) for job in jobs if job.settings.get("grown_from")}
     with progress_bar(items_per_second=True) as bar:
         for job in jobs:
             golden = job.golden
             items = golden.items(job.settings["limit"])
             task = bar.add_task(f"{golden.spec} ({golden.kind.value})", total=len(items))
+            if job.key in earlier:
+                bar.update(task, completed=len(earlier[job.key]["items"]))
             stopwatch = Stopwatch()
             with atomic_directory(root / job.key, overwrite=True) as staging:
                 if golden.kind is Kind.text:
                     result = _run_text(cfg, loaded, job, items, baseline=baseline, advance=functools.partial(bar.advance, task))
                 else:
-                    result = _run_lm_eval(cfg, loaded, job, items, staging=staging, advance=functools.partial(bar.advance, task))
+                    result = _run_lm_eval(cfg, loaded, job, items, staging=staging, advance=functools.partial(bar.advance, task),
+                                          earlier=earlier.get(job.key))
                 bar.update(task, completed=len(items))
                 _write_entry(staging, cfg, job, identity=identity, baseline=baseline, items=items, result=result,
                              stopwatch=stopwatch)
@@ -352,8 +361,9 @@ def _compute(
             job.entry = root / job.key
             record = read_json(job.entry / RECORD_FILE)
             shown = ", ".join(f"{name} {value:.4g}" for name, value in record["metrics"].items() if "stderr" not in name)
+            grown = f" ({len(earlier[job.key]['items'])} from the earlier look)" if job.key in earlier else ""
             stderr.print(
-                f"{golden.spec}: {len(items)} items in {record['timing']['seconds']:.1f} s "
+                f"{golden.spec}: {len(items)} items{grown} in {record['timing']['seconds']:.1f} s "
                 f"({record['timing']['items_per_second']:.2f} items/s): {shown}",
                 soft_wrap=True, highlight=False,
             )
@@ -395,18 +405,52 @@ class _LoadedModel:
         return self._lm
 
 
+def _earlier_look(cfg: EvaluateConfig, loaded: _LoadedModel, job: _SetJob, *, identity: dict[str, Any],
+                  root: Path) -> dict[str, Any]:
+    """The cached entry of the look before `job`'s (made first if the cache lost it): its
+    per-item records and its key, which `job`'s results extend."""
+    grown = list(job.settings["grown_from"])
+    settings = {**job.settings, "limit": grown[-1]}
+    settings.pop("grown_from")
+    if grown[:-1]:
+        settings["grown_from"] = grown[:-1]
+    earlier = _SetJob(job.golden, settings, cache_key(identity, job.golden, settings, None), None)
+    entry = _cached(root, earlier.key)
+    if entry is None:
+        _compute(cfg, loaded, [earlier], identity=identity, baseline=None, root=root)
+        entry = root / earlier.key
+    return {"items": read_json(entry / ITEMS_FILE)["items"], "key": earlier.key, "record": read_json(entry / RECORD_FILE)}
+
+
 def _run_lm_eval(cfg: EvaluateConfig, loaded: _LoadedModel, job: _SetJob, items: list[dict[str, Any]], *, staging: Path,
-                 advance: Callable[[float], None]) -> dict[str, Any]:
+                 advance: Callable[[float], None], earlier: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One set through lm-eval: its first `limit` items, or, growing an earlier look's cached
+    results, only the items past them (`samples`), with the set's metrics over all of them."""
     golden = job.golden
     lm = loaded.lm(cfg)
-    per_request = lm_eval_tasks.requests_per_item(golden, items)
+    start = 0 if earlier is None else len(earlier["items"])
+    fresh = items[start:]
+    per_request = lm_eval_tasks.requests_per_item(golden, fresh)
     lm.on_rows = lambda rows: advance(rows / per_request)
-    results = lm_eval_tasks.run_task(lm, golden, staging, job.settings["limit"], cfg.bootstrap_iters)
+    if earlier is None:
+        results = lm_eval_tasks.run_task(lm, golden, staging, job.settings["limit"], cfg.bootstrap_iters)
+    else:
+        results = lm_eval_tasks.run_task(lm, golden, staging, None, cfg.bootstrap_iters, samples=list(range(start, len(items))))
+    records = lm_eval_tasks.per_item(golden, results["samples"][lm_eval_tasks.task_name(golden)])
+    if earlier is None:
+        return {
+            "metrics": lm_eval_tasks.summary(golden, results),
+            "details": {"samples": results["n-samples"][lm_eval_tasks.task_name(golden)]},
+            "items": records,
+            "lm_eval": lm_eval_tasks.provenance(golden, results),
+        }
+    records = earlier["items"] + records
     return {
-        "metrics": lm_eval_tasks.summary(golden, results),
-        "details": {"samples": results["n-samples"][lm_eval_tasks.task_name(golden)]},
-        "items": lm_eval_tasks.per_item(golden, results["samples"][lm_eval_tasks.task_name(golden)]),
-        "lm_eval": lm_eval_tasks.provenance(golden, results),
+        "metrics": lm_eval_tasks.summary_of_items(golden, records),
+        "details": {"samples": {"original": len(items), "effective": len(records)},
+                    "grown_from": {"items": start, "cache_key": earlier["key"]}, "evaluated_here": len(fresh)},
+        "items": records,
+        "lm_eval": {"grown_from": earlier["record"]["lm_eval"], "items_past_it": lm_eval_tasks.provenance(golden, results)},
     }
 
 
@@ -459,6 +503,7 @@ def _write_entry(
 ) -> None:
     seconds = stopwatch.seconds
     golden, metrics = job.golden, dict(result["metrics"])
+    evaluated = result["details"].get("evaluated_here", len(items)) if isinstance(result["details"], dict) else len(items)
     # a text set without a baseline to agree with: perplexity is what this run measured
     unagreed = golden.kind is Kind.text and "kl_divergence" not in metrics
     primary = "perplexity" if unagreed else golden.manifest["scoring"]["primary"]
@@ -509,7 +554,8 @@ def _write_entry(
             "model": model,
             "baseline": baseline_model,
             "lm_eval": result["lm_eval"],
-            "timing": {"seconds": round(seconds, 3), "items_per_second": round(len(items) / seconds, 3) if seconds else None},
+            # the items evaluated here: grown results count only those past the earlier look
+            "timing": {"seconds": round(seconds, 3), "items_per_second": round(evaluated / seconds, 3) if seconds else None},
             "provenance": provenance(stopwatch),
         },
     )

@@ -10,6 +10,7 @@ import contextlib
 import functools
 import json
 import logging
+import math
 import os
 import re
 import sys
@@ -168,8 +169,10 @@ def run_task(
     task_dir: Path,
     limit: int | None,
     bootstrap_iters: int,
+    samples: list[int] | None = None,
 ) -> dict[str, Any]:
-    """Evaluate one set through lm-eval's simple_evaluate; returns its results with the samples."""
+    """Evaluate one set through lm-eval's simple_evaluate (its first `limit` items, or the items
+    whose indices `samples` lists); returns its results with the samples."""
     import lm_eval
     from lm_eval.tasks import TaskManager
 
@@ -181,6 +184,7 @@ def run_task(
             tasks=[task_name(golden)],
             task_manager=manager,
             limit=limit,
+            samples=None if samples is None else {task_name(golden): samples},
             log_samples=True,
             bootstrap_iters=bootstrap_iters,
         )
@@ -232,6 +236,31 @@ def summary(golden: GoldenSet, results: dict[str, Any]) -> dict[str, Any]:
         if "," in key and isinstance(value, (int, float)):
             metrics[key.split(",")[0]] = float(value)
     return metrics
+
+
+def summary_of_items(golden: GoldenSet, records: list[dict[str, Any]]) -> dict[str, float]:
+    """A set's metrics from per-item records (results grown over several looks): each per-item
+    score's mean with its standard error (sample standard deviation / sqrt(n), as lm-eval's
+    mean_stderr), and for last-word sets the target perplexity exp(-mean log-likelihood) with a
+    delta-method standard error (lm-eval bootstraps it; not repeated here)."""
+    metrics: dict[str, float] = {}
+    for name in records[0]["metrics"]:
+        values = [float(record["metrics"][name]) for record in records]
+        metrics[name] = sum(values) / len(values)
+        metrics[f"{name}_stderr"] = _stderr(values)
+    if golden.kind is Kind.last_word:
+        loglikelihoods = [float(record["loglikelihood"]) for record in records]
+        perplexity = math.exp(-sum(loglikelihoods) / len(loglikelihoods))
+        metrics["perplexity"] = perplexity
+        metrics["perplexity_stderr"] = perplexity * _stderr(loglikelihoods)
+    return metrics
+
+
+def _stderr(values: list[float]) -> float:
+    if len(values) < 2:
+        return float("nan")
+    mean = sum(values) / len(values)
+    return math.sqrt(sum((value - mean) ** 2 for value in values) / (len(values) - 1) / len(values))
 
 
 def provenance(golden: GoldenSet, results: dict[str, Any]) -> dict[str, Any]:

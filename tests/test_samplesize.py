@@ -224,7 +224,7 @@ def test_plan_command_prints_each_gate_with_its_looks(cli, tmp_path: Path) -> No
 
 
 def test_plan_command_on_a_builtin_policy_as_json(cli) -> None:
-    result = cli("evalsets", "plan", "--policy", "default", "--precision", "4bit", "--json")
+    result = cli("evalsets", "plan", "--policy", "default@v1", "--precision", "4bit", "--json")
     assert result.code == 0, result.err
     plan = json.loads(result.out)
     assert plan["policy"]["name"] == "default" and plan["power"] == 0.8

@@ -69,8 +69,11 @@ class ResolvedPlan:
         return self.eval_cfg.model_dump(mode="json")
 
     def look_cfg(self, items: Mapping[str, int]) -> evalsets.EvaluateConfig:
-        """The evaluation settings of the plan on the sets in `items`, each at its first N items."""
-        return self.eval_cfg.model_copy(update={"evalsets": tuple(items), "limit": None, "limits": dict(items)})
+        """The evaluation settings of the plan on the sets in `items`, each at its first N items,
+        grown from the cached items of its earlier looks (the evaluator evaluates only the rest)."""
+        grown = {spec: tuple(n for n in self.looks[spec] if n < count) for spec, count in items.items()}
+        return self.eval_cfg.model_copy(update={"evalsets": tuple(items), "limit": None, "limits": dict(items),
+                                                "grown_from": {spec: looks for spec, looks in grown.items() if looks}})
 
     @property
     def first_look_cfg(self) -> evalsets.EvaluateConfig:
