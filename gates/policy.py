@@ -202,6 +202,10 @@ def load_policy(spec: str | Path, valid_metrics: dict[str, list[str]] | None = N
                 if metric not in valid_metrics[base]:
                     raise InputError(f"policy {path}: {set_name} has no metric {metric!r}{did_you_mean(metric, valid_metrics[base])}; "
                                      f"valid: {', '.join(valid_metrics[base])}")
+        for name in policy.sequential.looks_by_set:
+            if name not in valid_metrics:
+                raise InputError(f"policy {path}: sequential.looks_by_set names {name!r}, which is no golden set"
+                                 f"{did_you_mean(name, list(valid_metrics))}; valid: {', '.join(sorted(valid_metrics))}")
     return LoadedPolicy(policy, path, sha256_file(path))
 
 

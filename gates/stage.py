@@ -5,6 +5,7 @@ finite, calibration overlap when the calibration set is at hand)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,12 +35,16 @@ def valid_metrics(set_specs: list[str]) -> dict[str, list[str]]:
     return metrics
 
 
+def _narrow_options(sets: list[str]) -> str:
+    return " ".join(f"--narrow-policy {name}" for name in sets)
+
+
 def load_gate_policy(spec: str | Path, set_specs: list[str], narrow_to: list[str] | None = None,
-                     narrow_hint: str = "--narrow-policy {sets}") -> LoadedPolicy:
+                     narrow_hint: Callable[[list[str]], str] = _narrow_options) -> LoadedPolicy:
     """The policy, validated against every known golden set's metrics, narrowed to `narrow_to`
     when given, and then checked against the sets that will be evaluated: it may gate only
-    those. A gate is never skipped silently: the refusal names both ways out (`narrow_hint`,
-    with `{sets}` for the sets to keep, says how the caller narrows a policy)."""
+    those. A gate is never skipped silently: the refusal names both ways out (`narrow_hint`
+    says how the caller narrows a policy to the sets it keeps)."""
     known = list(dict.fromkeys([*all_names(), *set_specs]))
     policy = load_policy(spec, valid_metrics(known))
     if narrow_to is not None:
@@ -48,7 +53,7 @@ def load_gate_policy(spec: str | Path, set_specs: list[str], narrow_to: list[str
     missing = [name for name in policy.policy.metrics if name not in names]
     if missing:
         kept = [key for key in policy.policy.metrics if key not in missing]
-        narrow = narrow_hint.format(sets=", ".join(kept)) if kept else "nothing would be left to gate"
+        narrow = narrow_hint(kept) if kept else "nothing would be left to gate"
         raise InputError(f"policy {policy.label} gates {', '.join(missing)}, which is not evaluated here (sets: "
                          f"{', '.join(set_specs)}): evaluate {'it' if len(missing) == 1 else 'them'} too, or narrow the policy "
                          f"to the sets evaluated ({narrow}; every verdict and the ledger record it as narrowed)")

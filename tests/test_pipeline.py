@@ -141,7 +141,9 @@ def test_run_command_exit_codes_and_summary(cli, quant_model: Path, tmp_path: Pa
     ({"calibration": {"sample": 8}}, "calibration.sample: unknown field (did you mean 'samples'?)"),
     ({"quantize": {"awq-int4": {"awq_n_grid": 5}}}, "quantize options for 'awq-int4', which is not in formats"),
     ({"quantize": {"gptq-int4": {"group_size": 100}}}, "quantize.gptq-int4.group_size: group size must be a positive multiple of 32"),
-    ({"evaluation": {"sets": ["lambada"], "limit": 4}}, "gates wiki-text, which is not evaluated here"),
+    ({"evaluation": {"sets": ["lambada"], "limit": 4}}, "gates wiki-text, which is not evaluated here (sets: lambada@v1): "
+     "evaluate it too, or narrow the policy to the sets evaluated (`narrow_policy: [lambada]` in the plan"),
+    ({"narrow_policy": ["arc-easy"]}, "cannot narrow policy tiny@v1 to arc-easy: it gates wiki-text, lambada"),
     ({"evaluation": {"sets": ["wiki-text", "lambda"]}}, "lambda"),
     ({"hardware": ["h300"]}, "unknown hardware profile 'h300'"),
     ({"model": "/nonexistent/model"}, "/nonexistent/model"),
@@ -301,3 +303,64 @@ def test_stage_cache_reuses_by_key_remakes_what_changed_and_keeps_failures(tmp_p
     assert value == {"n": 1} and read_json(run_dir.measure("x")) == {"key": "j", "value": {"n": 1}}
     assert cache.json(kind="measure", label="measure x", path=run_dir.measure("x"), key="j", produce=lambda: {"n": 2}) == {"n": 1}
     assert cache.json(kind="measure", label="measure x", path=run_dir.measure("x"), key="j2", produce=lambda: {"n": 2}) == {"n": 2}
+
+
+# looks at 2 and 4 items before the ceiling (8); lambada's accuracy is decided on no fewer than 6
+SEQUENTIAL_POLICY = TINY_POLICY.replace("version: v1\n", "version: v1\nsequential: {looks: [2, 4], min_items: 2}\n").replace(
+    "undecided_margin_points: 50.0}", "min_items: 6}")
+
+
+def test_looks_stop_each_set_when_its_gates_are_decided_and_record_the_items(quant_model: Path, tmp_path: Path) -> None:
+    policy = write_policy(tmp_path / "sequential.yaml", SEQUENTIAL_POLICY)
+    mapping = plan_mapping(quant_model, tmp_path, policy=str(policy), evaluation={"sets": ["wiki-text", "lambada"], "limit": 8})
+    result = pipeline.run(from_mapping(mapping), show_progress=False)
+    out = tmp_path / "run"
+    for fmt in FORMATS:
+        record = read_json(out / "verdicts" / f"{fmt}.json")["value"]
+        sequential = record["sequential"]
+        assert sequential["looks"] == {"wiki-text@v1": [2, 4, 8], "lambada@v1": [2, 4, 8]}
+        assert sequential["error_control"] == "bonferroni"
+        metric_gates = [gate for gate in record["gates"] if "@" in gate["gate"]]
+        for gate in metric_gates:
+            spec = gate["gate"].split()[0]
+            if gate["outcome"] == "not evaluated":
+                assert gate["estimate"] is None and record["verdict"] == "blocked"
+                continue
+            # the items that decided it are one of its set's looks, at that look's Bonferroni confidence
+            assert gate["items"] == sequential["looks"][spec][gate["look"] - 1] and gate["looks"] == 3
+            assert gate["confidence"] == pytest.approx(1 - 0.05 / 3)
+            if gate["decided_by"] == "interval":  # wholly on one side of its limit
+                assert gate["low"] >= gate["limit"] or gate["high"] <= gate["limit"]
+            else:  # undecided until the ceiling
+                assert gate["decided_by"] == "ceiling" and gate["items"] == 8
+        # a set went on to a look only while one of its gates was open, and nothing was evaluated past a blocking gate
+        for spec, items in sequential["items"].items():
+            gates = [gate for gate in metric_gates if gate["gate"].startswith(spec)]
+            decided = [gate["items"] for gate in gates if gate["outcome"] != "not evaluated"]
+            assert items == (max(decided) if decided else items)
+            looked = sorted(int(path.name.rsplit("@", 1)[1]) for path in (out / "looks" / fmt).glob(f"{spec}@*"))
+            assert looked == [n for n in sequential["looks"][spec] if n <= items]
+        assert [entry["format"] for entry in map(json.loads, (out / "ledger.jsonl").read_text().splitlines())].count(fmt) == 1
+        # the accuracy gate needs 6 items: it looked at 2 and 4 in vain and was decided at the ceiling,
+        # lambada's last look grown from the cached items of the earlier ones
+        (accuracy,) = [gate for gate in metric_gates if gate["gate"] == "lambada@v1 acc"]
+        if accuracy["outcome"] != "not evaluated":
+            assert accuracy["items"] == 8 and accuracy["look"] == 3
+            grown = read_json(out / "looks" / fmt / "lambada@v1@8" / "lambada@v1" / "record.json")
+            assert grown["details"]["grown_from"]["items"] == 4 and grown["details"]["evaluated_here"] == 4
+    assert any(gate["gate"] == "lambada@v1 acc" and gate["items"] == 8 for fmt in FORMATS
+               for gate in read_json(out / "verdicts" / f"{fmt}.json")["value"]["gates"])
+    again = pipeline.run(from_mapping(mapping), show_progress=False)
+    assert again.redone == [] and {fmt: v["verdict"] for fmt, v in again.verdicts.items()} == {
+        fmt: v["verdict"] for fmt, v in result.verdicts.items()}
+
+
+def test_a_plan_can_narrow_the_policy_and_every_verdict_says_so(quant_model: Path, tmp_path: Path) -> None:
+    mapping = plan_mapping(quant_model, tmp_path, formats=["fp8-e4m3"], narrow_policy=["wiki-text"],
+                           evaluation={"sets": ["wiki-text"], "limit": 4})
+    pipeline.run(from_mapping(mapping), show_progress=False)
+    record = read_json(tmp_path / "run" / "verdicts" / "fp8-e4m3.json")["value"]
+    assert record["policy"]["narrowed_to"] == ["wiki-text"] and record["policy"]["dropped"] == ["lambada"]
+    assert not any(gate["gate"].startswith("lambada") for gate in record["gates"])
+    (entry,) = map(json.loads, (tmp_path / "run" / "ledger.jsonl").read_text().splitlines())
+    assert entry["policy"]["narrowed_to"] == ["wiki-text"]

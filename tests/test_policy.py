@@ -10,12 +10,13 @@ from gates.policy import Outcome, decide, load_policy
 from quantgate.core.errors import InputError
 
 VALID = {"arc-easy": ["acc", "acc_norm"], "hellaswag": ["acc", "acc_norm"], "lambada": ["acc", "perplexity"],
-         "wiki-text": ["perplexity", "bits_per_byte", "kl_divergence", "top1_agreement"]}
+         "wiki-text": ["perplexity", "bits_per_byte", "kl_divergence", "top1_agreement", "kl_median", "kl_p90", "kl_p99",
+                       "kl_p999", "kl_max", "top_prob_change_mean", "top_prob_change_p01"]}
 
 
 def test_default_policy_loads_with_its_hash() -> None:
     loaded = load_policy("default", VALID)
-    assert loaded.identity["name"] == "default" and loaded.identity["version"] == "v1"
+    assert loaded.identity["name"] == "default" and loaded.identity["version"] == "v2"  # the newest
     assert len(loaded.sha256) == 64
     gate = loaded.policy.metrics["hellaswag"]["acc_norm"]
     assert gate.kind == "max_drop_points" and gate.threshold("8bit") == 1.0 and gate.threshold("4bit") > 1.0
@@ -28,6 +29,9 @@ def test_default_policy_loads_with_its_hash() -> None:
     ("metrics: {arc-easy: {acc: {max_drop_points: {2bit: 1}}}}", "unknown precision class '2bit'"),
     ("metrics: {arc-easy: {acc: {max_drop_points: {8bit: 1}, max_value: {8bit: 1}}}}", "exactly one of"),
     ("metrics: [1, 2", "invalid YAML"),
+    ("sequential: {looks: [100, 50]}\nmetrics: {}", "looks must be positive item counts in increasing order, got [100, 50]"),
+    ("sequential: {looks_by_set: {wiki-txt: [10]}}\nmetrics: {}", "names 'wiki-txt', which is no golden set (did you mean 'wiki-text'?)"),
+    ("metrics: {arc-easy: {acc: {max_drop_points: {8bit: 1}, min_items: 0}}}", "greater than 0"),
 ])
 def test_invalid_policy_is_refused_with_the_valid_names(tmp_path: Path, text: str, fragment: str) -> None:
     path = tmp_path / "policy.yaml"
@@ -67,3 +71,27 @@ def test_builtin_policies_validate_against_the_builtin_sets(name: str) -> None:
     for gates in policy.policy.metrics.values():
         for gate in gates.values():
             assert gate.threshold("8bit") <= gate.threshold("4bit") or gate.kind == "min_value"
+
+
+def test_narrowed_policy_gates_only_the_kept_sets_and_says_so() -> None:
+    from gates.stage import load_gate_policy
+
+    whole = load_gate_policy("small-model@v2", ["arc-easy@v1", "hellaswag@v1", "lambada@v1", "wiki-text@v1"])
+    narrowed = whole.narrowed(["wiki-text", "arc-easy@v1"])
+    assert list(narrowed.policy.metrics) == ["arc-easy", "wiki-text"] and narrowed.sha256 == whole.sha256
+    assert narrowed.identity["narrowed_to"] == ["arc-easy", "wiki-text"] and narrowed.identity["dropped"] == ["hellaswag", "lambada"]
+    assert narrowed.label == "small-model@v2 narrowed to arc-easy, wiki-text" and "narrowed_to" not in whole.identity
+    with pytest.raises(InputError, match="cannot narrow policy small-model@v2 to piqa: it gates arc-easy, hellaswag"):
+        whole.narrowed(["piqa"])
+
+
+def test_a_policy_gating_unevaluated_sets_is_refused_with_both_ways_out() -> None:
+    from gates.stage import load_gate_policy
+
+    with pytest.raises(InputError) as error:
+        load_gate_policy("small-model@v2", ["arc-easy@v1", "wiki-text@v1"])
+    message = str(error.value)
+    assert "gates hellaswag, lambada, which is not evaluated here" in message and "evaluate them too" in message
+    assert "--narrow-policy arc-easy --narrow-policy wiki-text" in message
+    narrowed = load_gate_policy("small-model@v2", ["arc-easy@v1", "wiki-text@v1"], ["arc-easy", "wiki-text"])
+    assert narrowed.identity["dropped"] == ["hellaswag", "lambada"]

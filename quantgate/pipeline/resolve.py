@@ -139,7 +139,7 @@ def resolve_plan(loaded: LoadedPlan, show_progress: bool = True) -> ResolvedPlan
     set_specs = list(goldens)
     policy = load_gate_policy(_yaml_or_name(loaded, plan.policy), set_specs,
                               list(plan.narrow_policy) if plan.narrow_policy is not None else None,
-                              narrow_hint="`narrow_policy: [{sets}]` in the plan")
+                              narrow_hint=lambda sets: f"`narrow_policy: [{', '.join(sets)}]` in the plan")
     hardware = tuple(_yaml_or_name(loaded, name) for name in plan.hardware)
     profiles = {name: load_profile(name) for name in hardware}
     quantize_cfgs = {fmt: validated(quantize.QuantizeConfig, {"format": fmt, **plan.quantize.get(fmt, {})}, "plan",
