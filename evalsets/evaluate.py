@@ -194,6 +194,17 @@ class Evaluator:
             self._loaded[device] = _LoadedModel(self.model_dir, device, compute_dtype_name(device, self.identity["storage_dtype"]))
         return self._loaded[device]
 
+    def cache_keys(self, cfg: EvaluateConfig) -> dict[str, str]:
+        """Set spec -> the cache key this model's results on it would have under `cfg`, without a
+        baseline (what a results directory made with these settings, evaluator and libraries records)."""
+        device = cfg.device or _default_device()
+        dtype = compute_dtype_name(device, self.identity["storage_dtype"])
+        keys = {}
+        for spec in cfg.evalsets:
+            golden = golden_sets.load(spec, self.home)
+            keys[golden.spec] = cache_key(self.identity, golden, run_settings(cfg, golden, device, dtype), None)
+        return keys
+
     def run(self, cfg: EvaluateConfig, out: str | Path, baseline_results: str | Path | None = None,
             overwrite: bool = False) -> EvaluationResults:
         """Evaluate this model on `cfg.evalsets` into `out` (written atomically); see `run`."""

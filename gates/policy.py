@@ -154,6 +154,9 @@ class LoadedPolicy:
             raise InputError(f"cannot narrow policy {self.policy.name}@{self.policy.version} to {', '.join(unknown)}: "
                              f"it gates {', '.join(gated)}")
         metrics = {key: gates for key, gates in self.policy.metrics.items() if any(_matches(name, key) for name in keep)}
+        if not metrics:  # fail closed: a policy narrowed to nothing would approve on size and integrity alone
+            raise InputError(f"cannot narrow policy {self.policy.name}@{self.policy.version} to no golden set: "
+                             "nothing would be left to gate")
         dropped = tuple(key for key in gated if key not in metrics)
         return LoadedPolicy(self.policy.model_copy(update={"metrics": metrics}), self.path, self.sha256,
                             narrowed_to=tuple(metrics), dropped=dropped)
@@ -223,6 +226,7 @@ class Outcome(str, Enum):
     failed = "fail"
     insufficient = "insufficient evidence"
     not_evaluated = "not evaluated"  # fail fast: another gate blocked the candidate first
+    undecided = "undecided"  # at a look before the last: evaluate more items (never in a verdict)
 
 
 def decide(estimate: float, low: float, high: float, *, limit: float, margin: float, higher_is_better: bool) -> Outcome:

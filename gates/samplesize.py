@@ -183,7 +183,7 @@ def measured_spreads(baseline_items: Mapping[str, Records], candidate_items: Map
         pair = gate_records(spec, list(baseline_items[spec]), list(candidate_items[spec]))
         for name, gate in gates.items():
             result = metric_gate(spec, _gated(name), gate, pair, settings=settings, precision=_any_precision(gate))
-            if result is None or result.half_width is None or result.items is None or result.estimate is None:
+            if result.half_width is None or result.items is None or result.estimate is None:
                 continue
             sd = sd_from_interval(result.half_width, result.items, settings.confidence)
             spreads[(key, name)] = Spread(sd=sd, items=result.items, half_width=result.half_width,

@@ -16,7 +16,7 @@ from evalsets import EvaluationResults, GoldenSet
 from evalsets.sets import all_names, scored_metrics
 from gates import ledger as ledger_module
 from gates.policy import PRECISION_CLASSES, LoadedPolicy, load_policy, precision_class
-from gates.verdict import Records, Verdict, judge
+from gates.verdict import Records, Verdict, judge, tails
 from quantgate.core.artifacts import MANIFEST, read_json, sha256_json
 from quantgate.core.errors import InputError
 from quantgate.core.ids import SetRef
@@ -197,6 +197,7 @@ def gate_results(baseline: Path, candidate: Path, policy_spec: str | Path, *, ch
                     measurement=measurement, smoke=(manifest or {}).get("smoke"), overlap=overlap)
     record = verdict_record(fmt, verdict, precision=precision, policy=policy, checkpoint=checkpoint,
                             baseline_results=baseline_results, candidate_results=candidate_results)
+    record["tails"] = tails(candidate_items, policy.policy.statistics)
     if ledger is not None:
         if checkpoint is None:
             raise InputError("--ledger needs the checkpoint (--checkpoint): a ledger record names the weights it approves")

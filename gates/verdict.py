@@ -154,13 +154,16 @@ def _describe(name: str, metric: Metric, outcome: Outcome, *, estimate: float, l
         return f"{observed} {word} {number(limit)}{suffix}"
     if outcome is Outcome.insufficient:
         return f"{observed}: insufficient evidence, the interval reaches past {number(limit)}{suffix} by more than the policy allows"
+    if outcome is Outcome.undecided:
+        return f"{observed}: undecided, the interval reaches across {number(limit)}{suffix}"
     return f"{observed} within {number(limit)}{suffix}"
 
 
 def metric_gate(spec: str, metric: Metric, gate: MetricGate, items: tuple[Records, Records], *,
-                settings: Statistics, precision: str, look: Look | None = None) -> GateResult | None:
+                settings: Statistics, precision: str, look: Look | None = None) -> GateResult:
     """One metric of one set at one look: the estimate and its paired-bootstrap interval at the
-    look's confidence, against the limit. None: undecided at this look (evaluate more items)."""
+    look's confidence, against the limit. Before the last look the outcome may be `undecided`
+    (evaluate more items); at the last look it never is."""
     look = look or Look(confidence=settings.confidence)
     baseline, candidate = items
     interval = stats.paired_bootstrap(_statistic(metric, baseline, candidate), len(baseline), resamples=settings.resamples,
@@ -170,18 +173,19 @@ def metric_gate(spec: str, metric: Metric, gate: MetricGate, items: tuple[Record
     name = SetRef.parse(spec).name
     min_items = gate.min_items or look.min_items
     decided_by = "interval"
-    if not math.isfinite(estimate):
+    if not all(math.isfinite(value) for value in (estimate, low, high)):
         # NaN compares false both ways, so it would slip through `decide`: a candidate
-        # whose numbers are not finite fails, and says so.
-        outcome, reason = Outcome.failed, f"{name} {metric.name} is {estimate} (NaN or Inf logits or losses)"
+        # whose numbers (or its interval's) are not finite fails, and says so.
+        outcome, reason = Outcome.failed, f"{name} {metric.name} is {estimate} [{low}, {high}] (NaN or Inf logits or losses)"
+        decided_by = "exact"
     else:
         decided = decide_at_look(estimate, low, high, limit=limit, margin=gate.margin, higher_is_better=metric.higher_is_better,
                                  final=look.final, items=len(baseline), min_items=min_items)
-        if decided is None:
-            return None
-        outcome = decided
+        outcome = Outcome.undecided if decided is None else decided
         wholly = (low >= limit or high < limit) if metric.higher_is_better else (high <= limit or low > limit)
-        if not wholly or len(baseline) < min_items:
+        if decided is None:
+            decided_by = "undecided"
+        elif not wholly or len(baseline) < min_items:
             decided_by = "ceiling"
         reason = _describe(name, metric, outcome, estimate=estimate, low=low, high=high, limit=limit)
         if outcome is Outcome.insufficient and len(baseline) < min_items:
@@ -218,11 +222,35 @@ def compare(baseline_items: dict[str, Records], candidate_items: dict[str, Recor
         if spec is None or spec not in baseline_items:
             raise InputError(f"policy gates {set_name}, but the results hold no {set_name} for both models")
         items = _aligned(baseline_items[spec], candidate_items[spec], spec)
-        for metric, gate in gates.items():
-            result = metric_gate(spec, _gated(metric), gate, items, settings=policy.policy.statistics, precision=precision)
-            assert result is not None  # a single look is the last look: always decided
-            results.append(result)
+        # one look, the last: always decided
+        look = Look(confidence=policy.policy.statistics.confidence, min_items=policy.policy.sequential.min_items)
+        results += [metric_gate(spec, _gated(metric), gate, items, settings=policy.policy.statistics, precision=precision, look=look)
+                    for metric, gate in gates.items()]
     return Verdict(all(result.outcome is Outcome.passed for result in results), results)
+
+
+# ---- the tails, reported ----------------------------------------------------------------------
+
+# The per-token figures every text set reports against its baseline, gated or not.
+TAIL_METRICS = ("kl_divergence", "kl_median", "kl_p90", "kl_p99", "kl_p999", "kl_max", "top_prob_change_mean",
+                "top_prob_change_p01")
+
+
+def tails(candidate_items: dict[str, Records], settings: Statistics) -> dict[str, dict[str, dict[str, float]]]:
+    """Set spec -> each tail metric of the text sets evaluated against the baseline: its value
+    and a bootstrap interval over items at the policy's confidence (`statistics`), for the
+    report and the verdict record whether or not a policy gates it."""
+    result: dict[str, dict[str, dict[str, float]]] = {}
+    for spec, items in candidate_items.items():
+        if not items or "token_values" not in items[0]:
+            continue
+        result[spec] = {}
+        for name in TAIL_METRICS:
+            interval = stats.paired_bootstrap(_statistic(METRICS[name], items, items), len(items), resamples=settings.resamples,
+                                              confidence=settings.confidence, seed=settings.seed)
+            result[spec][name] = {"estimate": interval.estimate, "low": interval.low, "high": interval.high,
+                                  "confidence": settings.confidence, "items": len(items)}
+    return result
 
 
 # ---- the size and integrity gates -----------------------------------------------------------
@@ -323,4 +351,11 @@ def judge(baseline_items: dict[str, Records], candidate_items: dict[str, Records
         results += metric_gates
     elif candidate_items is not None:
         results += compare(baseline_items, candidate_items, policy, precision).gates
-    return Verdict(bool(results) and all(result.outcome is Outcome.passed for result in results), results)
+    # fail closed: every metric gate of the policy must be there, decided, exactly once
+    wanted = sorted((SetRef.parse(key).name, metric) for key, gates in policy.policy.metrics.items() for metric in gates)
+    ids = [GateId.parse(result.gate) for result in results]
+    present = sorted((SetRef.parse(gate.scope).name, gate.check) for gate in ids if gate.on_golden_set)
+    if present != wanted and (metric_gates is not None or candidate_items is not None):
+        raise InputError(f"the verdict holds metric gates {present}, the policy gates {wanted}: refusing to judge")
+    approved = bool(wanted) and present == wanted and all(result.outcome is Outcome.passed for result in results)
+    return Verdict(approved, results)

@@ -144,6 +144,9 @@ def test_run_command_exit_codes_and_summary(cli, quant_model: Path, tmp_path: Pa
     ({"evaluation": {"sets": ["lambada"], "limit": 4}}, "gates wiki-text, which is not evaluated here (sets: lambada@v1): "
      "evaluate it too, or narrow the policy to the sets evaluated (`narrow_policy: [lambada]` in the plan"),
     ({"narrow_policy": ["arc-easy"]}, "cannot narrow policy tiny@v1 to arc-easy: it gates wiki-text, lambada"),
+    ({"narrow_policy": []}, "narrow_policy: Tuple should have at least 1 item"),
+    ({"policy": "small-model@v2", "evaluation": {"sets": ["wiki-text", "lambada", "arc-easy", "hellaswag"], "limit": 50}},
+     "lambada@v1 is evaluated on 50 items at most, and policy small-model@v2 decides its acc gate on no fewer than 110"),
     ({"evaluation": {"sets": ["wiki-text", "lambda"]}}, "lambda"),
     ({"hardware": ["h300"]}, "unknown hardware profile 'h300'"),
     ({"model": "/nonexistent/model"}, "/nonexistent/model"),
@@ -168,7 +171,9 @@ def test_missing_plan_and_broken_yaml_exit_2(cli, tmp_path: Path) -> None:
 def test_demo_plan_is_embedded_and_validates() -> None:
     plan = load_plan("demo").plan
     assert plan.formats == ("gptq-int4", "awq-int4", "smoothquant-w8a8", "fp8-e4m3")
-    assert plan.model == "smollm2-135m" and plan.policy == "small-model@v1"
+    assert plan.model == "smollm2-135m" and plan.policy == "small-model@v2"
+    assert plan.narrow_policy == ("arc-easy", "lambada", "wiki-text")
+    assert set(plan.evaluation.limits) == set(plan.evaluation.sets)  # every set has its ceiling
     assert plan.quantize["fp8-e4m3"] == {"fp8_dynamic": True}
 
 

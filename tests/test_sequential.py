@@ -410,7 +410,7 @@ def through_the_gate(rng: np.random.Generator, scenario: Scenario) -> tuple[list
             look = Look(index=index + 1, looks=len(looks), confidence=look_confidence(CONFIDENCE, len(looks)))
             result = metric_gate("hellaswag@v1", METRICS["acc"], gate, (both[0][:n], both[1][:n]), settings=settings,
                                  precision="8bit", look=look)
-            if result is not None:
+            if result.outcome is not Outcome.undecided:
                 outcomes.append(result.outcome)
                 used.append(n)
                 break

@@ -245,3 +245,29 @@ def test_every_metric_a_set_scores_is_in_the_metrics_table_and_each_gateable_one
     policy = load_policy(policy_file(tmp_path, "metrics: {wiki-text: {bits_per_byte: {max_value: {8bit: 1.0}}}}\n"))
     with pytest.raises(InputError, match="no gate rule for metric 'bits_per_byte'"):
         compare(records, records, policy, "8bit")
+
+
+def test_a_policy_with_no_metric_gate_approves_nothing(tmp_path: Path) -> None:
+    """Fail closed: size and integrity alone never approve a candidate."""
+    from gates.verdict import judge
+
+    policy = load_policy(policy_file(tmp_path, "metrics: {}\n"))
+    verdict = judge({}, {"wiki-text@v1": text_items([1.0])}, policy, "8bit", smoke={"logits_finite": True})
+    assert verdict.gates and all(gate.outcome is Outcome.passed for gate in verdict.gates) and not verdict.approved
+
+
+def test_a_verdict_missing_a_policy_gate_is_refused(tmp_path: Path) -> None:
+    from gates.verdict import judge
+
+    policy = load_policy(policy_file(tmp_path, "metrics: {wiki-text: {kl_divergence: {max_value: {8bit: 0.1}}}}\n"))
+    with pytest.raises(InputError, match="refusing to judge"):
+        judge({}, None, policy, "8bit", smoke={"logits_finite": True}, metric_gates=[])
+
+
+def test_an_interval_that_is_not_finite_fails_the_gate(tmp_path: Path) -> None:
+    policy = load_policy(policy_file(tmp_path, "metrics: {wiki-text: {kl_divergence: {max_value: {8bit: 0.1}}}}\n"))
+    items = text_items([1.0, 2.0], [0.0, 0.0], [10, 10])
+    items[1]["tokens"] = 0  # a resample of only this item divides 0 by 0
+    verdict = compare({"wiki-text@v1": text_items([1.0, 2.0])}, {"wiki-text@v1": items}, policy, "8bit")
+    (gate,) = verdict.gates
+    assert gate.outcome is Outcome.failed and "NaN or Inf" in gate.reason and not verdict.approved

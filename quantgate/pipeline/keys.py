@@ -4,6 +4,7 @@ that stage's inputs; each key names its stage."""
 
 from __future__ import annotations
 
+from evalsets.evaluate import EVALUATOR_VERSION
 from quantgate.core.artifacts import library_versions, sha256_json
 from quantgate.pipeline.resolve import ResolvedPlan
 
@@ -18,8 +19,9 @@ def baseline_measure_key(plan: ResolvedPlan) -> str:
 
 
 def baseline_evaluate_key(plan: ResolvedPlan) -> str:
-    """The baseline at every set's first look."""
+    """The baseline at every set's first look: the sets, the settings, the evaluator and the libraries."""
     return sha256_json({"stage": "evaluate", "model": plan.identity_key, "config": plan.first_look_cfg.model_dump(mode="json"),
+                        "sets": plan.golden_shas, "evaluator": EVALUATOR_VERSION, "libraries": library_versions(),
                         "quantgate": plan.version})
 
 
@@ -46,8 +48,9 @@ def sequential_key(plan: ResolvedPlan, checkpoint_sha: str, *, precision: str, b
     the policy (its bounds decide when a look settles a gate), the precision class, and the size
     or integrity gate that blocks it before any evaluation, if one does."""
     return sha256_json({"stage": "sequential", "checkpoint": checkpoint_sha, "config": plan.eval_settings,
-                        "looks": {spec: list(looks) for spec, looks in plan.looks.items()}, "baseline": plan.identity_key,
-                        "policy": plan.policy.identity, "precision": precision, "blocked_before": blocked_before,
+                        "looks": {spec: list(looks) for spec, looks in plan.looks.items()}, "sets": plan.golden_shas,
+                        "baseline": plan.identity_key, "policy": plan.policy.identity, "precision": precision,
+                        "blocked_before": blocked_before, "evaluator": EVALUATOR_VERSION, "libraries": library_versions(),
                         "quantgate": plan.version})
 
 

@@ -1,13 +1,14 @@
 """Sequential evaluation of one candidate: its golden sets in growing looks, judged after each,
 until every gate is decided or one blocks it (fail fast).
 
-Round by round, each set that still has an undecided gate is evaluated at its next look (the
-first N items of its seeded order) for the candidate and, where it has not been that far yet,
-the baseline (its looks are kept in the run directory and shared by every candidate); then
-each open gate of the set is judged at that look's confidence (`gates.sequential`). The
-cheapest decisive sets go first (text sets: KL, top-1 and perplexity from one forward pass). A
-gate that fails, or is insufficient evidence at the ceiling, blocks the candidate at once: the
-sets it had still to run are not run, and their gates are recorded as not evaluated, with why.
+Set by set, the cheapest decisive first (text sets: KL, top-1 and perplexity from one forward
+pass), each set is evaluated at its next look (the first N items of its seeded order) while one
+of its gates is undecided, for the candidate and, where it has not been that far yet, the
+baseline (its looks are kept in the run directory and shared by every candidate); after each
+look every open gate of the set is judged at that look's confidence (`gates.sequential`; the
+split is per gate, so the order of the sets does not touch the error rate). A gate that fails,
+or is insufficient evidence at the ceiling, blocks the candidate at once: the sets it had still
+to run are not run, and their gates are recorded as not evaluated, with why.
 """
 
 from __future__ import annotations
@@ -84,24 +85,22 @@ class Looks:
         depths = {spec: 0 for spec in plan.set_specs}
         trace: list[dict[str, Any]] = []
         blocked_by = blocked_before
-        rounds = max((len(plan.looks[spec]) for spec in order), default=0)
-        for round_index in range(rounds if blocked_by is None else 0):
-            for spec in order:
-                looks = plan.looks[spec]
-                if blocked_by is not None or not open_gates[spec] or round_index >= len(looks):
-                    continue
-                items = looks[round_index]
+        for spec in order if blocked_by is None else []:
+            looks = plan.looks[spec]
+            for index, items in enumerate(looks):
+                if blocked_by is not None or not open_gates[spec]:
+                    break
                 baseline = self.baseline_at(spec, items)
                 candidate = self.evaluate(fmt, {spec: items}, self.dir.look(fmt, spec, items), baseline.path)
                 depths[spec] = items
                 pair = gate_records(spec, item_records(baseline)[spec], item_records(candidate)[spec])
-                look = Look(index=round_index + 1, looks=len(looks), confidence=look_confidence(policy.policy.statistics.confidence, len(looks)),
+                look = Look(index=index + 1, looks=len(looks), confidence=look_confidence(policy.policy.statistics.confidence, len(looks)),
                             min_items=policy.policy.sequential.min_items)
                 for metric_name, gate in list(open_gates[spec].items()):
                     result = metric_gate(spec, METRICS[metric_name], gate, pair, settings=policy.policy.statistics,
                                          precision=precision, look=look)
                     trace.append(_trace_entry(spec, metric_name, look, items, result))
-                    if result is None:
+                    if result.outcome is Outcome.undecided:
                         continue
                     decided[str(GateId(spec, metric_name))] = result
                     del open_gates[spec][metric_name]
@@ -128,12 +127,10 @@ class Looks:
         return SequentialOutcome(gates, depths, trace, blocked_by)
 
 
-def _trace_entry(spec: str, metric: str, look: Look, items: int, result: GateResult | None) -> dict[str, Any]:
-    entry: dict[str, Any] = {"set": spec, "metric": metric, "look": look.index, "looks": look.looks, "items": items,
-                             "confidence": look.confidence, "outcome": "undecided" if result is None else result.outcome.value}
-    if result is not None:
-        entry.update(estimate=result.estimate, low=result.low, high=result.high, limit=result.limit)
-    return entry
+def _trace_entry(spec: str, metric: str, look: Look, items: int, result: GateResult) -> dict[str, Any]:
+    return {"set": spec, "metric": metric, "look": look.index, "looks": look.looks, "items": items, "confidence": look.confidence,
+            "outcome": result.outcome.value, "estimate": result.estimate, "low": result.low, "high": result.high,
+            "limit": result.limit}
 
 
 def _show(spec: str, items: int, look: Look, trace: list[dict[str, Any]]) -> None:

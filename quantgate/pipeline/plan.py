@@ -65,7 +65,7 @@ class RunPlan(Strict):
     evaluation: EvaluationPlan
     policy: str = "default"
     narrow_policy: tuple[str, ...] | None = Field(
-        default=None, description="gate only these golden sets of the policy (recorded in every verdict as narrowed)")
+        default=None, min_length=1, description="gate only these golden sets of the policy (recorded in every verdict as narrowed)")
     hardware: tuple[str, ...] = ("reference", "h200")
     out: str = "runs/out"
     ledger: str | None = Field(default=None, description="default: <out>/ledger.jsonl")

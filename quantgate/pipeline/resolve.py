@@ -131,6 +131,22 @@ def _calibration_config(loaded: LoadedPlan, model_dir: Path) -> calibration.Cali
         "allow_pickle": plan.allow_pickle}, "plan", within="calibration")
 
 
+def _check_ceilings(looks: Mapping[str, tuple[int, ...]], policy: LoadedPolicy) -> None:
+    """A set whose ceiling is below what a gate of the policy needs could only end as
+    insufficient evidence after evaluating everything: refused before any work."""
+    for spec, schedule_ in looks.items():
+        ref = SetRef.parse(spec)
+        for key, gates in policy.policy.metrics.items():
+            if not SetRef.parse(key).matches(ref):
+                continue
+            for name, gate in gates.items():
+                needed = gate.min_items or policy.policy.sequential.min_items
+                if schedule_[-1] < needed:
+                    raise InputError(f"plan: {spec} is evaluated on {schedule_[-1]} items at most, and policy {policy.label} "
+                                     f"decides its {name} gate on no fewer than {needed}: raise its limit to at least {needed} "
+                                     "(or narrow the policy)")
+
+
 def resolve_plan(loaded: LoadedPlan, show_progress: bool = True) -> ResolvedPlan:
     """Check all of a plan, in the order a user fixes it (sets, policy, hardware, formats,
     evaluation, plot, model, calibration); the first problem is one InputError line."""
@@ -149,6 +165,7 @@ def resolve_plan(loaded: LoadedPlan, show_progress: bool = True) -> ResolvedPlan
     looks = {spec: tuple(schedule(policy.policy.sequential.looks_for(golden.name),
                                   min(golden.size, eval_cfg.limit_for(golden.name, spec) or golden.size)))
              for spec, golden in goldens.items()}
+    _check_ceilings(looks, policy)
     model_dir = _baseline(plan, show_progress)
     return ResolvedPlan(
         plan=plan, goldens=goldens, policy=policy, hardware=hardware, profiles=profiles, quantize_cfgs=quantize_cfgs,

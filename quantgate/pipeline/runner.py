@@ -25,7 +25,7 @@ from gates.policy import Outcome, precision_class
 from gates.report import build as build_report
 from gates.report import write as write_report
 from gates.stage import item_records, overlap_summary, record_verdict, verdict_record
-from gates.verdict import GateResult, blocked_verdict, integrity_gates, judge, size_gates
+from gates.verdict import GateResult, blocked_verdict, integrity_gates, judge, size_gates, tails
 from quantgate.core.artifacts import MANIFEST, read_json, sha256_file, sha256_json, verify_files, write_json
 from quantgate.core.errors import InputError
 from quantgate.core.models import weight_file_hashes
@@ -209,8 +209,10 @@ class _Run:
                 existing = evalsets.load_results(out)
             except InputError:  # damaged, or not results: made again
                 existing = None
-            if existing is not None and existing.manifest["config"] == cfg.model_dump(mode="json") and \
-                    existing.manifest["model"]["weights_sha256"] == self.evaluator(name).identity["weights_sha256"]:
+            # reused only when every set was made under the same cache key: the same model,
+            # settings, device, evaluator version and libraries
+            if existing is not None and {spec: entry["cache_key"] for spec, entry in existing.manifest["sets"].items()} \
+                    == self.evaluator(name).cache_keys(cfg):
                 return existing
         return self.evaluator(name).run(cfg, out, baseline_results=baseline, overwrite=True)
 
@@ -320,7 +322,10 @@ class _Run:
                          evalsets.load_results(self.dir.paired_baseline(fmt)) if evaluated else None)
 
     def _evidence_intact(self, path: Path, fmt: str) -> bool:
-        stored = stored_value(path) if path.is_file() else None
+        try:
+            stored = stored_value(path) if path.is_file() else None
+        except (OSError, ValueError, KeyError, TypeError):
+            return False  # unreadable: looked at again
         if stored is None or not any(stored.get("depths", {}).values()):
             return True
         try:
@@ -348,7 +353,9 @@ class _Run:
             record = verdict_record(fmt, judged, precision=candidate.precision, policy=plan.policy, checkpoint=candidate.checkpoint,
                                     baseline_results=evidence.baseline or baseline.results, candidate_results=evidence.results,
                                     weights=weight_file_hashes(manifest["files"]))
-            return {**record, "sequential": sequential_summary(evidence.value)}
+            summary = sequential_summary(evidence.value)
+            return {**record, "sequential": summary, "not_evaluated": summary["not_evaluated"],
+                    "tails": tails(candidate_items or {}, plan.policy.policy.statistics)}
 
         record = self.cache.json(kind="gate", label=f"gate {fmt}", path=self.dir.verdict(fmt), key=key, produce=verdict)
         appended = record_verdict(self.pipeline.ledger, record)
