@@ -2,10 +2,12 @@
 report.json (the data, schema_version 1), report.md and a self-contained report.html (inline
 SVG, no scripts, no network).
 
-The page reads top down: a summary (what is recommended, one sentence per blocked format naming
-the gates that blocked it), a compact table that fits a 1280-pixel window, the size-vs-metric
-plot with its Pareto front, then one section per candidate with a forest plot of its metric
-gates and a table of every gate's numbers and reason."""
+The page reads top down: the policy (narrowed or not), a summary (what is recommended, one
+sentence per blocked format naming the gates that blocked it), a compact table that fits a
+1280-pixel window, the size-vs-metric plot with its Pareto front, one section per candidate with
+a forest plot of its metric gates, a table of every gate's numbers and reason and a table of its
+per-token KL tails, then what was measured: each set's looks and ceiling, and the items each
+format was evaluated on (the baseline's results hold each set's first look only)."""
 
 from __future__ import annotations
 
@@ -61,6 +63,24 @@ def _number(value: Any, digits: int = 3) -> str:
     if isinstance(value, float):
         return f"{value:.{digits}f}"
     return f"{value:,}" if isinstance(value, int) else str(value)
+
+
+def policy_label(policy: dict[str, Any]) -> str:
+    """'small-model@v2', or 'small-model@v2 narrowed to arc-easy, wiki-text (dropped: hellaswag)'
+    for a policy the plan narrowed (its identity's `narrowed_to` and `dropped`)."""
+    label = f"{policy.get('name', '?')}@{policy.get('version', '?')}"
+    if policy.get("narrowed_to") is None:
+        return label
+    label += f" narrowed to {', '.join(policy['narrowed_to'])}"
+    return label + (f" (dropped: {', '.join(policy['dropped'])})" if policy.get("dropped") else "")
+
+
+def _set_name(spec: str) -> str:
+    """'wiki-text' for 'wiki-text@v1' (a spec this version cannot parse: as it is)."""
+    try:
+        return SetRef.parse(spec).name
+    except InputError:
+        return spec
 
 
 # ---- a gate's numbers -------------------------------------------------------------------------
@@ -190,15 +210,51 @@ def _counts(row: dict[str, Any]) -> tuple[int, int, int]:
             sum(gate.get("outcome") == NOT_EVALUATED for gate in gates))
 
 
-def items_evaluated(row: dict[str, Any]) -> int | None:
-    """Items a candidate was evaluated on, over its golden sets: each set's gates were judged on
-    the same items, so a set counts once, at the most items any of its gates saw."""
+def _gate_items(row: dict[str, Any]) -> dict[str, int]:
+    """Set spec -> the most items any of its decided gates saw (a verdict record without
+    `sequential`: the only count it holds)."""
     per_set: dict[str, int] = {}
     for gate in _gates(row):
         gate_id = _gate_id(gate)
         if gate_id is not None and gate_id.on_golden_set and gate.get("items") is not None:
             per_set[gate_id.scope] = max(per_set.get(gate_id.scope, 0), int(gate["items"]))
+    return per_set
+
+
+def depths(row: dict[str, Any]) -> dict[str, int] | None:
+    """Set spec -> items the format was evaluated on (0: not run), as its looks went
+    (the verdict's `sequential.items`); None for a record without them."""
+    items = (row.get("sequential") or {}).get("items")
+    return {spec: int(count) for spec, count in items.items()} if isinstance(items, dict) else None
+
+
+def items_evaluated(row: dict[str, Any]) -> int | None:
+    """Items a format was evaluated on, over its golden sets: its looks' depths where the
+    verdict records them, else (an older record) each set once, at the most items any of its
+    decided gates saw."""
+    per_set = depths(row)
+    if per_set is None:
+        per_set = _gate_items(row)
     return sum(per_set.values()) if per_set else None
+
+
+def _items_list(per_set: dict[str, int]) -> str:
+    """'wiki-text 25, lambada 240, arc-easy 0'."""
+    return ", ".join(f"{_set_name(spec)} {count:,}" for spec, count in per_set.items())
+
+
+def baseline_depths(report: dict[str, Any]) -> dict[str, int] | None:
+    """Set spec -> items the baseline was evaluated on: each set's first look (its own values),
+    and as deep as any format went (paired with it, item by item); None when no row records
+    its looks."""
+    recorded = [per_set for per_set in (depths(row) for row in report["rows"] if row["verdict"] != "baseline") if per_set is not None]
+    if not recorded:
+        return None
+    result = {entry["spec"]: int(entry["items"]) for entry in report.get("evalsets") or []}
+    for per_set in recorded:
+        for spec, count in per_set.items():
+            result[spec] = max(result.get(spec, 0), count)
+    return result
 
 
 def _verdict_note(row: dict[str, Any]) -> str:
@@ -291,6 +347,26 @@ def approved_sentence(report: dict[str, Any]) -> str:
     return f"Approved, every gate passed: {listed} ({len(approved)} of {len(candidates)} formats)."
 
 
+def policy_line(report: dict[str, Any]) -> str:
+    """The page's header line: the policy, narrowed or not, and its hash."""
+    policy = report["policy"]
+    return (f"Policy {policy_label(policy)}; sha256 {str(policy.get('sha256', ''))[:12]}. "
+            "Decode times are lower bounds from peak bandwidth and FLOP/s, not measurements.")
+
+
+def narrowed_sentence(report: dict[str, Any]) -> str | None:
+    """For a narrowed policy, what its verdicts do not cover; None for a whole policy."""
+    policy = report["policy"]
+    if policy.get("narrowed_to") is None:
+        return None
+    dropped = list(policy.get("dropped") or [])
+    sentence = f"Gated under policy {policy_label(policy)}"
+    if not dropped:
+        return sentence + "."
+    them = "it" if len(dropped) == 1 else "them"
+    return sentence + f": no gate on {', '.join(dropped)} was applied, so no verdict here speaks for {them}."
+
+
 # ---- the main table ---------------------------------------------------------------------------
 
 def table(report: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
@@ -298,7 +374,9 @@ def table(report: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     candidate's section), so that it fits a 1280-pixel window."""
     profiles = [profile["name"] for profile in report["hardware"]]
     header = ["format", "MB", "x baseline", "bits/weight"] + [f"{p} b1 ms" for p in profiles] + ["KL", "verdict", "items"]
-    baseline_items = sum(entry["items"] for entry in report.get("evalsets") or []) or None
+    baseline_per_set = baseline_depths(report)
+    baseline_items: str | int | None = (_items_list(baseline_per_set) if baseline_per_set is not None
+                                        else sum(entry["items"] for entry in report.get("evalsets") or []) or None)
     rows = []
     for row in report["rows"]:
         bits = row.get("bits_per_weight_layers")
@@ -309,7 +387,11 @@ def table(report: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
         for profile in profiles:
             bound = row.get("bounds", {}).get(profile)
             cells.append(f"{bound['batch1_ms']:.3f}" if bound else "–")
-        items = baseline_items if row["verdict"] == "baseline" else items_evaluated(row)
+        per_set = depths(row)
+        if row["verdict"] == "baseline":
+            items = baseline_items
+        else:  # per set as the looks went; an older record: the items of its decided gates, summed
+            items = _items_list(per_set) if per_set is not None else items_evaluated(row)
         cells += [_number(row.get("kl_divergence"), 4), row["verdict"], _number(items)]
         rows.append(cells)
     return header, rows
@@ -410,14 +492,96 @@ def forest_svg(row: dict[str, Any]) -> str:
     return "".join(parts)
 
 
+# ---- a candidate's tails ------------------------------------------------------------------------
+
+# The tails a verdict records for each text set (gates.verdict.TAIL_METRICS), as the table heads them.
+TAIL_COLUMNS = (("kl_divergence", "mean KL"), ("kl_median", "median"), ("kl_p90", "p90"), ("kl_p99", "p99"),
+                ("kl_p999", "p99.9"), ("kl_max", "max KL"), ("top_prob_change_mean", "mean Δp"),
+                ("top_prob_change_p01", "p01 Δp"))
+TAIL_HEADER = ["set", *(title for _, title in TAIL_COLUMNS)]
+
+
+def _tails(row: dict[str, Any]) -> dict[str, dict[str, dict[str, Any]]]:
+    return {spec: entry for spec, entry in (row.get("tails") or {}).items() if isinstance(entry, dict) and entry}
+
+
+def tail_cells(row: dict[str, Any]) -> list[tuple[str, int | None, list[tuple[str, str]]]]:
+    """Per text set: its name, the items, and per TAIL_COLUMNS (value, '[low, high]'), three
+    significant digits ('–' for a tail the record lacks)."""
+    result = []
+    for spec, metrics in _tails(row).items():
+        cells, items = [], None
+        for name, _ in TAIL_COLUMNS:
+            entry = metrics.get(name) or {}
+            items = items if items is not None else entry.get("items")
+            value = entry.get("estimate")
+            low, high = entry.get("low"), entry.get("high")
+            interval = f"[{_amount(low, '')}, {_amount(high, '')}]" if _finite(low) and _finite(high) else ""
+            cells.append((_amount(value, "") if value is not None else "–", interval))
+        result.append((_set_name(spec), items, cells))
+    return result
+
+
+def tails_note(row: dict[str, Any]) -> str:
+    """What the tails table shows, and which of the tails a gate judged (those are in the forest
+    plot as well)."""
+    confidences = {entry.get("confidence") for metrics in _tails(row).values() for entry in metrics.values()
+                   if isinstance(entry, dict) and entry.get("confidence") is not None}
+    level = f"{_confidence_text(confidences.pop())} " if len(confidences) == 1 else ""
+    names = {name for name, _ in TAIL_COLUMNS}
+    gated = [_label(gate) for gate in _gates(row)
+             if (gate_id := _gate_id(gate)) is not None and gate_id.on_golden_set and gate_id.check in names]
+    which = (f"the gated ones ({', '.join(gated)}) are in the forest plot as well" if gated
+             else "none is gated here (a gated one is in the forest plot as well)")
+    return ("The per-token KL divergence from the baseline (nats) over each text set's evaluated items, and Δp, the change "
+            "in the probability of the baseline's top token (negative: the format gives it less), each with its "
+            f"{level}bootstrap interval over items, gated or not: {which}.")
+
+
+# ---- what was measured ----------------------------------------------------------------------------
+
+def _looks(entry: dict[str, Any]) -> list[int]:
+    """A golden set's looks (item counts, the last its ceiling); a report of a run from before
+    looks: one look, at the items it evaluated."""
+    return [int(items) for items in entry.get("looks") or []] or [int(entry["items"])]
+
+
+def measured_table(report: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """Per golden set: its looks, its ceiling, and per format the items it was evaluated on
+    (with the look that was), 'not run' where its looks never reached the set."""
+    candidates = [row for row in report["rows"] if row["verdict"] != "baseline"]
+    header = ["golden set", "looks at (items)", "ceiling", *(row["format"] for row in candidates)]
+    rows = []
+    for entry in report.get("evalsets") or []:
+        looks = _looks(entry)
+        size = entry.get("size")
+        ceiling = f"{looks[-1]:,}" + (" (whole set)" if size == looks[-1] else f" of {size:,}" if size else "")
+        cells = [entry["spec"], ", ".join(f"{items:,}" for items in looks), ceiling]
+        for row in candidates:
+            per_set = depths(row)
+            if per_set is None:
+                items = _gate_items(row).get(entry["spec"])
+                cells.append("–" if items is None else f"{items:,}")
+            elif not per_set.get(entry["spec"]):
+                cells.append("not run")
+            else:
+                items = per_set[entry["spec"]]
+                look = f" (look {looks.index(items) + 1} of {len(looks)})" if items in looks and len(looks) > 1 else ""
+                cells.append(f"{items:,}{look}")
+        rows.append(cells)
+    return header, rows
+
+
 def context_lines(report: dict[str, Any]) -> list[str]:
     """The sizes behind the numbers: how many items each golden set contributed, the
     confidence level, the calibration set, the bounds' assumptions, the baseline's own numbers."""
     lines = []
     if report.get("evalsets"):
-        sets = ", ".join(f"{entry['spec']} {entry['items']} items" + (f" (first {entry['limit']} of {entry['size']})" if entry.get("limit") else "")
-                         for entry in report["evalsets"])
-        lines.append(f"Golden sets: {sets}. Differences are candidate minus baseline, item by item, with "
+        lines.append(f"Golden sets: {', '.join(entry['spec'] for entry in report['evalsets'])}, each looked at on its first N items "
+                     "for each N in its looks, the last its ceiling. A format's looks at a set stop at the look that decides all "
+                     "its gates there, or once another gate has blocked the format (fail fast): the table below gives, per set, "
+                     "the looks and the items each format was evaluated on.")
+        lines.append(f"Differences are format minus baseline, item by item on the items the format was evaluated on, with "
                      f"{report.get('confidence', 0.95):.0%} paired-bootstrap intervals (a set looked at more than once "
                      "has each look's interval at a higher confidence; each gate's is in its candidate's table).")
     if report.get("calibration"):
@@ -433,7 +597,9 @@ def context_lines(report: dict[str, Any]) -> list[str]:
         values = [f"{column} {entry['value']:.4f}" for column, entry in (baseline.get("metrics") or {}).items()
                   if _finite(entry.get("value"))]
         profiles = [profile["name"] for profile in report["hardware"]]
-        lines.append(f"Baseline: {facts_sentence(baseline, profiles)}" + (f" Its values: {', '.join(values)}." if values else ""))
+        first = ", ".join(f"{_set_name(entry['spec'])} {int(entry['items']):,}" for entry in report.get("evalsets") or [])
+        at = f" Its values, at each set's first look ({first} items)" if first else " Its values"
+        lines.append(f"Baseline: {facts_sentence(baseline, profiles)}" + (f"{at}: {', '.join(values)}." if values else ""))
     return lines
 
 
@@ -451,12 +617,11 @@ def markdown(report: dict[str, Any]) -> str:
     header, rows = table(report)
     profiles = [profile["name"] for profile in report["hardware"]]
     verdicts = {row["format"]: row for row in report["rows"]}
-    lines = [f"# quantgate report: {report['model']}", "",
-             f"Policy {report['policy']['name']}@{report['policy']['version']} (sha256 {report['policy']['sha256'][:12]}). "
-             "Decode times are lower bounds from peak bandwidth and FLOP/s, not measurements.", "",
-             "## Summary", ""]
+    lines = [f"# quantgate report: {report['model']}", "", policy_line(report), "", "## Summary", ""]
     lines += [f"- {sentence}" for sentence in recommendation_sentences(report)]
     lines += [f"- {approved_sentence(report)}"]
+    narrowed = narrowed_sentence(report)
+    lines += [f"- {narrowed}"] if narrowed else []
     lines += [f"- {blocked_sentence(row)}" for row in report["rows"] if row["verdict"] == "blocked"]
     lines += ["", "## Formats", "", _md_row(header), "|" + "---|" * len(header)]
     for cells in rows:
@@ -478,10 +643,19 @@ def markdown(report: dict[str, Any]) -> str:
             lines += [_md_row(GATE_HEADER), "|" + "---|" * len(GATE_HEADER)] + [_md_row(gate_cells(gate)) for gate in gates]
         else:
             lines += [f"- {reason}" for reason in row.get("reasons") or []] or ["No gates recorded."]
+        tails = tail_cells(row)
+        if tails:
+            lines += ["", "Tails of the per-token KL:", "", tails_note(row), "", _md_row(TAIL_HEADER), "|" + "---|" * len(TAIL_HEADER)]
+            lines += [_md_row([name + (f" ({items:,} items)" if items is not None else "")]
+                              + [f"{value} {interval}".strip() for value, interval in cells]) for name, items, cells in tails]
         skipped = _not_evaluated(row)
         if skipped:
             lines += ["", "Not evaluated:", ""] + [f"- {line}" for line in skipped]
     lines += ["", "## What was measured", ""] + [f"- {line}" for line in context_lines(report)]
+    measured_header, measured_rows = measured_table(report)
+    if measured_rows:
+        lines += ["", "Items each format was evaluated on:", "", _md_row(measured_header), "|" + "---|" * len(measured_header)]
+        lines += [_md_row(cells) for cells in measured_rows]
     return "\n".join(lines) + "\n"
 
 
@@ -575,8 +749,10 @@ def _formats_table(report: dict[str, Any]) -> str:
         link = name if row["verdict"] == "baseline" else f'<a href="#candidate-{name}">{name}</a>'
         note = _verdict_note(row)
         verdict = f'<td class="verdict"><b>{html.escape(cells[-2])}</b>' + (f' <span class="muted">{html.escape(note)}</span>' if note else "") + "</td>"
-        cells_out.append([f"<td>{link}</td>", *(html.escape(cell) for cell in cells[1:-2]), verdict, html.escape(cells[-1])])
-    numeric = set(range(1, len(header) - 2)) | {len(header) - 1}
+        # the items per set: each set's count kept on one line, the list wrapping between sets
+        items = ", ".join(f'<span class="nowrap">{html.escape(part)}</span>' for part in cells[-1].split(", "))
+        cells_out.append([f"<td>{link}</td>", *(html.escape(cell) for cell in cells[1:-2]), verdict, f'<td class="items">{items}</td>'])
+    numeric = set(range(1, len(header) - 2))
     return _html_table(header, cells_out, table_id="formats", row_classes=[row["verdict"] for row in report["rows"]], numeric=numeric)
 
 
@@ -602,6 +778,13 @@ def _candidate_section(row: dict[str, Any], profiles: list[str]) -> str:
                                  numeric={2, 3, 4, 5, 7, 8, 9}))
     elif row.get("reasons"):
         parts.append("<ul>" + "".join(f"<li>{html.escape(reason)}</li>" for reason in row["reasons"]) + "</ul>")
+    tails = tail_cells(row)
+    if tails:
+        rows = [[f'<td>{html.escape(name)}' + (f'<br><span class="muted">{items:,} items</span>' if items is not None else "") + "</td>"]
+                + [f'<td class="n">{html.escape(value)}' + (f'<br><span class="ci">{html.escape(interval)}</span>' if interval else "") + "</td>"
+                   for value, interval in cells] for name, items, cells in tails]
+        parts.append(f'<h4>Tails of the per-token KL</h4><p class="muted note">{html.escape(tails_note(row))}</p>')
+        parts.append(_html_table(TAIL_HEADER, rows, table_class="tails", numeric=set(range(1, len(TAIL_HEADER)))))
     skipped = _not_evaluated(row)
     if skipped:
         parts.append('<p class="muted">Not evaluated:</p><ul class="not-evaluated">'
@@ -632,6 +815,12 @@ section.candidate h3 { margin-bottom: 0.2em; }
 svg { max-width: 100%; height: auto; display: block; }
 svg.forest { margin: 0.6em 0; }
 svg.forest text { font-variant-numeric: tabular-nums; }
+.nowrap { white-space: nowrap; }
+#formats td.items { max-width: 16em; }
+section.candidate h4 { margin: 1em 0 0.2em; }
+p.note { font-size: 13px; margin: 0.2em 0 0.4em; }
+table.tails { font-size: 12px; }
+table.tails .ci { color: #59636e; font-size: 11px; }
 """
 
 
@@ -641,30 +830,38 @@ def html_page(report: dict[str, Any]) -> str:
     blocked = "".join(f"<li>{html.escape(blocked_sentence(row))}</li>" for row in report["rows"] if row["verdict"] == "blocked")
     candidates = "\n".join(_candidate_section(row, profiles) for row in report["rows"] if row["verdict"] != "baseline")
     context = "".join(f"<li>{html.escape(line)}</li>" for line in context_lines(report))
+    measured_header, measured_rows = measured_table(report)
+    measured = "" if not measured_rows else _html_table(
+        measured_header, [[html.escape(cell) for cell in cells] for cells in measured_rows], table_id="measured",
+        numeric=set(range(3, len(measured_header))))
+    narrowed = narrowed_sentence(report)
+    narrowed_html = f'\n<p id="narrowed">{html.escape(narrowed)}</p>' if narrowed else ""
     model = html.escape(report["model"])
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>quantgate report: {model}</title>
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <style>{STYLE}</style></head><body>
 <h1>quantgate report: {model}</h1>
-<p class="muted">Policy {html.escape(report['policy']['name'])}@{html.escape(report['policy']['version'])}
-(sha256 {html.escape(report['policy']['sha256'][:12])}). Decode times are lower bounds from peak bandwidth and FLOP/s, not measurements.</p>
+<p class="muted" id="policy">{html.escape(policy_line(report))}</p>
 <section id="summary"><h2>Summary</h2>
 <ul id="recommendation">{recommendations}</ul>
-<p>{html.escape(approved_sentence(report))}</p>
+<p>{html.escape(approved_sentence(report))}</p>{narrowed_html}
 <ul id="blocked">{blocked}</ul></section>
 <h2>Formats</h2>
 {_formats_table(report)}
 <p class="muted">MB: checkpoint bytes / 10<sup>6</sup>. bits/weight: the quantized layers' (the baseline: its whole model's).
-b1 ms: the decode-step lower bound at batch 1 (batch 32 in each candidate's section). items: golden-set items evaluated.</p>
+b1 ms: the decode-step lower bound at batch 1 (batch 32 in each candidate's section). items: golden-set items evaluated, per set
+as far as the format's looks went (the baseline: as deep as any format, paired item by item; see What was measured).</p>
 <h2>Size against {html.escape(report['plot']['y'])}</h2>
 {svg_plot(report)}
 <h2>Candidates</h2>
 <p class="muted">Each forest plot has one row per metric gate, each on its own scale: the gate's limit is the dark mark in the
 middle, the worse side is to the right (tinted), the line is the interval and the dot the estimate; green passed, red failed,
-amber insufficient evidence, grey not evaluated. The numbers are beside each row and in the table below it.</p>
+amber insufficient evidence, grey not evaluated. The numbers are beside each row and in the table below it; under that, the
+tails of the per-token KL of each text set, gated or not.</p>
 {candidates}
 <h2>What was measured</h2><ul>{context}</ul>
+{measured}
 </body></html>
 """
 
@@ -683,7 +880,7 @@ def write(report: dict[str, Any], out: Path, overwrite: bool = True) -> Path:
 # ---- a report from a run directory (`quantgate run`, `quantgate report RUN_DIR`) ------------
 
 def _row(name: str, measured: dict[str, Any] | None, results: dict[str, Any] | None, verdict: dict[str, Any] | None,
-         columns: list[str]) -> dict[str, Any]:
+         columns: list[str], sequential: dict[str, Any] | None = None) -> dict[str, Any]:
     measurement = (measured or {}).get("measurement")
     metrics: dict[str, Any] = {}
     for column in columns:
@@ -722,7 +919,36 @@ def _row(name: str, measured: dict[str, Any] | None, results: dict[str, Any] | N
         # verdict records from before either was written have neither
         "gates": [] if verdict is None else list(verdict.get("gates") or []),
         "not_evaluated": {} if verdict is None else dict(verdict.get("not_evaluated") or {}),
+        # its looks: per set the looks planned and the items evaluated (`items`), what stopped them;
+        # None for the baseline, a format that failed to quantize, and verdicts from before looks
+        "sequential": sequential,
+        # per text set the per-token KL's tails with bootstrap intervals, gated or not
+        "tails": {} if verdict is None else dict(verdict.get("tails") or {}),
     }
+
+
+def _sequential(verdict: dict[str, Any], artifact: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A format's looks: the verdict's `sequential` record, else (a verdict written before it
+    recorded them) its sequential stage's value, in the same shape. A format with no results of
+    its own (it failed to quantize) has none: a sequential artifact left there is another run's."""
+    if isinstance(verdict.get("sequential"), dict):
+        return dict(verdict["sequential"])
+    if artifact is None or verdict.get("results") is None or not isinstance(artifact.get("depths"), dict):
+        return None
+    return {"looks": artifact.get("looks") or {}, "items": artifact["depths"], "error_control": artifact.get("error_control"),
+            "confidence": artifact.get("confidence"), "blocked_by": artifact.get("blocked_by"),
+            "not_evaluated": dict(verdict.get("not_evaluated") or {}), "trace": artifact.get("trace") or []}
+
+
+def _policy(run: dict[str, Any], verdicts: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The run's policy identity, narrowed (`narrowed_to`, `dropped`) where the run's record or
+    any verdict says so."""
+    policy = {key: run["policy"][key] for key in ("name", "version", "sha256")}
+    sources = [run["policy"], *(verdict.get("policy") or {} for verdict in verdicts.values())]
+    narrowed = next((source for source in sources if source.get("narrowed_to") is not None), None)
+    if narrowed is not None:
+        policy.update(narrowed_to=list(narrowed["narrowed_to"]), dropped=list(narrowed.get("dropped") or []))
+    return policy
 
 
 def build(run_dir: Path) -> dict[str, Any]:
@@ -751,7 +977,15 @@ def build(run_dir: Path) -> dict[str, Any]:
     baseline_results = manifest(layout.results(BASELINE))
     baseline_measured = stored_value(layout.measure(BASELINE)) or {}
     rows = [_row("baseline", baseline_measured, baseline_results, None, columns)]
-    rows += [_row(fmt, stored_value(layout.measure(fmt)), manifest(layout.results(fmt)), verdicts[fmt], columns) for fmt in run["formats"]]
+    artifacts = {fmt: stored_value(layout.sequential(fmt)) for fmt in run["formats"]}
+    sequential = {fmt: _sequential(verdicts[fmt], artifacts[fmt]) for fmt in run["formats"]}
+    rows += [_row(fmt, stored_value(layout.measure(fmt)), manifest(layout.results(fmt)), verdicts[fmt], columns,
+                  sequential=sequential[fmt]) for fmt in run["formats"]]
+    # each set's looks (item counts, the last its ceiling): the run's record, else any format's
+    looks: dict[str, list[int]] = dict(run.get("looks") or {})
+    for entry in sequential.values():
+        for spec, counts in ((entry or {}).get("looks") or {}).items():
+            looks.setdefault(spec, list(counts))
     calibration = manifest(layout.calibration)
     any_bounds = next(iter((baseline_measured.get("bounds") or {}).values()), None)
     plot = dict(run["plot"])
@@ -760,13 +994,15 @@ def build(run_dir: Path) -> dict[str, Any]:
     return {
         "model": run["plan"]["model"],
         "model_path": run["model"],
-        "policy": {key: run["policy"][key] for key in ("name", "version", "sha256")},
+        "policy": _policy(run, verdicts),
         "hardware": [{"name": name} for name in run["hardware"]],
         "metric_columns": columns,
         "plot": plot,
         "rows": rows,
+        # the baseline's results: each set at its first look (`items`); `looks` as the run planned them
         "evalsets": [{"spec": spec, "items": entry["items"], "limit": entry["limit"], "sha256": entry["sha256"],
-                      "size": _set_size(spec)} for spec, entry in (baseline_results or {}).get("sets", {}).items()],
+                      "size": _set_size(spec), "looks": list(looks.get(spec) or [])}
+                     for spec, entry in (baseline_results or {}).get("sets", {}).items()],
         "calibration": None if calibration is None else {
             "samples": calibration["samples"], "seq_len": calibration["seq_len"], "fingerprint": calibration["fingerprint"],
             "source": calibration["config"]["source"]},

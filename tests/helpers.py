@@ -127,10 +127,16 @@ def write_header_only(path: Path, tensors: dict[str, tuple[str, list[int]]], met
 
 
 def sample_report() -> dict[str, Any]:
-    """A report document of four formats and a baseline, in the shape gates.report.write takes.
-    Its verdicts' gates hold every outcome: fp8-e4m3 and smoothquant-w8a8 pass all; gptq-int4
-    fails wiki-text's KL, top-1 and perplexity at the first of three looks (25 items), and fail
-    fast leaves arc-easy not evaluated; awq-int4 has too little evidence on arc-easy."""
+    """A report document of four formats and a baseline, in the shape gates.report.write takes
+    (gates.report.build makes it from a run directory), under a policy narrowed to wiki-text and
+    arc-easy (hellaswag dropped). wiki-text is looked at on 25, 75 and 200 items, arc-easy on 25
+    and 50. Its verdicts' gates hold every outcome: fp8-e4m3 and smoothquant-w8a8 pass all (the
+    latter's wiki-text gates decided at the second look, 75 items); gptq-int4 fails wiki-text's
+    KL, top-1 and perplexity at the first of three looks (25 items), and fail fast leaves
+    arc-easy not evaluated; awq-int4 has too little evidence on arc-easy at its ceiling. Each
+    format's row carries its looks (`sequential`) and wiki-text's per-token KL tails."""
+    looks = {"wiki-text@v1": [25, 75, 200], "arc-easy@v1": [25, 50]}
+
     def metric(name: str, outcome: str, estimate: float | None, low: float | None, high: float | None, limit: float,
                unit: str, items: int, look: tuple[int, int] = (1, 1), reason: str = "") -> dict[str, Any]:
         confidence = 1 - 0.05 / look[1]
@@ -156,15 +162,46 @@ def sample_report() -> dict[str, Any]:
                 exact("size bits_per_weight", bits_excess, 0.01, "bits", f"size: quantized layers store {bits_excess:+.4f} bits per weight over the format's exact figure (within the tolerance 0.01)"),
                 exact("size unexplained_bytes", 0.0, 0.0, "bytes", "size: every byte is explained by the format")]
 
-    def passing(kl: float, top1: float, ppl: float, acc: float, limits: tuple[float, float, float, float]) -> list[dict[str, Any]]:
-        return [metric("wiki-text@v1 perplexity", "pass", ppl, ppl - 0.9, ppl + 1.1, limits[0], "%", 25, (1, 3)),
-                metric("wiki-text@v1 kl_divergence", "pass", kl, kl * 0.85, kl * 1.2, limits[1], "", 25, (1, 3)),
-                metric("wiki-text@v1 top1_agreement", "pass", top1, top1 - 0.02, top1 + 0.02, limits[2], "", 25, (1, 3)),
-                metric("wiki-text@v1 kl_p99", "pass", kl * 5, kl * 4, kl * 6.5, 1.0, "", 25, (1, 3)),
+    def passing(kl: float, top1: float, ppl: float, acc: float, limits: tuple[float, float, float, float],
+                wiki_look: int = 1) -> list[dict[str, Any]]:
+        items, look = looks["wiki-text@v1"][wiki_look - 1], (wiki_look, 3)
+        return [metric("wiki-text@v1 perplexity", "pass", ppl, ppl - 0.9, ppl + 1.1, limits[0], "%", items, look),
+                metric("wiki-text@v1 kl_divergence", "pass", kl, kl * 0.85, kl * 1.2, limits[1], "", items, look),
+                metric("wiki-text@v1 top1_agreement", "pass", top1, top1 - 0.02, top1 + 0.02, limits[2], "", items, look),
+                metric("wiki-text@v1 kl_p99", "pass", kl * 5, kl * 4, kl * 6.5, 1.0, "", items, look),
                 metric("arc-easy@v1 acc", "pass", acc, acc - 4.5, acc + 4.0, limits[3], "points", 50, (2, 2))]
 
+    def sequential(gates: list[dict[str, Any]], depths: dict[str, int], not_evaluated: dict[str, str]) -> dict[str, Any]:
+        """The verdict's record of its looks (quantgate.pipeline.runner.sequential_summary)."""
+        decided = [gate for gate in gates if "@" in gate["gate"] and gate["look"] is not None]
+        blocked_by = next((gate["reason"] for gate in decided if gate["outcome"] != "pass"), None)
+        trace = [{"set": gate["gate"].split()[0], "metric": gate["gate"].split()[1], "look": gate["look"], "looks": gate["looks"],
+                  "items": gate["items"], "confidence": gate["confidence"], "outcome": gate["outcome"], "estimate": gate["estimate"],
+                  "low": gate["low"], "high": gate["high"], "limit": gate["limit"]} for gate in decided]
+        return {"looks": looks, "items": depths, "error_control": "bonferroni", "confidence": 0.95, "blocked_by": blocked_by,
+                "not_evaluated": not_evaluated, "trace": trace}
+
+    def tails(gates: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
+        """wiki-text's per-token KL tails (gates.verdict.tails), consistent with its KL gates."""
+        by_id = {gate["gate"]: gate for gate in gates}
+        kl, p99 = by_id["wiki-text@v1 kl_divergence"], by_id["wiki-text@v1 kl_p99"]
+        mean = kl["estimate"]
+
+        def tail(estimate: float, low: float, high: float) -> dict[str, Any]:
+            return {"estimate": estimate, "low": low, "high": high, "confidence": 0.95, "items": kl["items"]}
+
+        return {"wiki-text@v1": {
+            "kl_divergence": tail(mean, kl["low"], kl["high"]),
+            "kl_median": tail(mean * 0.42, mean * 0.36, mean * 0.49),
+            "kl_p90": tail(mean * 2.1, mean * 1.8, mean * 2.5),
+            "kl_p99": tail(p99["estimate"], p99["low"], p99["high"]),
+            "kl_p999": tail(p99["estimate"] * 2.3, p99["estimate"] * 1.7, p99["estimate"] * 3.1),
+            "kl_max": tail(p99["estimate"] * 4.4, p99["estimate"] * 2.9, p99["estimate"] * 4.4),
+            "top_prob_change_mean": tail(-mean * 0.12, -mean * 0.16, -mean * 0.08),
+            "top_prob_change_p01": tail(max(-1.0, -mean * 1.9), max(-1.0, -mean * 2.4), -mean * 1.4)}}
+
     def row(name: str, size: int, top1: float, verdict: str, b1: float, gates: list[dict[str, Any]],
-            not_evaluated: dict[str, str] | None = None) -> dict[str, Any]:
+            not_evaluated: dict[str, str] | None = None, depths: dict[str, int] | None = None) -> dict[str, Any]:
         by_id = {gate["gate"]: gate for gate in gates}
         acc, kl = by_id.get("arc-easy@v1 acc"), by_id.get("wiki-text@v1 kl_divergence")
         acc_value = 0.60 if name == "baseline" or acc is None or acc["estimate"] is None else 0.60 + acc["estimate"] / 100
@@ -176,7 +213,9 @@ def sample_report() -> dict[str, Any]:
                 "bounds": {"reference": {"batch1_ms": b1, "batch32_ms": b1 * 1.5}, "h200": {"batch1_ms": b1 / 1.6, "batch32_ms": b1}},
                 "metrics": metrics, "kl_divergence": None if kl is None else kl["estimate"], "verdict": verdict,
                 "reasons": [gate["reason"] for gate in gates if gate["outcome"] != "pass"],
-                "gates": gates, "not_evaluated": not_evaluated or {}}
+                "gates": gates, "not_evaluated": not_evaluated or {},
+                "sequential": None if depths is None else sequential(gates, depths, not_evaluated or {}),
+                "tails": tails(gates) if depths is not None else {}}
 
     gptq = checks(0.0) + [
         metric("wiki-text@v1 perplexity", "fail", 14.2, 11.0, 17.9, 10.0, "%", 25, (1, 3),
@@ -192,16 +231,23 @@ def sample_report() -> dict[str, Any]:
         metric("arc-easy@v1 acc", "insufficient evidence", -8.0, -22.0, 6.0, -10.0, "points", 50, (2, 2),
                "arc-easy acc -8.00 points [-22.00, +6.00]: insufficient evidence, the interval reaches past -10.00 points "
                "by more than the policy allows")]
-    return {"model": "tiny", "policy": {"name": "small-model", "version": "v1", "sha256": "ab" * 32},
+    policy = {"name": "small-model", "version": "v2", "sha256": "ab" * 32, "narrowed_to": ["arc-easy", "wiki-text"],
+              "dropped": ["hellaswag"]}
+    return {"model": "tiny", "policy": policy,
             "hardware": [{"name": "reference"}, {"name": "h200"}],
             "metric_columns": ["arc-easy@v1 acc", "wiki-text@v1 top1_agreement"],
             "plot": {"x": "bytes", "y": "wiki-text@v1 top1_agreement", "higher_is_better": True},
-            "evalsets": [{"spec": "wiki-text@v1", "items": 75, "limit": 75, "sha256": "cd" * 32, "size": 200},
-                         {"spec": "arc-easy@v1", "items": 50, "limit": 50, "sha256": "ef" * 32, "size": 2376}],
+            # the baseline's results: each set at its first look
+            "evalsets": [{"spec": "wiki-text@v1", "items": 25, "limit": 25, "sha256": "cd" * 32, "size": 200, "looks": looks["wiki-text@v1"]},
+                         {"spec": "arc-easy@v1", "items": 25, "limit": 25, "sha256": "ef" * 32, "size": 2376, "looks": looks["arc-easy@v1"]}],
             "confidence": 0.95,
             "rows": [row("baseline", 270_000_000, 1.0, "baseline", 0.09, []),
-                     row("fp8-e4m3", 166_000_000, 0.902, "approved", 0.055, checks(0.0) + passing(0.031, 0.902, 1.2, -0.4, (3.0, 0.05, 0.85, -5.0))),
+                     row("fp8-e4m3", 166_000_000, 0.902, "approved", 0.055, checks(0.0) + passing(0.031, 0.902, 1.2, -0.4, (3.0, 0.05, 0.85, -5.0)),
+                         depths={"wiki-text@v1": 25, "arc-easy@v1": 50}),
                      row("gptq-int4", 112_000_000, 0.712, "blocked", 0.037, gptq,
-                         {"arc-easy@v1": "fail fast: wiki-text@v1 blocked the candidate at 25 items"}),
-                     row("awq-int4", 118_000_000, 0.83, "blocked", 0.039, awq),
-                     row("smoothquant-w8a8", 166_000_000, 0.889, "approved", 0.054, checks(0.0) + passing(0.042, 0.889, 1.9, -1.2, (3.0, 0.05, 0.85, -5.0)))]}
+                         {"arc-easy@v1": "fail fast: wiki-text@v1 blocked the candidate at 25 items"},
+                         depths={"wiki-text@v1": 25, "arc-easy@v1": 0}),
+                     row("awq-int4", 118_000_000, 0.83, "blocked", 0.039, awq, depths={"wiki-text@v1": 25, "arc-easy@v1": 50}),
+                     row("smoothquant-w8a8", 166_000_000, 0.889, "approved", 0.054,
+                         checks(0.0) + passing(0.042, 0.889, 1.9, -1.2, (3.0, 0.05, 0.85, -5.0), wiki_look=2),
+                         depths={"wiki-text@v1": 75, "arc-easy@v1": 50})]}

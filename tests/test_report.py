@@ -1,13 +1,26 @@
 """The report: the summary, the compact table, the recommendation rule, the Pareto front, each
-candidate's forest plot and gate table, and a self-contained HTML."""
+candidate's forest plot, gate table and KL tails, what was measured (each set's looks, each
+format's items), a narrowed policy, a report built from a run directory, and a self-contained HTML."""
 
 from __future__ import annotations
 
 import json
 import re
 from pathlib import Path
+from typing import Any
 
-from gates.report import blocked_sentence, forest_svg, pareto_front, recommendation, table, write
+from gates.report import (
+    blocked_sentence,
+    build,
+    forest_svg,
+    items_evaluated,
+    markdown,
+    pareto_front,
+    recommendation,
+    table,
+    write,
+)
+from quantgate.core.rundir import RUN_KIND
 from tests.helpers import sample_report
 
 CANDIDATES = ["fp8-e4m3", "gptq-int4", "awq-int4", "smoothquant-w8a8"]
@@ -41,8 +54,8 @@ def test_each_blocked_format_gets_one_sentence_naming_its_gates() -> None:
 def test_the_main_table_is_compact_and_has_no_reasons() -> None:
     header, rows = table({**sample_report(), "recommendation": {}})
     assert header == ["format", "MB", "x baseline", "bits/weight", "reference b1 ms", "h200 b1 ms", "KL", "verdict", "items"]
-    assert rows[2] == ["gptq-int4", "112.0", "0.41", "4.20", "0.037", "0.023", "0.3310", "blocked", "25"]
-    assert all(len(cell) < 20 for row in rows for cell in row)
+    assert rows[2] == ["gptq-int4", "112.0", "0.41", "4.20", "0.037", "0.023", "0.3310", "blocked", "wiki-text 25, arc-easy 0"]
+    assert all(len(cell) < 20 for row in rows for cell in row[:-1]) and all(len(row[-1]) < 30 for row in rows)
 
 
 def test_the_forest_plot_draws_every_metric_gate_in_its_outcome_colour() -> None:
@@ -67,18 +80,18 @@ def test_report_files_are_written_and_self_contained(tmp_path: Path) -> None:
     assert [len(row["gates"]) for row in data["rows"]] == [0, 9, 9, 9, 9]
     assert data["rows"][2]["not_evaluated"] == {"arc-easy@v1": "fail fast: wiki-text@v1 blocked the candidate at 25 items"}
 
-    markdown = (out / "report.md").read_text()
-    summary = markdown[markdown.index("## Summary"):markdown.index("## Formats")]
+    text = (out / "report.md").read_text()
+    summary = text[text.index("## Summary"):text.index("## Formats")]
     assert "On reference: smoothquant-w8a8" in summary and "On h200: smoothquant-w8a8" in summary
     assert "- gptq-int4 is blocked by wiki-text perplexity" in summary and "- awq-int4 is blocked by arc-easy acc" in summary
-    assert "| gptq-int4 | 112.0 |" in markdown and "lower bound" in markdown and "blocked (3 of 9 gates failed, 1 not evaluated)" in markdown
+    assert "| gptq-int4 | 112.0 |" in text and "lower bound" in text and "blocked (3 of 9 gates failed, 1 not evaluated)" in text
     for name in CANDIDATES:  # each candidate: a heading and a table of every gate
-        section = markdown.split(f"### {name}: ")[1].split("### ")[0]
+        section = text.split(f"### {name}: ")[1].split("### ")[0].split("\n## ")[0]
         assert "| gate | outcome | estimate | interval | limit | items | look | confidence |" in section
         assert section.count("| integrity ") == 2 and section.count("| size ") == 2 and section.count("| wiki-text@v1 ") == 4
-    assert "| wiki-text@v1 kl_divergence | fail | 0.331 | [0.276, 0.397] | ≤ 0.15 | 25 | 1 of 3, by interval | 98.3% |" in markdown
-    assert "| arc-easy@v1 acc | not evaluated | – | – | ≥ -10.00 pts | 0 |" in markdown
-    assert "- arc-easy@v1: fail fast: wiki-text@v1 blocked the candidate at 25 items" in markdown
+    assert "| wiki-text@v1 kl_divergence | fail | 0.331 | [0.276, 0.397] | ≤ 0.15 | 25 | 1 of 3, by interval | 98.3% |" in text
+    assert "| arc-easy@v1 acc | not evaluated | – | – | ≥ -10.00 pts | 0 |" in text
+    assert "- arc-easy@v1: fail fast: wiki-text@v1 blocked the candidate at 25 items" in text
 
     page = (out / "report.html").read_text()
     assert page.index('id="summary"') < page.index('id="formats"') < page.index('id="size-accuracy"') < page.index('class="candidate"')
@@ -92,3 +105,156 @@ def test_report_files_are_written_and_self_contained(tmp_path: Path) -> None:
     assert "<svg" in page and 'class="pareto"' in page and page.count('class="point') == 5
     assert "http://" not in page.replace('xmlns="http://www.w3.org/2000/svg"', "") and "<script" not in page
     assert "https://" not in page and " src=" not in page  # nothing fetched
+
+
+def _rows(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {row["format"]: row for row in report["rows"]}
+
+
+def _section(page: str, name: str) -> str:
+    return page.split(f'<section class="candidate" id="candidate-{name}">')[1].split("</section>")[0]
+
+
+def test_a_narrowed_policy_is_named_in_the_header_and_the_summary(tmp_path: Path) -> None:
+    out = write(sample_report(), tmp_path / "report")
+    label = "small-model@v2 narrowed to arc-easy, wiki-text (dropped: hellaswag)"
+    policy = json.loads((out / "report.json").read_text())["policy"]
+    assert policy["narrowed_to"] == ["arc-easy", "wiki-text"] and policy["dropped"] == ["hellaswag"]
+    text = (out / "report.md").read_text()
+    header, summary = text[:text.index("## Summary")], text[text.index("## Summary"):text.index("## Formats")]
+    assert f"Policy {label}; sha256 abababababab." in header
+    assert f"- Gated under policy {label}: no gate on hellaswag was applied, so no verdict here speaks for it." in summary
+    page = (out / "report.html").read_text()
+    assert f'<p class="muted" id="policy">Policy {label}; sha256' in page
+    summary_html = page[page.index('id="summary"'):page.index('id="formats"')]
+    assert '<p id="narrowed">Gated under policy ' + label in summary_html
+    whole = {**sample_report(), "policy": {"name": "small-model", "version": "v2", "sha256": "ab" * 32}}
+    plain = write(whole, tmp_path / "whole")
+    assert "Policy small-model@v2; sha256" in (plain / "report.md").read_text()
+    assert "narrowed" not in (plain / "report.md").read_text() and 'id="narrowed"' not in (plain / "report.html").read_text()
+
+
+def test_what_was_measured_gives_each_sets_looks_and_each_formats_items(tmp_path: Path) -> None:
+    out = write(sample_report(), tmp_path / "report")
+    text = (out / "report.md").read_text()
+    measured = text[text.index("## What was measured"):]
+    assert "| golden set | looks at (items) | ceiling | fp8-e4m3 | gptq-int4 | awq-int4 | smoothquant-w8a8 |" in measured
+    assert "| wiki-text@v1 | 25, 75, 200 | 200 (whole set) | 25 (look 1 of 3) | 25 (look 1 of 3) | 25 (look 1 of 3) | 75 (look 2 of 3) |" in measured
+    assert "| arc-easy@v1 | 25, 50 | 50 of 2,376 | 50 (look 2 of 2) | not run | 50 (look 2 of 2) | 50 (look 2 of 2) |" in measured
+    # the baseline's own values are at each set's first look, and say so
+    assert "Its values, at each set's first look (wiki-text 25, arc-easy 25 items): arc-easy@v1 acc 0.6000" in measured
+    assert "first 25 of" not in measured  # not the old claim that each set was evaluated on its first look's items
+    page = (out / "report.html").read_text()
+    table_html = page[page.index('<table id="measured">'):]
+    assert page.index("What was measured") < page.index('<table id="measured">')
+    assert "<td>wiki-text@v1</td><td>25, 75, 200</td><td>200 (whole set)</td>" in table_html and "not run" in table_html
+    # a verdict without its looks (an older run, a format that failed to quantize): the items of its decided gates
+    old = sample_report()
+    for row in old["rows"]:
+        row["sequential"] = None
+    old_text = markdown({**old, "recommendation": {}})
+    assert "| wiki-text@v1 | 25, 75, 200 | 200 (whole set) | 25 | 25 | 25 | 75 |" in old_text
+    assert "| arc-easy@v1 | 25, 50 | 50 of 2,376 | 50 | 0 | 50 | 50 |" in old_text
+
+
+def test_each_candidate_has_a_table_of_its_kl_tails(tmp_path: Path) -> None:
+    out = write(sample_report(), tmp_path / "report")
+    rows = _rows(json.loads((out / "report.json").read_text()))
+    assert rows["baseline"]["tails"] == {}
+    assert set(rows["gptq-int4"]["tails"]["wiki-text@v1"]) == {
+        "kl_divergence", "kl_median", "kl_p90", "kl_p99", "kl_p999", "kl_max", "top_prob_change_mean", "top_prob_change_p01"}
+    text = (out / "report.md").read_text()
+    gptq = text.split("### gptq-int4: ")[1].split("### ")[0]
+    assert "Tails of the per-token KL:" in gptq and "are in the forest plot as well" in gptq
+    assert "the gated ones (wiki-text kl_divergence, wiki-text kl_p99)" in gptq
+    assert "| set | mean KL | median | p90 | p99 | p99.9 | max KL | mean Δp | p01 Δp |" in gptq
+    assert ("| wiki-text (25 items) | 0.331 [0.276, 0.397] | 0.139 [0.119, 0.162] | 0.695 [0.596, 0.828] | 0.820 [0.550, 0.970] "
+            "| 1.89 [1.39, 2.54] | 3.61 [2.38, 3.61] | -0.0397 [-0.0530, -0.0265] | -0.629 [-0.794, -0.463] |") in gptq
+    page = (out / "report.html").read_text()
+    for name in CANDIDATES:
+        section = _section(page, name)
+        assert section.count('<table class="tails">') == 1 and section.index('class="forest"') < section.index('class="tails"')
+        assert "<h4>Tails of the per-token KL</h4>" in section and "forest plot as well" in section
+        assert section.count('<span class="ci">') == 8  # each of the eight tails with its interval
+    assert '<td class="n">0.331<br><span class="ci">[0.276, 0.397]</span></td>' in _section(page, "gptq-int4")
+    # a verdict with no tails recorded (an older run, no text set): no table, nothing else changes
+    bare = sample_report()
+    for row in bare["rows"]:
+        row.pop("tails")
+    bare_page = (write(bare, tmp_path / "bare") / "report.html").read_text()
+    assert 'class="tails"' not in bare_page and bare_page.count('class="forest"') == 4
+
+
+def test_the_items_column_counts_every_set_as_deep_as_the_looks_went(tmp_path: Path) -> None:
+    report = {**sample_report(), "recommendation": {}}
+    header, rows = table(report)
+    items = {cells[0]: cells[-1] for cells in rows}
+    assert header[-1] == "items"
+    assert items == {"baseline": "wiki-text 75, arc-easy 50",  # as deep as any format went, paired item by item
+                     "fp8-e4m3": "wiki-text 25, arc-easy 50", "gptq-int4": "wiki-text 25, arc-easy 0",
+                     "awq-int4": "wiki-text 25, arc-easy 50", "smoothquant-w8a8": "wiki-text 75, arc-easy 50"}
+    assert items_evaluated(_rows(report)["smoothquant-w8a8"]) == 125
+    # a record from before looks were recorded: the items of its decided gates, summed, as before
+    old = {**report, "rows": [{**row, "sequential": None} for row in report["rows"]]}
+    _, old_rows = table(old)
+    assert {cells[0]: cells[-1] for cells in old_rows} == {
+        "baseline": "50", "fp8-e4m3": "75", "gptq-int4": "25", "awq-int4": "75", "smoothquant-w8a8": "125"}
+    page = (write(sample_report(), tmp_path / "report") / "report.html").read_text()
+    formats = page[page.index('<table id="formats">'):page.index("</table>", page.index('<table id="formats">'))]
+    assert ('<td class="items"><span class="nowrap">wiki-text 75</span>, <span class="nowrap">arc-easy 50</span></td>'
+            in formats)
+
+
+def _artifact(path: Path, value: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"key": "k", "value": value}))
+
+
+def test_build_reads_the_narrowed_policy_looks_and_tails_of_a_run_directory(tmp_path: Path) -> None:
+    """A run directory as `quantgate run` leaves it (quantgate.core.rundir): a verdict with its
+    looks and tails, one written before verdicts recorded their looks (its sequential stage
+    read instead), and one that failed to quantize (a stale sequential stage ignored)."""
+    run_dir = tmp_path / "run"
+    narrowed = {"narrowed_to": ["wiki-text"], "dropped": ["hellaswag"]}
+    policy = {"name": "small-model", "version": "v2", "sha256": "ab" * 32, **narrowed}
+    looks = {"wiki-text@v1": [25, 50]}
+    run_dir.mkdir()
+    (run_dir / "run.json").write_text(json.dumps({
+        "kind": RUN_KIND, "formats": ["fp8-e4m3", "awq-int4", "gptq-int4"], "plan": {"model": "tiny"}, "model": "/m",
+        "policy": {**policy, "path": "/p.yaml"}, "hardware": [], "plot": {"x": "bytes", "y": "wiki-text@v1 kl_divergence"},
+        "confidence": 0.95, "ledger": "/l", "looks": looks}))
+    (run_dir / "results" / "baseline").mkdir(parents=True)
+    (run_dir / "results" / "baseline" / "manifest.json").write_text(json.dumps(
+        {"sets": {"wiki-text@v1": {"items": 25, "limit": 25, "sha256": "cd" * 32, "metrics": {"kl_divergence": 0.0}}}}))
+    gate = {"gate": "wiki-text@v1 kl_divergence", "outcome": "pass", "estimate": 0.03, "low": 0.02, "high": 0.04, "limit": 0.05,
+            "unit": "", "reason": "within", "items": 50, "look": 2, "looks": 2, "confidence": 0.975, "decided_by": "interval"}
+    tail = {"estimate": 0.03, "low": 0.02, "high": 0.04, "confidence": 0.95, "items": 50}
+    sequential = {"looks": looks, "items": {"wiki-text@v1": 50}, "error_control": "bonferroni", "confidence": 0.95,
+                  "blocked_by": None, "not_evaluated": {}, "trace": []}
+
+    def verdict(**changes: Any) -> dict[str, Any]:
+        return {"metrics": {gate["gate"]: gate}, "gates": [gate], "verdict": "approved", "reasons": [], "not_evaluated": {},
+                "policy": policy, "results": "/r", **changes}
+
+    _artifact(run_dir / "verdicts" / "fp8-e4m3.json", verdict(sequential=sequential, tails={"wiki-text@v1": {"kl_max": tail}}))
+    _artifact(run_dir / "verdicts" / "awq-int4.json", verdict())
+    _artifact(run_dir / "sequential" / "awq-int4.json", {"depths": {"wiki-text@v1": 50}, "looks": looks, "blocked_by": None,
+                                                          "error_control": "bonferroni", "confidence": 0.95, "gates": [], "trace": []})
+    failed = {"gate": "integrity loads", "outcome": "fail", "estimate": 0.0, "low": 0.0, "high": 0.0, "limit": 1.0, "unit": "",
+              "reason": "integrity: NaN logits"}
+    _artifact(run_dir / "verdicts" / "gptq-int4.json", {"metrics": {failed["gate"]: failed}, "gates": [failed], "verdict": "blocked",
+                                                         "reasons": [failed["reason"]], "policy": policy, "results": None})
+    _artifact(run_dir / "sequential" / "gptq-int4.json", {"depths": {"wiki-text@v1": 25}, "looks": looks, "blocked_by": None,
+                                                           "error_control": "bonferroni", "confidence": 0.95, "gates": [], "trace": []})
+    report = build(run_dir)
+    assert report["policy"] == policy
+    assert report["evalsets"][0]["looks"] == [25, 50] and report["evalsets"][0]["items"] == 25
+    rows = _rows(report)
+    assert rows["fp8-e4m3"]["sequential"] == sequential and rows["fp8-e4m3"]["tails"] == {"wiki-text@v1": {"kl_max": tail}}
+    assert rows["awq-int4"]["sequential"]["items"] == {"wiki-text@v1": 50} and rows["awq-int4"]["tails"] == {}
+    assert rows["gptq-int4"]["sequential"] is None and rows["baseline"]["sequential"] is None
+    text = markdown({**report, "recommendation": {}})
+    assert "Policy small-model@v2 narrowed to wiki-text (dropped: hellaswag); sha256" in text
+    assert "| wiki-text@v1 | 25, 50 | 50 of 2,938 | 50 (look 2 of 2) | 50 (look 2 of 2) | – |" in text
+    assert "| fp8-e4m3 | – | – | – | 0.0300 | approved (all 1 gates passed) | wiki-text 50 |" in text
+    assert "| wiki-text (50 items) | – | – | – | – | – | 0.0300 [0.0200, 0.0400] | – | – |" in text

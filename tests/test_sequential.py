@@ -144,6 +144,7 @@ class Scenario:
     looks: tuple[int, ...] = LOOKS
     split: bool = True  # Bonferroni; False: every look at the policy's confidence (no correction)
     stream: int = 0  # the scenario's own random stream under SEED
+    ceiling: int = CEILING  # the set's size, or the plan's limit for it: the last look
 
 
 @dataclass(frozen=True)
@@ -220,11 +221,11 @@ def _judge(estimate: float, interval: tuple[float, float], scenario: Scenario, *
 @functools.cache
 def simulate(scenario: Scenario, seed: int = SEED) -> Simulated:
     rng = np.random.default_rng([seed, scenario.stream])
-    gains, losses = paired_counts(rng, scenario, CEILING)
-    looks = schedule(scenario.looks, CEILING)
+    gains, losses = paired_counts(rng, scenario, scenario.ceiling)
+    looks = schedule(scenario.looks, scenario.ceiling)
     confidence = look_confidence(CONFIDENCE, len(looks)) if scenario.split else CONFIDENCE
     outcomes: list[Outcome | None] = [None] * scenario.replications
-    items = np.full(scenario.replications, CEILING)
+    items = np.full(scenario.replications, scenario.ceiling)
     decided_at, approved_at = [], []
     open_ = np.arange(scenario.replications)
     fixed_approvals = 0
@@ -259,7 +260,7 @@ def simulate(scenario: Scenario, seed: int = SEED) -> Simulated:
     assert not len(open_), "the last look decides every replication"
     return Simulated(replications=scenario.replications,
                      sequential_approvals=sum(outcome is Outcome.passed for outcome in outcomes),
-                     fixed_approvals=fixed_approvals, sequential_items=float(items.mean()), fixed_items=float(CEILING),
+                     fixed_approvals=fixed_approvals, sequential_items=float(items.mean()), fixed_items=float(scenario.ceiling),
                      decided_at=tuple(decided_at), approved_at=tuple(approved_at))
 
 
