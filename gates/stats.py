@@ -57,9 +57,11 @@ def paired_bootstrap(statistic: Statistic, items: int, *, resamples: int = DEFAU
 
 
 def mean_difference(baseline: np.ndarray, candidate: np.ndarray) -> Statistic:
-    """candidate mean − baseline mean (e.g. accuracy: per-item 0/1 correctness)."""
+    """candidate mean − baseline mean (e.g. accuracy: per-item 0/1 correctness), as
+    (Σ candidate − Σ baseline) / n: for 0/1 scores the sums are exact, so a difference of k items
+    in n is the one double nearest k/n (what a bound of k/n points is compared with)."""
     baseline, candidate = _paired(baseline, candidate)
-    return lambda index: candidate[index].mean(axis=-1) - baseline[index].mean(axis=-1)
+    return lambda index: (candidate[index].sum(axis=-1) - baseline[index].sum(axis=-1)) / index.shape[-1]
 
 
 def relative_perplexity_change(baseline_nll: np.ndarray, baseline_tokens: np.ndarray,

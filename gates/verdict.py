@@ -179,10 +179,17 @@ def metric_gate(spec: str, metric: Metric, gate: MetricGate, items: tuple[Record
         outcome, reason = Outcome.failed, f"{name} {metric.name} is {estimate} [{low}, {high}] (NaN or Inf logits or losses)"
         decided_by = "exact"
     else:
-        decided = decide_at_look(estimate, low, high, limit=limit, margin=gate.margin, higher_is_better=metric.higher_is_better,
-                                 final=look.final, items=len(baseline), min_items=min_items)
+        # compared in the statistic's own units (a 0/1 difference, not points): -6/120 and -5/100
+        # are then the same double, so an estimate or interval end on the limit touches it
+        # exactly, as the rule says, instead of landing either side of it by a rounding of x100
+        raw_limit, raw_margin = limit / metric.scale, gate.margin / metric.scale
+        decided = decide_at_look(interval.estimate, interval.low, interval.high, limit=raw_limit, margin=raw_margin,
+                                 higher_is_better=metric.higher_is_better, final=look.final, items=len(baseline),
+                                 min_items=min_items)
         outcome = Outcome.undecided if decided is None else decided
-        wholly = (low >= limit or high < limit) if metric.higher_is_better else (high <= limit or low > limit)
+        raw_low, raw_high = interval.low, interval.high
+        wholly = ((raw_low >= raw_limit or raw_high < raw_limit) if metric.higher_is_better
+                  else (raw_high <= raw_limit or raw_low > raw_limit))
         if decided is None:
             decided_by = "undecided"
         elif not wholly or len(baseline) < min_items:

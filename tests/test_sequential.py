@@ -6,7 +6,9 @@ that disagree on a share `discordance` of the items, with a known true accuracy 
 (candidate - baseline); the items are evaluated in growing looks (50, 150, 450, then the
 ceiling of 1000: a hellaswag@v1-sized set) and every look is judged by the real decision code,
 `gates.sequential.decide_at_look`, at the Bonferroni look confidence `look_confidence`. The bound
-is a 5-point drop (`small-model`'s 8-bit accuracy bound), the policy's confidence 95%.
+is a 5-point drop (`small-model`'s 8-bit accuracy bound), the policy's confidence 95%. Two more
+scenarios take their schedule from what ships: small-model@v2's accuracy gate (its looks and
+`min_items`) on arc-easy@v1's 570 items, and on lambada@v1 at the demo plan's ceiling of 240.
 
 The intervals. What `gates.verdict.metric_gate` computes for an accuracy gate is
 `gates.stats.paired_bootstrap(mean_difference(...))`: 2000 paired resamples of the items, then
@@ -33,12 +35,14 @@ from statistics import NormalDist
 import numpy as np
 import pytest
 
-from gates.policy import MetricGate, Outcome, Statistics
+import evalsets
+from gates.policy import MetricGate, Outcome, Statistics, load_policy
 from gates.samplesize import zero_loss_floor
 from gates.sequential import critical_value, decide_at_look, detectable_regression, look_confidence, schedule
 from gates.stats import mean_difference, paired_bootstrap
 from gates.verdict import Look, metric_gate
 from quantgate.core.metrics import METRICS
+from quantgate.pipeline.plan import load_plan
 
 SEED = 20250607
 CONFIDENCE = 0.95  # the policy's; nominal false-approval rate 1 - CONFIDENCE = 5%
@@ -183,6 +187,23 @@ SPARSE_AT_THE_FLOOR = Scenario(LIMIT - 0.05, 1500, discordance=0.0505, min_items
 NEAR_BAD = Scenario(-10.0, 1000, stream=7)
 UNSPLIT = Scenario(LIMIT - 0.05, 1500, split=False, stream=8)
 
+# small-model@v2's accuracy gate as shipped (its looks, its min_items), just past its 8-bit bound: on
+# arc-easy@v1, its ceiling the whole set (570 items: looks 120, 240, 480, 570), and on lambada@v1
+# as the demo plan evaluates it (its limit, 240, is the ceiling: looks 120, 240)
+SMALL_MODEL = load_policy("small-model@v2").policy
+DEMO_PLAN = load_plan("demo").plan
+
+
+def shipped(name: str, ceiling: int, replications: int, stream: int) -> Scenario:
+    gate = SMALL_MODEL.metrics[name]["acc"]
+    return Scenario(-gate.threshold("8bit") - 0.05, replications, min_items=gate.min_items or SMALL_MODEL.sequential.min_items,
+                    looks=SMALL_MODEL.sequential.looks_for(name), ceiling=ceiling, stream=stream)
+
+
+SHIPPED_ARC_EASY = shipped("arc-easy", evalsets.load("arc-easy@v1").size, 3000, stream=10)
+DEMO_LAMBADA = shipped("lambada", min(evalsets.load("lambada@v1").size, DEMO_PLAN.evaluation.limits["lambada@v1"]), 3000,
+                       stream=11)
+
 
 def paired_counts(rng: np.random.Generator, scenario: Scenario, ceiling: int) -> tuple[np.ndarray, np.ndarray]:
     """Running counts, per replication and item, of the items the candidate gains (baseline wrong,
@@ -323,7 +344,7 @@ def test_the_fast_bootstrap_is_the_paired_bootstrap() -> None:
         for confidence, (low, high) in zip((0.95, 0.9875), fast, strict=True):
             real = paired_bootstrap(mean_difference(baseline, candidate), items, resamples=20000, confidence=confidence, seed=1)
             step = 100.0 / items  # one item's worth: the percentiles move on this grid
-            assert abs(real.low * 100 - low[0]) <= step and abs(real.high * 100 - high[0]) <= step, (items, confidence)
+            assert abs(real.low * 100 - low[0]) <= step + 1e-9 and abs(real.high * 100 - high[0]) <= step + 1e-9, (items, confidence)
 
 
 def test_false_approval_just_past_the_bound_is_at_most_the_nominal_five_percent() -> None:
@@ -384,6 +405,39 @@ def test_where_few_items_differ_min_items_at_the_zero_loss_floor_keeps_false_app
     assert guarded.sequential_rate - guarded.fixed_rate <= 0.015, guarded
 
 
+def test_small_model_v2s_shipped_schedule_keeps_false_approval_near_the_one_sided_bound() -> None:
+    """small-model@v2's 8-bit accuracy gate on arc-easy@v1 as shipped: looks 120, 240, 480 and
+    the 570-item ceiling, each at 98.75%, no verdict on fewer than 110 items; a truth 0.05 points
+    past its 5-point bound, 20% of items answered differently. The upper end of the observed
+    rate's 95% Wilson interval is under the nominal 5%, and under 3.5% too: the union bound's
+    one-sided 2.5% plus the percentile bootstrap's shortfall, which at these sizes is small
+    (the fixed-size test of all 570 items at 95% lands at the same rate)."""
+    gate = SMALL_MODEL.metrics["arc-easy"]["acc"]
+    # the simulation judges against LIMIT with the module's confidence and resamples: the policy's own
+    assert (gate.threshold("8bit"), SMALL_MODEL.statistics.confidence, SMALL_MODEL.statistics.resamples) == (-LIMIT, CONFIDENCE,
+                                                                                                              RESAMPLES)
+    assert schedule(SHIPPED_ARC_EASY.looks, SHIPPED_ARC_EASY.ceiling) == [120, 240, 480, 570]
+    assert SHIPPED_ARC_EASY.min_items == 110
+    result = simulate(SHIPPED_ARC_EASY)
+    assert upper_limit(result.sequential_approvals, result.replications) <= NOMINAL, result
+    assert upper_limit(result.sequential_approvals, result.replications) <= 0.035, result
+    assert abs(result.sequential_rate - result.fixed_rate) <= 0.01, result
+
+
+def test_the_demos_two_looks_keep_false_approval_under_five_percent() -> None:
+    """The demo's lambada@v1: small-model@v2's looks under the plan's 240-item ceiling are 120
+    and 240, each at 97.5%, min_items 110; the same truth just past the bound. The rate stays
+    under the nominal 5% (upper end of its Wilson interval), and is the fixed-size test's on all
+    240 items at 95% to within a point: what it has above the one-sided 2.5% is the percentile
+    bootstrap's shortfall at 120 and 240 items, which the fixed-size test shares, not the looks'."""
+    assert DEMO_PLAN.policy == "small-model@v2" and "lambada" in (DEMO_PLAN.narrow_policy or ["lambada"])
+    assert schedule(DEMO_LAMBADA.looks, DEMO_LAMBADA.ceiling) == [120, 240] and DEMO_LAMBADA.min_items == 110
+    assert SMALL_MODEL.metrics["lambada"]["acc"].threshold("8bit") == -LIMIT
+    result = simulate(DEMO_LAMBADA)
+    assert upper_limit(result.sequential_approvals, result.replications) <= NOMINAL, result
+    assert abs(result.sequential_rate - result.fixed_rate) <= 0.01, result
+
+
 # ---- the real path ---------------------------------------------------------------------------
 
 
@@ -436,7 +490,11 @@ def summary() -> str:
             ("good (0, 5 inside)", GOOD), ("bad (-15, 10 past)", BAD), ("bad (-10, 5 past)", NEAR_BAD),
             ("margin 3: just past bound - margin (-8.05)", PAST_THE_MARGIN), ("margin 3: just past the bound", INSIDE_THE_MARGIN),
             ("few differ (d 0.05): just past the bound", SPARSE),
-            (f"few differ, min_items {FLOOR}: just past the bound", SPARSE_AT_THE_FLOOR)]
+            (f"few differ, min_items {FLOOR}: just past the bound", SPARSE_AT_THE_FLOOR),
+            (f"small-model@v2 on arc-easy, looks {schedule(SHIPPED_ARC_EASY.looks, SHIPPED_ARC_EASY.ceiling)}, min_items "
+             f"{SHIPPED_ARC_EASY.min_items}: just past the bound", SHIPPED_ARC_EASY),
+            (f"the demo's lambada, looks {schedule(DEMO_LAMBADA.looks, DEMO_LAMBADA.ceiling)}, min_items "
+             f"{DEMO_LAMBADA.min_items}: just past the bound", DEMO_LAMBADA)]
     lines = [f"seed {SEED}; bound {LIMIT} points, discordance {DISCORDANCE}, looks {schedule(LOOKS, CEILING)} "
              f"(each at {look_confidence(CONFIDENCE, len(schedule(LOOKS, CEILING))):.4f}), fixed test at {CONFIDENCE} on {CEILING}"]
     for name, scenario in rows:

@@ -271,3 +271,15 @@ def test_an_interval_that_is_not_finite_fails_the_gate(tmp_path: Path) -> None:
     verdict = compare({"wiki-text@v1": text_items([1.0, 2.0])}, {"wiki-text@v1": items}, policy, "8bit")
     (gate,) = verdict.gates
     assert gate.outcome is Outcome.failed and "NaN or Inf" in gate.reason and not verdict.approved
+
+
+def test_a_drop_exactly_on_the_bound_touches_it_whatever_the_baseline_scores(tmp_path: Path) -> None:
+    """6 answers lost of 120 is exactly 5 points: it touches a 5-point bound (pass), whether the
+    baseline got 120 or 72 right; computed in points it fell either side by a rounding."""
+    policy = load_policy(policy_file(tmp_path, "metrics: {arc-easy: {acc: {max_drop_points: {8bit: 5.0}, "
+                                               "undecided_margin_points: 100.0}}}\n"))
+    for right in (120, 72):
+        baseline = [1] * right + [0] * (120 - right)
+        candidate = [0] * 6 + baseline[6:]
+        (gate,) = compare({"arc-easy@v1": mc_items(baseline)}, {"arc-easy@v1": mc_items(candidate)}, policy, "8bit").gates
+        assert gate.outcome is Outcome.passed, (right, gate.estimate)

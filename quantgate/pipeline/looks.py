@@ -39,7 +39,7 @@ _KIND_ORDER = {Kind.text: 0, Kind.last_word: 1, Kind.multiple_choice: 2, Kind.ge
 class SequentialOutcome:
     """What the looks decided for one candidate."""
 
-    gates: list[GateResult]  # every metric gate of the policy, in policy order: decided or not evaluated
+    gates: list[GateResult]  # every metric gate of the policy, decided or not evaluated, set by set in the order visited
     depths: dict[str, int]  # set spec -> items the candidate was evaluated on (0: not run)
     trace: list[dict[str, Any]] = field(default_factory=list)  # one entry a gate a look
     blocked_by: str | None = None  # the reason that stopped the looks, if any
