@@ -79,7 +79,9 @@ class Verdict:
 
     @property
     def reasons(self) -> list[str]:
-        return [gate.reason for gate in self.gates if gate.outcome is not Outcome.passed]
+        """Why it is blocked: the gates that blocked it first, then those left not evaluated."""
+        blocking = [gate for gate in self.gates if gate.outcome is not Outcome.passed]
+        return [gate.reason for gate in sorted(blocking, key=lambda gate: gate.outcome is Outcome.not_evaluated)]
 
 
 def blocked_verdict(reason: str) -> Verdict:
@@ -143,7 +145,8 @@ def _limit(gate: MetricGate, precision: str) -> float:
     return -threshold if gate.kind == "max_drop_points" else threshold
 
 
-def _describe(name: str, metric: Metric, outcome: Outcome, *, estimate: float, low: float, high: float, limit: float) -> str:
+def _describe(name: str, metric: Metric, outcome: Outcome, *, estimate: float, low: float, high: float, limit: float,
+              margin: float = 0.0, items: int | None = None) -> str:
     def number(value: float) -> str:
         return f"{value:+.2f}" if metric.is_change else f"{value:.4f}"
 
@@ -153,7 +156,9 @@ def _describe(name: str, metric: Metric, outcome: Outcome, *, estimate: float, l
         word = "is below" if metric.higher_is_better and not metric.is_change else "exceeds"
         return f"{observed} {word} {number(limit)}{suffix}"
     if outcome is Outcome.insufficient:
-        return f"{observed}: insufficient evidence, the interval reaches past {number(limit)}{suffix} by more than the policy allows"
+        after = f" after {items} items" if items is not None else ""
+        past = "by more than the policy's margin" if margin else "at the ceiling"
+        return f"{observed}: insufficient evidence{after}, the interval reaches past {number(limit)}{suffix} {past}"
     if outcome is Outcome.undecided:
         return f"{observed}: undecided, the interval reaches across {number(limit)}{suffix}"
     return f"{observed} within {number(limit)}{suffix}"
@@ -194,7 +199,8 @@ def metric_gate(spec: str, metric: Metric, gate: MetricGate, items: tuple[Record
             decided_by = "undecided"
         elif not wholly or len(baseline) < min_items:
             decided_by = "ceiling"
-        reason = _describe(name, metric, outcome, estimate=estimate, low=low, high=high, limit=limit)
+        reason = _describe(name, metric, outcome, estimate=estimate, low=low, high=high, limit=limit, margin=gate.margin,
+                           items=len(baseline))
         if outcome is Outcome.insufficient and len(baseline) < min_items:
             reason = (f"{name} {metric.name}: insufficient evidence, {len(baseline)} items evaluated, "
                       f"the policy decides no gate on fewer than {min_items}")
