@@ -104,8 +104,11 @@ def verify_checkpoint(checkpoint: Path, ledger: Path) -> Verification:
     if matching:
         record = matching[-1]
         if record.get("verdict") == "approved":
+            policy = record["policy"]
+            narrowed = (f" narrowed to {', '.join(policy['narrowed_to'])} (not gated: {', '.join(policy.get('dropped') or [])})"
+                        if policy.get("narrowed_to") is not None else "")
             return Verification(Status.approved, f"approved {record['time']} under policy "
-                                f"{record['policy']['name']}@{record['policy']['version']}", record)
+                                f"{policy['name']}@{policy['version']}{narrowed}", record)
         reasons = "; ".join(record.get("reasons") or []) or "no reason recorded"
         return Verification(Status.blocked, f"blocked {record['time']}: {reasons}", record)
     resolved = str(Path(checkpoint).resolve())

@@ -7,7 +7,7 @@ Thin over two pure parts: `gates.stats` (the intervals) and `gates.policy.decide
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -211,11 +211,16 @@ def metric_gate(spec: str, metric: Metric, gate: MetricGate, items: tuple[Record
                       detectable=None if half_width is None else detectable_regression(half_width, look.confidence))
 
 
-def not_evaluated(spec: str, metric: str, unit: str, limit: float, why: str) -> GateResult:
-    """A gate of a set that fail fast left unevaluated: it blocks (nothing was shown), with why."""
-    return GateResult(gate=str(GateId(spec, metric)), outcome=Outcome.not_evaluated, estimate=None, low=None,
-                      high=None, limit=limit, unit=unit, reason=f"{SetRef.parse(spec).name} {metric}: not evaluated ({why})",
-                      items=0, decided_by="not evaluated")
+def not_evaluated(spec: str, metric: str, unit: str, limit: float, why: str, last: GateResult | None = None) -> GateResult:
+    """A gate that fail fast left undecided: it blocks (nothing was shown), with why. `last`: its
+    last look, where its set was evaluated before the candidate was blocked (its items and
+    interval are kept, for the record; none of it decided anything)."""
+    if last is None:
+        return GateResult(gate=str(GateId(spec, metric)), outcome=Outcome.not_evaluated, estimate=None, low=None,
+                          high=None, limit=limit, unit=unit, reason=f"{SetRef.parse(spec).name} {metric}: not evaluated ({why})",
+                          items=0, decided_by="not evaluated")
+    return replace(last, outcome=Outcome.not_evaluated, decided_by="not evaluated",
+                   reason=f"{SetRef.parse(spec).name} {metric}: not decided ({why}; at its last look: {last.reason})")
 
 
 def _gated(name: str) -> Metric:

@@ -214,11 +214,15 @@ def test_a_gate_failing_at_the_first_look_blocks_and_nothing_after_it_is_evaluat
 def test_a_gate_still_undecided_in_the_blocking_set_is_not_evaluated_and_says_how_far_it_got(fail_fast) -> None:
     outcome, _, _ = fail_fast
     top1 = by_gate(outcome)["wiki-text@v1 top1_agreement"]
-    assert top1.outcome is Outcome.not_evaluated and top1.estimate is None and top1.limit == 0.85
-    assert top1.reason == f"wiki-text top1_agreement: not evaluated (undecided after 20 items when the candidate was blocked by {outcome.blocked_by})"
-    # it was judged at that look, undecided: its interval reached across its bound
+    assert top1.outcome is Outcome.not_evaluated and top1.limit == 0.85
+    assert top1.reason.startswith(f"wiki-text top1_agreement: not decided (undecided after 20 items when the candidate was "
+                                  f"blocked by {outcome.blocked_by}; at its last look: wiki-text top1_agreement ")
+    # it was judged at that look, undecided: its interval reached across its bound, and the
+    # record keeps how far it got (its items and interval), though nothing was decided by them
     (entry,) = [entry for entry in outcome.trace if entry["metric"] == "top1_agreement"]
     assert entry["outcome"] == "undecided" and entry["low"] < 0.85 < entry["high"]
+    assert (top1.items, top1.estimate, top1.low, top1.high) == (20, entry["estimate"], entry["low"], entry["high"])
+    assert top1.decided_by == "not evaluated"
     assert outcome.as_dict()["blocked_by"] == outcome.blocked_by
 
 

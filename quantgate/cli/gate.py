@@ -45,7 +45,7 @@ def gate_command(
 ) -> None:
     """Gate one candidate against its baseline under a policy: exit 0 approved, 1 blocked, 2 bad input.
 
-    Example: quantgate gate --baseline results/baseline --candidate results/gptq-int4 --policy default --ledger ledger.jsonl
+    Example: quantgate gate --baseline run/baselines/fp8-e4m3 --candidate run/results/fp8-e4m3 --policy small-model --ledger ledger.jsonl
     """
     record = gate_results(baseline, candidate, policy, checkpoint=checkpoint, calibration_dir=calibration_dir,
                           precision=precision, ledger=ledger_path, narrow_to=narrow_policy or None)

@@ -82,6 +82,7 @@ class Looks:
         ungated = [spec for spec in set_order(plan) if spec not in order]
         open_gates = {spec: dict(_policy_gates(policy, spec)) for spec in order}
         decided: dict[str, GateResult] = {}
+        last: dict[str, GateResult] = {}  # an open gate's last look
         depths = {spec: 0 for spec in plan.set_specs}
         trace: list[dict[str, Any]] = []
         blocked_by = blocked_before
@@ -101,6 +102,7 @@ class Looks:
                                          precision=precision, look=look)
                     trace.append(_trace_entry(spec, metric_name, look, items, result))
                     if result.outcome is Outcome.undecided:
+                        last[str(GateId(spec, metric_name))] = result
                         continue
                     decided[str(GateId(spec, metric_name))] = result
                     del open_gates[spec][metric_name]
@@ -123,7 +125,7 @@ class Looks:
                        else f"undecided after {depths[spec]} items when the candidate was blocked by {blocked_by}")
                 limit = gate.threshold(precision)
                 gates.append(not_evaluated(spec, metric_name, METRICS[metric_name].unit,
-                                           -limit if gate.kind == "max_drop_points" else limit, why))
+                                           -limit if gate.kind == "max_drop_points" else limit, why, last.get(gate_id)))
         return SequentialOutcome(gates, depths, trace, blocked_by)
 
 
