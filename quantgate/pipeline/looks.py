@@ -125,7 +125,7 @@ class Looks:
                        else f"undecided after {depths[spec]} items when the candidate was blocked by {blocked_by}")
                 limit = gate.threshold(precision)
                 gates.append(not_evaluated(spec, metric_name, METRICS[metric_name].unit,
-                                           -limit if gate.kind == "max_drop_points" else limit, why, last.get(gate_id)))
+                                           -limit if gate.kind == "max_drop_points" else limit, why, last=last.get(gate_id)))
         return SequentialOutcome(gates, depths, trace, blocked_by)
 
 
