@@ -48,7 +48,7 @@ def sequential_key(plan: ResolvedPlan, checkpoint_sha: str, *, precision: str, b
     the policy (its bounds decide when a look settles a gate), the precision class, and the size
     or integrity gate that blocks it before any evaluation, if one does."""
     return sha256_json({"stage": "sequential", "checkpoint": checkpoint_sha, "config": plan.eval_settings,
-                        "looks": {spec: list(looks) for spec, looks in plan.looks.items()}, "sets": plan.golden_shas,
+                        "looks": plan.looks_json, "sets": plan.golden_shas,
                         "baseline": plan.identity_key, "policy": plan.policy.identity, "precision": precision,
                         "blocked_before": blocked_before, "evaluator": EVALUATOR_VERSION, "libraries": library_versions(),
                         "quantgate": plan.version})

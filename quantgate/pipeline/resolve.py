@@ -76,6 +76,11 @@ class ResolvedPlan:
                                                 "grown_from": {spec: looks for spec, looks in grown.items() if looks}})
 
     @property
+    def looks_json(self) -> dict[str, list[int]]:
+        """Each set's looks as stage keys, run.json and the sequential record write them."""
+        return {spec: list(looks) for spec, looks in self.looks.items()}
+
+    @property
     def first_look_cfg(self) -> evalsets.EvaluateConfig:
         """Every set at its first look: what the baseline is evaluated on before any candidate."""
         return self.look_cfg({spec: looks[0] for spec, looks in self.looks.items()})

@@ -30,7 +30,7 @@ from quantgate.core.artifacts import MANIFEST, read_json, sha256_file, sha256_js
 from quantgate.core.errors import InputError
 from quantgate.core.models import weight_file_hashes
 from quantgate.core.rundir import BASELINE, RUN_KIND, RunDir
-from quantgate.core.stagecache import Cached, StageCache, stored_value
+from quantgate.core.stagecache import Cached, StageCache
 from quantgate.pipeline import keys
 from quantgate.pipeline.lock import RunLock
 from quantgate.pipeline.looks import Looks
@@ -80,11 +80,10 @@ class _Overlap:
 
 @dataclass(frozen=True)
 class _Baseline:
-    """What every candidate is evaluated and gated against."""
+    """The baseline at every set's first look: what the report's baseline row and the record of a
+    format blocked before any evaluation name (each look pairs its own baseline results)."""
 
     results: evalsets.EvaluationResults
-    items: dict[str, list[dict[str, Any]]]
-    manifest_sha256: str
 
 
 @dataclass(frozen=True)
@@ -227,7 +226,7 @@ class _Run:
             produce=lambda: self.evaluator(BASELINE).run(plan.first_look_cfg, results_dir, overwrite=True))
         results = evaluated.value
         assert results is not None  # no failure is caught: a value or an exception
-        return _Baseline(results, item_records(results), sha256_file(results.path / MANIFEST))
+        return _Baseline(results)
 
     def report(self) -> None:
         """The report of the run directory; its report.json carries the key of its data."""
@@ -310,30 +309,34 @@ class _Run:
                 self.evaluate(fmt, evaluated, self.dir.results(fmt), paired.path)
             else:  # blocked before a single item: no results of its own
                 shutil.rmtree(self.dir.results(fmt), ignore_errors=True)
-            return {**outcome.as_dict(), "looks": {spec: list(looks) for spec, looks in plan.looks.items()},
+            return {**outcome.as_dict(), "looks": plan.looks_json,
                     "error_control": plan.policy.policy.sequential.error_control,
                     "confidence": plan.policy.policy.statistics.confidence}
 
-        if not self._evidence_intact(path, fmt):
+        published = self._published(path, fmt, key)
+        if published is None:
             path.unlink(missing_ok=True)  # its results went missing or were damaged: looked at again (cached items)
         value = self.cache.json(kind="evaluate", label=f"evaluate {fmt}", path=path, key=key, produce=produce)
-        evaluated = any(value["depths"].values())
-        return _Evidence(value, key, evalsets.load_results(self.dir.results(fmt)) if evaluated else None,
-                         evalsets.load_results(self.dir.paired_baseline(fmt)) if evaluated else None)
+        if not any(value["depths"].values()):
+            return _Evidence(value, key, None, None)
+        if published is None or not published:  # just made: loaded (and verified) once, here
+            published = (evalsets.load_results(self.dir.results(fmt)), evalsets.load_results(self.dir.paired_baseline(fmt)))
+        return _Evidence(value, key, *published)
 
-    def _evidence_intact(self, path: Path, fmt: str) -> bool:
+    def _published(self, path: Path, fmt: str, key: str) -> tuple[evalsets.EvaluationResults, ...] | None:
+        """The candidate's and the paired baseline's results a stored sequential stage with this key
+        left, verified; () when it left none or will not be reused (another key, none yet); None
+        when they are missing or damaged."""
         try:
-            stored = stored_value(path) if path.is_file() else None
-        except (OSError, ValueError, KeyError, TypeError):
-            return False  # unreadable: looked at again
-        if stored is None or not any(stored.get("depths", {}).values()):
-            return True
+            stored = read_json(path) if path.is_file() else None
+        except (OSError, ValueError):
+            return None  # unreadable: looked at again
+        if not isinstance(stored, dict) or stored.get("key") != key or not any((stored.get("value") or {}).get("depths", {}).values()):
+            return ()
         try:
-            evalsets.load_results(self.dir.results(fmt))
-            evalsets.load_results(self.dir.paired_baseline(fmt))
+            return evalsets.load_results(self.dir.results(fmt)), evalsets.load_results(self.dir.paired_baseline(fmt))
         except (InputError, OSError):
-            return False
-        return True
+            return None
 
     def gate(self, candidate: _Candidate, *, measured: dict[str, Any], measure_key: str, evidence: _Evidence,
              baseline: _Baseline, overlap: _Overlap) -> dict[str, Any]:
@@ -379,7 +382,7 @@ class _Run:
             "hardware": list(plan.hardware),
             "policy": plan.policy.identity | {"path": str(plan.policy.path)},
             "confidence": plan.policy.policy.statistics.confidence,
-            "looks": {spec: list(looks) for spec, looks in plan.looks.items()},
+            "looks": plan.looks_json,
             "plot": dict(plan.plot_metric),
             "ledger": str(self.pipeline.ledger),
             "stages": [vars(stage) for stage in self.log.stages],
