@@ -198,6 +198,9 @@ class EvaluateConfig(Strict):
     # below its limit) whose cached items a multiple-choice, last-word or generation set's results
     # extend: only the items past the last of them are evaluated (text sets are evaluated whole)
     grown_from: dict[str, tuple[int, ...]] = Field(default_factory=dict)
+    # per set (NAME or NAME@vN): items of its seeded order skipped before the first N are taken
+    # (a held-out split: the items after those a search was judged on)
+    offsets: dict[str, int] = Field(default_factory=dict)
     backend: EvalBackend = EvalBackend.hf
     batch_size: int = Field(default=4, gt=0, le=512)
     # text sets: tokens scored per item (longer items are truncated, recorded per item)
@@ -234,6 +237,17 @@ class EvaluateConfig(Strict):
             if any(n <= 0 for n in looks) or list(looks) != sorted(set(looks)):
                 raise ValueError(f"grown_from of {name} must be positive item counts in increasing order, got {list(looks)}")
         return value
+
+    @field_validator("offsets")
+    @classmethod
+    def _not_negative(cls, value: dict[str, int]) -> dict[str, int]:
+        for name, offset in value.items():
+            if offset < 0:
+                raise ValueError(f"the offset of {name} must not be negative, got {offset}")
+        return value
+
+    def offset_for(self, name: str, spec: str) -> int:
+        return self.offsets.get(spec, self.offsets.get(name, 0))
 
     def grown_from_for(self, name: str, spec: str) -> tuple[int, ...]:
         return self.grown_from.get(spec, self.grown_from.get(name, ()))

@@ -54,7 +54,7 @@ RECORD_FILE = "record.json"
 ITEMS_FILE = "items.json"
 TOPK_FILE = "topk.safetensors"
 TOKENS_FILE = "tokens.safetensors"
-ORDER_RULE = "the first N items of the set's seeded order (items.jsonl line order)"
+ORDER_RULE = "the first N items of the set's seeded order (items.jsonl line order) after its first `offset`"
 # What of a model's identity decides its numbers (its path does not).
 # What identifies a model in every cache key: its weights, its config and its tokenizer.
 IDENTITY_KEYS = ("weights_sha256", "config_sha256", "tokenizer_sha256")
@@ -127,13 +127,20 @@ def run_settings(cfg: EvaluateConfig, golden: GoldenSet, device: str, dtype: str
     common = {"limit": cfg.limit_for(golden.name, golden.spec), "batch_size": cfg.batch_size, "device": device, "dtype": dtype,
               "evaluator_version": EVALUATOR_VERSION}
     if kind is Kind.text:
-        return {**common, "runner": "transformers", "max_tokens": cfg.max_tokens, "top_k": cfg.top_k,
-                "exact_positions": cfg.exact_positions}
+        return _with_offset(cfg, golden, {**common, "runner": "transformers", "max_tokens": cfg.max_tokens, "top_k": cfg.top_k,
+                                          "exact_positions": cfg.exact_positions})
     settings = {**common, "runner": f"lm-eval/{cfg.backend.value}", "num_fewshot": 0, "bootstrap_iters": cfg.bootstrap_iters}
     grown = [n for n in cfg.grown_from_for(golden.name, golden.spec) if common["limit"] is None or n < common["limit"]]
     if grown:  # these items extend the cached results of the earlier looks (in the key: other bits)
         settings["grown_from"] = grown
-    return settings
+    return _with_offset(cfg, golden, settings)
+
+
+def _with_offset(cfg: EvaluateConfig, golden: GoldenSet, settings: dict[str, Any]) -> dict[str, Any]:
+    """`settings` with the set's offset, where it has one (absent at 0: keys made before offsets
+    existed stay valid)."""
+    offset = cfg.offset_for(golden.name, golden.spec)
+    return {**settings, "offset": offset} if offset else settings
 
 
 def cache_key(identity: dict[str, Any], golden: GoldenSet, settings: dict[str, Any], baseline_topk: str | None) -> str:
@@ -284,6 +291,7 @@ def _publish(job: _SetJob, staging: Path) -> dict[str, Any]:
         "metrics": record["metrics"],
         "items": record["items"],
         "limit": job.settings["limit"],
+        "offset": job.settings.get("offset", 0),
         "cache_key": job.key,
         "from_cache": job.from_cache,
         "seconds": record["timing"]["seconds"],
@@ -323,11 +331,11 @@ def _baseline_topk_sha256(baseline: EvaluationResults, golden: GoldenSet, settin
     if entry["sha256"] != golden.sha256:
         raise IntegrityError(f"the baseline results for {golden.spec} were made on a different set (sha256 differs)")
     base_settings = baseline.record(golden.spec)["settings"]
-    for name in ("limit", "max_tokens"):
-        if base_settings.get(name) != settings[name]:
+    for name in ("limit", "max_tokens", "offset"):
+        if base_settings.get(name) != settings.get(name):
             raise InputError(
                 f"{golden.spec}: the baseline was evaluated with {name}={base_settings.get(name)}, this run uses "
-                f"{settings[name]}; evaluate both with the same --limit and max tokens"
+                f"{settings.get(name)}; evaluate both on the same items (limit, offset) and max tokens"
             )
     return baseline.manifest["files"][f"{entry['dir']}/{TOPK_FILE}"]
 
@@ -354,7 +362,7 @@ def _compute(
     with progress_bar(items_per_second=True) as bar:
         for job in jobs:
             golden = job.golden
-            items = golden.items(job.settings["limit"])
+            items = _items(golden, job.settings)
             task = bar.add_task(f"{golden.spec} ({golden.kind.value})", total=len(items))
             if job.key in earlier:
                 bar.update(task, completed=len(earlier[job.key]["items"]))
@@ -433,20 +441,27 @@ def _earlier_look(cfg: EvaluateConfig, loaded: _LoadedModel, job: _SetJob, *, id
     return {"items": read_json(entry / ITEMS_FILE)["items"], "key": earlier.key, "record": read_json(entry / RECORD_FILE)}
 
 
+def _items(golden: GoldenSet, settings: dict[str, Any]) -> list[dict[str, Any]]:
+    """The items one evaluation covers: past the set's offset, its first `limit`."""
+    offset, limit = settings.get("offset", 0), settings["limit"]
+    return golden.items(None if limit is None else offset + limit)[offset:]
+
+
 def _run_lm_eval(cfg: EvaluateConfig, loaded: _LoadedModel, job: _SetJob, items: list[dict[str, Any]], *, staging: Path,
                  advance: Callable[[float], None], earlier: dict[str, Any] | None = None) -> dict[str, Any]:
     """One set through lm-eval: its first `limit` items, or, growing an earlier look's cached
     results, only the items past them (`samples`), with the set's metrics over all of them."""
     golden = job.golden
     lm = loaded.lm(cfg)
-    start = 0 if earlier is None else len(earlier["items"])
+    start, offset = 0 if earlier is None else len(earlier["items"]), job.settings.get("offset", 0)
     fresh = items[start:]
     per_request = lm_eval_tasks.requests_per_item(golden, fresh)
     lm.on_rows = lambda rows: advance(rows / per_request)
-    if earlier is None:
+    if earlier is None and not offset:
         results = lm_eval_tasks.run_task(lm, golden, staging, job.settings["limit"], cfg.bootstrap_iters)
-    else:
-        results = lm_eval_tasks.run_task(lm, golden, staging, None, cfg.bootstrap_iters, samples=list(range(start, len(items))))
+    else:  # the items past the earlier look, or past the offset: lm-eval's doc indices
+        results = lm_eval_tasks.run_task(lm, golden, staging, None, cfg.bootstrap_iters,
+                                         samples=list(range(offset + start, offset + len(items))))
     records = lm_eval_tasks.per_item(golden, results["samples"][lm_eval_tasks.task_name(golden)])
     if earlier is None:
         return {
@@ -529,6 +544,7 @@ def _write_entry(
             "kind": golden.kind.value,
             "primary": primary,
             "limit": job.settings["limit"],
+            "offset": job.settings.get("offset", 0),
             "items_total": golden.size,
             "order": ORDER_RULE,
             "model": model,

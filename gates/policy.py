@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -111,6 +111,14 @@ class IntegrityGate(Strict):
     max_calibration_overlap: float = Field(default=0.01, ge=0, le=1)
 
 
+class MixedPrecision(Strict):
+    """Which precision class's bounds gate a mixed-precision checkpoint (docs/search.md)."""
+
+    # lowest-bits: the class of the narrowest weights present (INT4 layers anywhere: the 4bit
+    # bounds); highest-bits: the class of the widest (the stricter bounds)
+    rule: Literal["lowest-bits", "highest-bits"]
+
+
 class Policy(Strict):
     name: str
     version: str = Field(pattern=r"^v\d+$")
@@ -120,6 +128,8 @@ class Policy(Strict):
     metrics: dict[str, dict[str, MetricGate]]
     size: SizeGate = SizeGate()
     integrity: IntegrityGate = IntegrityGate()
+    # none: the policy gates no mixed-precision checkpoint (a plan with a search is refused)
+    mixed_precision: MixedPrecision | None = None
 
 
 @dataclass(frozen=True)
@@ -248,3 +258,16 @@ def precision_class(preset: Preset) -> str:
     """'8bit' or '4bit' from a format preset's weight bits."""
     bits = int(preset.weights["num_bits"])
     return "4bit" if bits <= 4 else "8bit"
+
+
+def mixed_precision_class(policy: LoadedPolicy, bits: set[int]) -> str:
+    """The precision class a mixed-precision checkpoint whose quantized layers have the weight
+    widths `bits` is gated under, by the policy's `mixed_precision.rule`."""
+    rule = policy.policy.mixed_precision
+    if rule is None:
+        raise InputError(f"policy {policy.label} has no rule for mixed-precision checkpoints: "
+                         "add `mixed_precision: {rule: lowest-bits}` (or highest-bits) in a new version of it")
+    if not bits:
+        raise InputError("a mixed-precision checkpoint with no quantized layer has no precision class")
+    chosen = min(bits) if rule.rule == "lowest-bits" else max(bits)
+    return "4bit" if chosen <= 4 else "8bit"

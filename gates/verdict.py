@@ -279,13 +279,32 @@ def _single(scope: str, check: str, passed: bool, *, value: float, limit: float,
                       estimate=value, low=value, high=value, limit=limit, unit=unit, reason=reason)
 
 
-def size_gates(measurement: dict[str, Any], policy: LoadedPolicy) -> list[GateResult]:
+def allocation_gate(measurement: dict[str, Any], allocation: dict[str, int]) -> GateResult:
+    """A mixed-precision checkpoint against the allocation it was made from: every linear layer
+    stores exactly the bytes the allocation gave it (its format's bytes for that layer, measured
+    on the format's uniform checkpoint), and no other layer is there. Exact, to the byte."""
+    measured = {layer["name"]: int(layer["bytes"]) for layer in measurement["linear_layers"]}
+    differing = sorted(name for name in set(measured) | set(allocation) if measured.get(name) != allocation.get(name))
+    total_measured = sum(measured.get(name, 0) for name in allocation)
+    total_allocated = sum(allocation.values())
+    if differing:
+        first = differing[0]
+        reason = (f"size: {len(differing)} linear layer(s) differ from the allocation, {first} stores "
+                  f"{measured.get(first, 0):,} bytes against {allocation.get(first, 0):,} allocated")
+    else:
+        reason = f"size: every linear layer stores the bytes its allocation gave it ({total_allocated:,} bytes in all)"
+    return _single(SIZE, "allocation_bytes", not differing, value=float(total_measured - total_allocated), limit=0.0,
+                   unit="bytes", reason=reason)
+
+
+def size_gates(measurement: dict[str, Any], policy: LoadedPolicy, allocation: dict[str, int] | None = None) -> list[GateResult]:
     """From `quantgate measure --json` of the candidate (measured against the baseline):
     bits per weight of the quantized layers against the format's exact figure, and bytes the
     accounting cannot explain (the explanation lines whose cause is storage departing from the
-    format, or bytes measure cannot place; `quantize.measure.causes`). Exact comparisons, no rounding."""
+    format, or bytes measure cannot place; `quantize.measure.causes`), and for a mixed-precision
+    checkpoint its bytes per layer against its `allocation`. Exact comparisons, no rounding."""
     rules = policy.policy.size
-    results = []
+    results = [] if allocation is None else [allocation_gate(measurement, allocation)]
     bits = measurement["quantized_linear"]["bits_per_weight"]
     measured, exact = bits.get("measured"), bits.get("exact")
     if measured is not None and exact is not None:
@@ -358,13 +377,14 @@ def integrity_gates(policy: LoadedPolicy, smoke: dict[str, Any] | None, overlap:
 
 def judge(baseline_items: dict[str, Records], candidate_items: dict[str, Records] | None, policy: LoadedPolicy,
           precision: str, *, measurement: dict[str, Any] | None = None, smoke: dict[str, Any] | None = None,
-          overlap: dict[str, Any] | None = None, metric_gates: list[GateResult] | None = None) -> Verdict:
+          overlap: dict[str, Any] | None = None, metric_gates: list[GateResult] | None = None,
+          allocation: dict[str, int] | None = None) -> Verdict:
     """Every gate of the policy: integrity, size (when the candidate was measured), then the
     metrics against the baseline: `metric_gates` where sequential evaluation decided them
     already, else one look at the items the results hold. Approved only when every gate passes."""
     results = integrity_gates(policy, smoke, overlap, candidate_items)
     if measurement is not None:
-        results += size_gates(measurement, policy)
+        results += size_gates(measurement, policy, allocation)
     if metric_gates is not None:
         results += metric_gates
     elif candidate_items is not None:

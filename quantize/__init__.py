@@ -2,8 +2,9 @@
 data (`PRESETS`). Stage 3, measuring what a checkpoint stores, is `quantize.measure`."""
 
 from quantize.checkpoint import QuantizedCheckpoint
-from quantize.config import Backend, QuantizeConfig
+from quantize.config import UNQUANTIZED, Backend, MixedConfig, QuantizeConfig
 from quantize.presets import PRESETS, Preset, get_preset
-from quantize.stage import run
+from quantize.stage import run, run_mixed
 
-__all__ = ["Backend", "PRESETS", "Preset", "QuantizeConfig", "QuantizedCheckpoint", "get_preset", "run"]
+__all__ = ["Backend", "MixedConfig", "PRESETS", "Preset", "QuantizeConfig", "QuantizedCheckpoint", "UNQUANTIZED", "get_preset", "run",
+           "run_mixed"]

@@ -17,7 +17,7 @@ from typing import Any
 from quantgate.core.artifacts import Stopwatch, atomic_directory
 from quantgate.core.errors import InputError
 from quantgate.core.models import SMOKE_PROMPT, baseline_dtype, compute_dtype
-from quantize.checkpoint import QuantizationFailed, QuantizedCheckpoint, copy_baseline_files, write_manifest
+from quantize.checkpoint import QuantizationFailed, QuantizedCheckpoint, copy_baseline_files, identity, write_manifest
 from quantize.compat import autoawq_plain_torch_on_cpu
 from quantize.config import QuantizeConfig
 from quantize.groups import effective_group_size
@@ -78,7 +78,7 @@ def quantize_with_autoawq(cfg: QuantizeConfig, preset: Preset, *, model_dir: Pat
              "reason": "AutoAWQ takes one group size; this is the largest that divides every layer width"}
         ]
         manifest = write_manifest(
-            staging, stopwatch, preset=preset, cfg=cfg,
+            staging, stopwatch, what=identity(preset, cfg),
             description="AWQ INT4 (AutoAWQ reference implementation, GEMM layout)",
             recipe={"autoawq_quant_config": quant_config},
             group_size={"requested": cfg.group_size, "fallbacks": fallbacks, "unquantized_layers": []},

@@ -15,6 +15,7 @@ from quantize.config import QuantizeConfig
 
 KIND = "quantized-checkpoint"
 RECIPE_FILE = "recipe.yaml"
+MIXED = "mixed"  # the format a mixed-precision checkpoint's manifest names
 # Copied byte for byte from the baseline, so the checkpoint is a whole model that lm-eval and
 # vLLM open as is, and its tokenizer hash equals the baseline's.
 COPIED_FILES = (*TOKENIZER_FILES, "generation_config.json")
@@ -38,17 +39,25 @@ def copy_baseline_files(model_dir: Path, staging: Path) -> None:
             shutil.copyfile(model_dir / name, staging / name)
 
 
-def write_manifest(staging: Path, stopwatch: Stopwatch, *, preset: Any, cfg: QuantizeConfig, description: str,
+def identity(preset: Any, cfg: QuantizeConfig) -> dict[str, Any]:
+    """What a uniform checkpoint's manifest says it is: its format, backend and config."""
+    return {"format": preset.name, "backend": cfg.backend.value, "config": cfg.model_dump(mode="json")}
+
+
+def write_manifest(staging: Path, stopwatch: Stopwatch, *, what: dict[str, Any], description: str,
                    recipe: dict[str, Any], group_size: dict[str, Any], calibration_set: Any, samples_used: int,
-                   model_dir: Path, dtype: str, smoke: dict[str, Any]) -> dict[str, Any]:
-    """The checkpoint's manifest, the same for every backend; written last, over the final files."""
+                   model_dir: Path, dtype: str, smoke: dict[str, Any], extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The checkpoint's manifest, the same for every backend; written last, over the final files.
+    `what`: format, backend and config (`identity`, or a mixed checkpoint's); `extra`: more keys
+    (a mixed checkpoint's layer table)."""
     manifest = {
         "kind": KIND,
         "schema_version": 1,
-        "format": preset.name,
+        "format": what["format"],
         "description": description,
-        "backend": cfg.backend.value,
-        "config": cfg.model_dump(mode="json"),
+        "backend": what["backend"],
+        "config": what["config"],
+        **(extra or {}),
         "recipe": recipe,
         "group_size": group_size,
         "calibration": {

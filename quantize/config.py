@@ -50,3 +50,45 @@ class QuantizeConfig(BaseModel):
         if value <= 0 or value % 32:
             raise ValueError(f"group size must be a positive multiple of 32, got {value}")
         return value
+
+
+# A layer left at the baseline's dtype in a mixed-precision checkpoint.
+UNQUANTIZED = "16-bit"
+
+
+class MixedConfig(BaseModel):
+    """A mixed-precision checkpoint: every linear layer's format (or 16-bit), from an allocation.
+
+    One llmcompressor run makes it: the INT4 layers with their format's algorithm (GPTQ, or AWQ
+    scales then round-to-nearest), the 8-bit layers with theirs (SmoothQuant on their blocks
+    only, then the same GPTQ pass), the rest left at the baseline's dtype."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    layers: dict[str, str] = Field(min_length=1, description="linear layer name -> format or '16-bit'")
+    # each format's knobs (a QuantizeConfig of that format); default: the format's defaults
+    knobs: dict[str, QuantizeConfig] = Field(default_factory=dict)
+    group_size: int = Field(default=128, description="INT4 layers: weights per scale (with the fallback)")
+    ignore: tuple[str, ...] = Field(default=("lm_head",))
+    num_calibration_samples: int | None = Field(default=None, gt=0)
+
+    @field_validator("layers")
+    @classmethod
+    def _known_formats(cls, value: dict[str, str]) -> dict[str, str]:
+        for name in sorted(set(value.values()) - {UNQUANTIZED}):
+            get_preset(name)
+        return value
+
+    @field_validator("group_size")
+    @classmethod
+    def _multiple_of_32(cls, value: int) -> int:
+        return QuantizeConfig._multiple_of_32(value)
+
+    @property
+    def formats(self) -> list[str]:
+        """The quantized formats present, in preset order."""
+        present = set(self.layers.values())
+        return [name for name in PRESETS if name in present]
+
+    def knobs_for(self, name: str) -> QuantizeConfig:
+        return self.knobs.get(name) or QuantizeConfig(format=name, group_size=self.group_size, ignore=self.ignore)

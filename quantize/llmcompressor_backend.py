@@ -6,12 +6,16 @@ from __future__ import annotations
 
 # llmcompressor, compressed_tensors and torch are imported where used: they take seconds to
 # import, and building the group-size plan or `quantgate --help` needs none of them.
+import re
+from dataclasses import dataclass
 from typing import Any
 
+from quantgate.core.errors import InputError
 from quantize.compat import cpu_safe_pinning
-from quantize.config import QuantizeConfig
+from quantize.config import MixedConfig, QuantizeConfig
+from quantize.fusion import layer_groups
 from quantize.groups import GroupPlan, plan_group_sizes
-from quantize.presets import FP8_DYNAMIC_WEIGHTS, Algorithm, Preset
+from quantize.presets import FP8_DYNAMIC_WEIGHTS, Algorithm, Preset, get_preset
 
 
 def linear_layers(model: Any, ignore: list[str]) -> list[tuple[str, int]]:
@@ -111,3 +115,123 @@ def quantize_in_place(model: Any, recipe: list[Any], dataset: Any, samples: int,
             max_seq_length=seq_len,
             shuffle_calibration_samples=False,  # the calibration set is already a seeded sample
         )
+
+
+# ---- mixed precision: one scheme per layer group, one llmcompressor run ---------------------
+
+# The algorithms a mixed checkpoint's INT4 layers may take, and its 8-bit layers'. GPTQ handles
+# any weight scheme, so one GPTQ pass quantizes both; AWQ's scales come before a round-to-nearest
+# pass over every group. FP8 is left out: its uniform format needs no calibration and its
+# activation scales differ per tensor, and vLLM's CPU build has no FP8 kernels to serve it with.
+MIXED_4BIT = (Algorithm.gptq, Algorithm.awq)
+MIXED_8BIT = (Algorithm.smoothquant_gptq,)
+# SmoothQuant's mappings for Llama-family blocks (llmcompressor's default for them): the layer
+# norm whose scales absorb the smoothing, and the fused group it feeds.
+SMOOTH_MAPPINGS = {"self_attn.qkv_proj": "input_layernorm", "mlp.gate_up_proj": "post_attention_layernorm"}
+
+
+@dataclass(frozen=True)
+class MixedPlan:
+    recipe: list[Any]
+    layers: dict[str, dict[str, Any]]  # layer -> {"format", "group_size"} (group_size None: not grouped)
+    unquantized: list[str]  # layers a format asked for but no group size fits (left 16-bit)
+    smoothed: list[str]  # the layer norms SmoothQuant scaled
+
+
+def _exact(name: str) -> str:
+    return f"re:^{re.escape(name)}$"
+
+
+def check_mixed_formats(formats: list[str]) -> None:
+    """Refuse, in one line, formats that one mixed checkpoint cannot hold together: one INT4
+    format by GPTQ or AWQ, one 8-bit format by SmoothQuant + GPTQ (MIXED_4BIT, MIXED_8BIT)."""
+    by_bits: dict[int, list[str]] = {}
+    for name in formats:
+        preset = get_preset(name)
+        by_bits.setdefault(int(preset.weights["num_bits"]), []).append(name)
+        allowed = MIXED_4BIT if preset.weights["num_bits"] == 4 else MIXED_8BIT
+        if preset.algorithm not in allowed:
+            raise InputError(f"{name} cannot be mixed: mixed checkpoints take {' or '.join(a.value for a in allowed)} "
+                             f"for their {preset.weights['num_bits']}-bit layers")
+    for bits, names in by_bits.items():
+        if len(names) > 1:
+            raise InputError(f"a mixed checkpoint takes one {bits}-bit format, not {', '.join(names)}")
+
+
+def check_mixed(cfg: MixedConfig, layers: list[tuple[str, int]]) -> None:
+    """Refuse, in one line, a mixed assignment that the model or the formats cannot take."""
+    present = dict(layers)
+    unknown = sorted(set(cfg.layers) - set(present))
+    if unknown:
+        raise InputError(f"the mixed assignment names {len(unknown)} layer(s) the model has no (quantizable) linear layer for: {unknown[0]}")
+    missing = sorted(set(present) - set(cfg.layers))
+    if missing:
+        raise InputError(f"the mixed assignment leaves {len(missing)} linear layer(s) without a format (give '16-bit' to keep one): {missing[0]}")
+    check_mixed_formats(cfg.formats)
+    for group in layer_groups([name for name, _ in layers]):
+        formats = {cfg.layers[layer] for layer in group.layers}
+        if len(formats) > 1:
+            raise InputError(f"{group.name} is one fused matmul in vLLM: its layers must share a format, got {', '.join(sorted(formats))}")
+
+
+def _mixed_groups(cfg: MixedConfig, layers: list[tuple[str, int]], storage_dtype: str) -> tuple[dict[str, Any], dict[str, dict[str, Any]], list[str]]:
+    groups: dict[str, Any] = {}
+    table: dict[str, dict[str, Any]] = {}
+    unquantized: list[str] = []
+    for name in cfg.formats:
+        preset, knobs = get_preset(name), cfg.knobs_for(name)
+        mine = [(layer, width) for layer, width in layers if cfg.layers[layer] == name]
+        if preset.grouped:
+            plan = plan_group_sizes(mine, cfg.group_size)
+            unquantized += plan.unquantized
+            for size in sorted({layer.group_size for layer in plan.layers if layer.group_size}, reverse=True):
+                targets = [_exact(layer.name) for layer in plan.layers if layer.group_size == size]
+                groups[f"{name}_g{size}"] = _scheme(targets, {**preset.weights, "group_size": size}, preset.input_activations, storage_dtype)
+            table.update({layer.name: {"format": name, "group_size": layer.group_size} for layer in plan.layers if layer.group_size})
+        else:
+            weights, activations = preset.weights, preset.input_activations
+            if knobs.fp8_dynamic and preset.dynamic_input_activations:
+                weights, activations = FP8_DYNAMIC_WEIGHTS, preset.dynamic_input_activations
+            groups[name] = _scheme([_exact(layer) for layer, _ in mine], weights, activations, storage_dtype)
+            table.update({layer: {"format": name, "group_size": None} for layer, _ in mine})
+    return groups, table, unquantized
+
+
+def _smooth_mappings(cfg: MixedConfig, layers: list[tuple[str, int]], smoothed_format: str) -> dict[str, list[str]]:
+    """SmoothQuant's mappings (layer norm -> the fused group it feeds) for the 8-bit format's
+    groups only: smoothing moves activation outliers into the weights, which INT4 layers would
+    pay for."""
+    mappings = {}
+    for group in layer_groups([name for name, _ in layers]):
+        norm = SMOOTH_MAPPINGS.get(group.role)
+        if norm and cfg.layers[group.layers[0]] == smoothed_format:
+            mappings[f"{group.name[: -len(group.role) - 1]}.{norm}"] = list(group.layers)
+    return mappings
+
+
+def build_mixed_recipe(model: Any, cfg: MixedConfig, storage_dtype: str = "bfloat16") -> MixedPlan:
+    """The llmcompressor modifiers for a mixed checkpoint, and which layer gets which scheme."""
+    from llmcompressor.modifiers.gptq import GPTQModifier
+    from llmcompressor.modifiers.quantization import QuantizationModifier
+    from llmcompressor.modifiers.transform import AWQModifier, SmoothQuantModifier
+
+    layers = linear_layers(model, list(cfg.ignore))
+    check_mixed(cfg, layers)
+    groups, table, unquantized = _mixed_groups(cfg, layers, storage_dtype)
+    ignore = [*cfg.ignore, *(_exact(name) for name, _ in layers if name not in table)]
+    algorithms = {get_preset(name).algorithm: name for name in cfg.formats}
+    recipe: list[Any] = []
+    smoothed: list[str] = []
+    if (name := algorithms.get(Algorithm.smoothquant_gptq)) and (mappings := _smooth_mappings(cfg, layers, name)):
+        recipe.append(SmoothQuantModifier(smoothing_strength=cfg.knobs_for(name).smoothing_strength,
+                                          mappings=[[[_exact(layer) for layer in group], _exact(norm)] for norm, group in mappings.items()]))
+        smoothed = list(mappings)
+    if (name := algorithms.get(Algorithm.awq)) is not None:
+        knobs = cfg.knobs_for(name)
+        recipe += [AWQModifier(n_grid=knobs.awq_n_grid, duo_scaling=knobs.awq_duo_scaling),
+                   QuantizationModifier(config_groups=groups, ignore=ignore)]
+    else:
+        knobs = cfg.knobs_for(algorithms.get(Algorithm.gptq) or cfg.formats[0])
+        recipe.append(GPTQModifier(config_groups=groups, ignore=ignore, actorder=knobs.actorder,
+                                   dampening_frac=knobs.dampening_frac, block_size=knobs.block_size))
+    return MixedPlan(recipe, table, unquantized, smoothed)

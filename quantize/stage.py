@@ -26,8 +26,16 @@ from quantgate.core.models import (
 )
 from quantize import llmcompressor_backend
 from quantize.autoawq_backend import quantize_with_autoawq
-from quantize.checkpoint import RECIPE_FILE, QuantizationFailed, QuantizedCheckpoint, copy_baseline_files, write_manifest
-from quantize.config import Backend, QuantizeConfig
+from quantize.checkpoint import (
+    MIXED,
+    RECIPE_FILE,
+    QuantizationFailed,
+    QuantizedCheckpoint,
+    copy_baseline_files,
+    identity,
+    write_manifest,
+)
+from quantize.config import UNQUANTIZED, Backend, MixedConfig, QuantizeConfig
 from quantize.presets import get_preset
 
 SMOKE_NEW_TOKENS = 8
@@ -49,16 +57,7 @@ def run(
     stopwatch = Stopwatch()
     preset = get_preset(cfg.format)
     out = Path(out)
-    if out.exists() and not overwrite:
-        raise OutputExistsError(f"{out} already exists (pass --overwrite to replace it)")
-    model_dir = resolve_model(model, allow_pickle=allow_pickle)
-    calibration_set = calibration.load(Path(calibration_dir))
-    model_tokenizer, _ = tokenizer_hash(model_dir)
-    if calibration_set.manifest["tokenizer"]["sha256"] != model_tokenizer:
-        raise InputError(
-            f"calibration set {calibration_dir} was made with another tokenizer than {model_dir}'s "
-            f"(tokenizer sha256 {calibration_set.manifest['tokenizer']['sha256'][:12]} vs {model_tokenizer[:12]})"
-        )
+    model_dir, calibration_set = _inputs(model, calibration_dir, out, overwrite=overwrite, allow_pickle=allow_pickle)
     if cfg.backend is Backend.autoawq:
         return quantize_with_autoawq(cfg, preset, model_dir=model_dir, calibration_set=calibration_set, out=out,
                                      overwrite=overwrite, stopwatch=stopwatch)
@@ -71,28 +70,88 @@ def run(
     samples = min(cfg.num_calibration_samples or calibration_set.samples, calibration_set.samples)
     dataset = calibration_set.to_dataset() if backend.needs_calibration(preset, cfg) else None
     _quantize(backend, loaded, recipe, dataset=dataset, samples=samples, seq_len=int(calibration_set.input_ids.shape[1]))
+    manifest = {
+        "what": identity(preset, cfg), "description": preset.description,
+        "group_size": {
+            "requested": cfg.group_size if preset.grouped else None,
+            "fallbacks": plan.fallbacks if plan else [],
+            "unquantized_layers": plan.unquantized if plan else [],
+        },
+        "calibration_set": calibration_set, "samples_used": samples if dataset is not None else 0,
+        "model_dir": model_dir, "dtype": dtype,
+    }
+    return _save(loaded, out, overwrite=overwrite, stopwatch=stopwatch, manifest=manifest)
 
-    backend.restore_storage_dtype(loaded, TORCH_DTYPES[dtype])
 
+def run_mixed(
+    cfg: MixedConfig,
+    model: str | Path,
+    calibration_dir: str | Path,
+    out: str | Path,
+    overwrite: bool = False,
+    allow_pickle: bool = False,
+) -> QuantizedCheckpoint:
+    """Quantize `model` into one mixed-precision checkpoint: each linear layer in the format
+    `cfg.layers` gives it (or left 16-bit), in one llmcompressor run. Its config.json's
+    `config_groups` name every layer (exact-name targets), and its manifest's `layers` table says
+    which layer has which scheme."""
+    stopwatch = Stopwatch()
+    out = Path(out)
+    model_dir, calibration_set = _inputs(model, calibration_dir, out, overwrite=overwrite, allow_pickle=allow_pickle)
+    backend = llmcompressor_backend
+    dtype = baseline_dtype(model_dir)
+    loaded = _load_model(model_dir, compute_dtype(dtype))
+    plan = backend.build_mixed_recipe(loaded, cfg, storage_dtype=TORCH_DTYPES[dtype])
+    samples = min(cfg.num_calibration_samples or calibration_set.samples, calibration_set.samples)
+    _quantize(backend, loaded, plan.recipe, dataset=calibration_set.to_dataset(), samples=samples,
+              seq_len=int(calibration_set.input_ids.shape[1]))
+    counts = {name: sum(1 for entry in plan.layers.values() if entry["format"] == name) for name in cfg.formats}
+    left = len(cfg.layers) - len(plan.layers)
+    manifest = {
+        "what": {"format": MIXED, "backend": Backend.llmcompressor.value, "config": cfg.model_dump(mode="json")},
+        "description": "mixed precision: " + ", ".join(f"{count} layers {name}" for name, count in counts.items())
+                       + f", {left} layers {UNQUANTIZED}",
+        "group_size": {"requested": cfg.group_size, "fallbacks": [], "unquantized_layers": plan.unquantized},
+        "calibration_set": calibration_set, "samples_used": samples, "model_dir": model_dir, "dtype": dtype,
+        "extra": {"layers": {name: plan.layers.get(name, {"format": UNQUANTIZED, "group_size": None}) for name in sorted(cfg.layers)},
+                  "smoothed": plan.smoothed},
+    }
+    return _save(loaded, out, overwrite=overwrite, stopwatch=stopwatch, manifest=manifest)
+
+
+def _inputs(model: str | Path, calibration_dir: str | Path, out: Path, *, overwrite: bool, allow_pickle: bool) -> tuple[Path, Any]:
+    """The baseline's directory and the calibration set, checked (made with the baseline's tokenizer)."""
+    if out.exists() and not overwrite:
+        raise OutputExistsError(f"{out} already exists (pass --overwrite to replace it)")
+    model_dir = resolve_model(model, allow_pickle=allow_pickle)
+    calibration_set = calibration.load(Path(calibration_dir))
+    model_tokenizer, _ = tokenizer_hash(model_dir)
+    if calibration_set.manifest["tokenizer"]["sha256"] != model_tokenizer:
+        raise InputError(
+            f"calibration set {calibration_dir} was made with another tokenizer than {model_dir}'s "
+            f"(tokenizer sha256 {calibration_set.manifest['tokenizer']['sha256'][:12]} vs {model_tokenizer[:12]})"
+        )
+    return model_dir, calibration_set
+
+
+def _save(loaded: Any, out: Path, *, overwrite: bool, stopwatch: Stopwatch, manifest: dict[str, Any]) -> QuantizedCheckpoint:
+    """Cast back to the baseline's dtype, save compressed with the baseline's tokenizer files,
+    reload and check on the smoke prompt, write the manifest: all in a staging directory that
+    becomes `out` only when complete."""
+    dtype = manifest["dtype"]
+    llmcompressor_backend.restore_storage_dtype(loaded, TORCH_DTYPES[dtype])
     with atomic_directory(out, overwrite=overwrite) as staging:
         loaded.save_pretrained(staging, save_compressed=True)
         del loaded
         gc.collect()
-        copy_baseline_files(model_dir, staging)
+        copy_baseline_files(manifest["model_dir"], staging)
         smoke = smoke_check(staging, dtype)
         recipe_text = (staging / RECIPE_FILE).read_text(encoding="utf-8")
-        manifest = write_manifest(
-            staging, stopwatch, preset=preset, cfg=cfg, description=preset.description,
+        written = write_manifest(
+            staging, stopwatch, **manifest, smoke=smoke,
             recipe={"file": RECIPE_FILE, "sha256": sha256_bytes(recipe_text.encode("utf-8")), "text": recipe_text},
-            group_size={
-                "requested": cfg.group_size if preset.grouped else None,
-                "fallbacks": plan.fallbacks if plan else [],
-                "unquantized_layers": plan.unquantized if plan else [],
-            },
-            calibration_set=calibration_set, samples_used=samples if dataset is not None else 0,
-            model_dir=model_dir, dtype=dtype, smoke=smoke,
         )
-    return QuantizedCheckpoint(out, manifest)
+    return QuantizedCheckpoint(out, written)
 
 
 def _load_model(model_dir: Path, dtype: Any) -> Any:

@@ -252,3 +252,22 @@ def test_vllm_backend_without_vllm_is_refused_in_one_line(cli, tiny_model: Path,
     out = tmp_path / "results"
     result = cli("evaluate", "--model", tiny_model, "--evalset", "arc-easy", "--backend", "vllm", "--out", out)
     assert_refused(result, "--backend vllm needs vllm installed", out)
+
+
+def test_offsets_take_the_items_after_them_and_key_apart(tiny_model: Path, tmp_path: Path) -> None:
+    """A held-out split: the first N items after an offset, for every kind, paired with a baseline
+    evaluated on the same items; an offset of 0 keys as before (no `offset` in the settings)."""
+    sets = ("arc-easy", "lambada", "wiki-text")
+    plain = evalsets.EvaluateConfig(evalsets=sets, limit=2)
+    shifted = plain.model_copy(update={"offsets": {"arc-easy": 3, "lambada": 3, "wiki-text": 3}})
+    base = evalsets.run(shifted, tiny_model, tmp_path / "base")
+    cand = evalsets.run(shifted, tiny_model, tmp_path / "cand", baseline_results=tmp_path / "base")
+    for spec in ("arc-easy@v1", "lambada@v1", "wiki-text@v1"):
+        golden = evalsets.load(spec)
+        expected = [item["id"] for item in golden.items(5)[3:]]
+        assert [str(item["id"]) for item in base.items(spec)["items"]] == [str(i) for i in expected], spec
+        assert base.items(spec)["offset"] == 3 and base.manifest["sets"][spec]["offset"] == 3
+    assert cand.record("wiki-text@v1")["metrics"]["kl_divergence"] == pytest.approx(0.0, abs=1e-6)
+    assert "offset" not in evalsets.run(plain, tiny_model, tmp_path / "plain").record("arc-easy@v1")["settings"]
+    with pytest.raises(InputError, match="offset"):
+        evalsets.run(plain, tiny_model, tmp_path / "mismatch", baseline_results=tmp_path / "base")

@@ -23,7 +23,7 @@ from gates.policy import LoadedPolicy, Outcome, load_policy
 from gates.sequential import look_confidence
 from quantgate.core.rundir import BASELINE, RunDir
 from quantgate.pipeline.looks import Looks, SequentialOutcome, set_order
-from quantgate.pipeline.resolve import ResolvedPlan
+from quantgate.pipeline.resolve import ResolvedPlan, Split
 
 FMT = "int8-test"
 TOKENS = 100  # scored positions of every text item
@@ -78,11 +78,11 @@ class Evaluator:
         self.data = data
         self.calls: list[Call] = []
 
-    def __call__(self, name: str, items: dict[str, int], out: Path, baseline_dir: Path | None) -> Any:
+    def __call__(self, name: str, items: dict[str, int], out: Path, baseline_dir: Path | None, split: Split) -> Any:
         assert name in (BASELINE, FMT) and len(items) == 1
         ((spec, n),) = items.items()
         self.calls.append(Call(name, spec, n, out, baseline_dir))
-        data = self.data[spec]
+        data = self.data[spec if split.name == "search" else f"{spec}@{split.name}"]
         assert n <= len(data.baseline), f"{spec} has {len(data.baseline)} items, asked for {n}"
         if name == BASELINE:
             return FakeResults(out, spec, data.baseline[:n], {})
@@ -147,9 +147,10 @@ def policy(tmp_path: Path, body: str) -> LoadedPolicy:
 
 def plan(policy_: LoadedPolicy, sets: dict[str, tuple[Kind, tuple[int, ...]]]) -> ResolvedPlan:
     """A stand-in for ResolvedPlan: the sets in plan order, each with its kind and schedule."""
+    looks = {spec: looks for spec, (_, looks) in sets.items()}
     return cast(ResolvedPlan, SimpleNamespace(
         policy=policy_, set_specs=list(sets), goldens={spec: SimpleNamespace(kind=kind) for spec, (kind, _) in sets.items()},
-        looks={spec: looks for spec, (_, looks) in sets.items()}))
+        looks=looks, search_split=Split("search", looks, {})))
 
 
 def by_gate(outcome: SequentialOutcome) -> dict[str, Any]:

@@ -25,6 +25,8 @@ COMMANDS: dict[str, Entry] = {
     "calibrate": Entry("quantgate.cli.calibrate", "Build a reproducible calibration set: token ids plus a manifest with its fingerprint."),
     "overlap": Entry("quantgate.cli.calibrate", "Share of a calibration set's word n-grams that occur in a text collection (leakage check)."),
     "quantize": Entry("quantgate.cli.quantize", "Quantize a baseline into a compressed-tensors checkpoint that transformers and vLLM load."),
+    "sensitivity": Entry("quantgate.cli.sensitivity", "Score each layer group's sensitivity to each format: predicted KL in nats per token "
+                         "(diagonal Fisher)."),
     "measure": Entry("quantgate.cli.measure", "Account for every byte of a checkpoint from its safetensors headers, never its tensor data."),
     "bounds": Entry("quantgate.cli.measure", "Lower bounds on decode step time per weight format, and what speculative decoding buys."),
     "evalsets": Entry("quantgate.cli.evaluate", "Versioned golden sets: list, show, verify, add your own."),

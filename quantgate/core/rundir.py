@@ -10,6 +10,8 @@ that writes it and the report that reads it.
     baselines/<format>/      the baseline's results on the items each format was judged on
     sequential/<format>.json the looks: what each look decided, the items that decided each gate
     looks/                   the results of each look (set at N items), baseline and formats
+    sensitivity/             per-layer sensitivity scores (a plan with a search)
+    search.json              the mixed-precision search: trials, allocations, the held-out verdict
     verdicts/<format>.json   every gate, its numbers, the verdict and its reasons
     stages/<stage>.json      keys of the directory artifacts
     report/                  report.md, report.json, report.html
@@ -62,9 +64,19 @@ class RunDir:
     def sequential(self, fmt: str) -> Path:
         return self.root / "sequential" / f"{fmt}.json"
 
-    def look(self, name: str, spec: str, items: int) -> Path:
-        """The results of one look: `name` (a format or BASELINE) on set `spec` at its first `items` items."""
-        return self.root / "looks" / name / f"{spec}@{items}"
+    def look(self, name: str, spec: str, items: int, offset: int = 0) -> Path:
+        """The results of one look: `name` (a format or BASELINE) on set `spec` at its first `items`
+        items (after its first `offset`: `<spec>+<offset>@<items>`, a held-out split's look)."""
+        return self.root / "looks" / name / (f"{spec}+{offset}@{items}" if offset else f"{spec}@{items}")
+
+    def sensitivity(self) -> Path:
+        """The per-layer sensitivity of the baseline, for the mixed-precision search."""
+        return self.root / "sensitivity"
+
+    @property
+    def search_file(self) -> Path:
+        """The search's record: its space, each trial's budget, allocation and verdict, the choice."""
+        return self.root / "search.json"
 
     def verdict(self, fmt: str) -> Path:
         return self.root / "verdicts" / f"{fmt}.json"

@@ -4,6 +4,8 @@ that stage's inputs; each key names its stage."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from evalsets.evaluate import EVALUATOR_VERSION
 from quantgate.core.artifacts import library_versions, sha256_json
 from quantgate.pipeline.resolve import ResolvedPlan
@@ -43,20 +45,40 @@ def measure_key(plan: ResolvedPlan, checkpoint_sha: str) -> str:
                         "hardware": plan.profile_key, "quantgate": plan.version})
 
 
-def sequential_key(plan: ResolvedPlan, checkpoint_sha: str, *, precision: str, blocked_before: str | None) -> str:
+def sequential_key(plan: ResolvedPlan, checkpoint_sha: str, *, precision: str, blocked_before: str | None,
+                   split: dict[str, Any] | None = None) -> str:
     """A candidate's looks: its checkpoint, the settings and each set's looks, the baseline, and
     the policy (its bounds decide when a look settles a gate), the precision class, and the size
     or integrity gate that blocks it before any evaluation, if one does."""
-    return sha256_json({"stage": "sequential", "checkpoint": checkpoint_sha, "config": plan.eval_settings,
-                        "looks": plan.looks_json, "sets": plan.golden_shas,
-                        "baseline": plan.identity_key, "policy": plan.policy.identity, "precision": precision,
-                        "blocked_before": blocked_before, "evaluator": EVALUATOR_VERSION, "libraries": library_versions(),
-                        "quantgate": plan.version})
+    key = {"stage": "sequential", "checkpoint": checkpoint_sha, "config": plan.eval_settings,
+           "looks": plan.looks_json, "sets": plan.golden_shas,
+           "baseline": plan.identity_key, "policy": plan.policy.identity, "precision": precision,
+           "blocked_before": blocked_before, "evaluator": EVALUATOR_VERSION, "libraries": library_versions(),
+           "quantgate": plan.version}
+    if split is not None:  # a search trial's split (absent otherwise: a format's key stays what it was)
+        key["split"] = split
+    return sha256_json(key)
 
 
-def gate_key(plan: ResolvedPlan, *, precision: str, evidence: str, measure: str, overlap: str, results: list[str]) -> str:
+def gate_key(plan: ResolvedPlan, *, precision: str, evidence: str, measure: str, overlap: str, results: list[str],
+             allocation: dict[str, int] | None = None) -> str:
     """A verdict: the policy, the precision class, the key of the looks, the sha256s of the
     candidate's and the paired baseline's results manifests, and the keys of the measurement and
     the overlap."""
-    return sha256_json({"stage": "gate", "policy": plan.policy.identity, "precision": precision, "evidence": evidence,
-                        "results": results, "measure": measure, "overlap": overlap, "quantgate": plan.version})
+    key = {"stage": "gate", "policy": plan.policy.identity, "precision": precision, "evidence": evidence,
+           "results": results, "measure": measure, "overlap": overlap, "quantgate": plan.version}
+    if allocation is not None:  # a search trial: the bytes its size gate holds it to
+        key["allocation"] = allocation
+    return sha256_json(key)
+
+
+def sensitivity_key(plan: ResolvedPlan, cfg: Any, calibration_fingerprint: str) -> str:
+    """The per-layer sensitivity: the baseline, the calibration set, its config, the libraries."""
+    return sha256_json({"stage": "sensitivity", "baseline": plan.identity_key, "calibration": calibration_fingerprint,
+                        "config": cfg.model_dump(mode="json"), "quantgate": plan.version, "libraries": library_versions()})
+
+
+def trial_quantize_key(plan: ResolvedPlan, cfg: Any, calibration_fingerprint: str) -> str:
+    """A search trial's checkpoint: every layer's format and each format's knobs (a MixedConfig)."""
+    return sha256_json({"stage": "quantize", "baseline": plan.identity_key, "calibration": calibration_fingerprint,
+                        "mixed": cfg.model_dump(mode="json"), "quantgate": plan.version, "libraries": library_versions()})

@@ -28,7 +28,7 @@ from quantgate.core.console import stderr
 from quantgate.core.ids import GateId, SetRef
 from quantgate.core.metrics import METRICS
 from quantgate.core.rundir import BASELINE, RunDir
-from quantgate.pipeline.resolve import ResolvedPlan
+from quantgate.pipeline.resolve import ResolvedPlan, Split
 
 # Which kinds of set run first: the cheapest per decisive number (one forward pass a text item
 # gives every agreement metric over hundreds of tokens), then one request an item, then several.
@@ -66,13 +66,18 @@ class Looks:
     results (the pipeline passes its cached evaluators)."""
 
     def __init__(self, plan: ResolvedPlan, run_dir: RunDir,
-                 evaluate: Callable[[str, dict[str, int], Path, Path | None], evalsets.EvaluationResults]) -> None:
+                 evaluate: Callable[[str, dict[str, int], Path, Path | None, Split], evalsets.EvaluationResults],
+                 split: Split | None = None) -> None:
         self.plan = plan
         self.dir = run_dir
-        self.evaluate = evaluate  # (name, {spec: items}, out, baseline results dir or None) -> results
+        self.evaluate = evaluate  # (name, {spec: items}, out, baseline results dir or None, split) -> results
+        self.split = split or plan.search_split  # which items: the plan's, or a search's held-out split
+
+    def look_dir(self, name: str, spec: str, items: int) -> Path:
+        return self.dir.look(name, spec, items, self.split.offsets.get(spec, 0))
 
     def baseline_at(self, spec: str, items: int) -> evalsets.EvaluationResults:
-        return self.evaluate(BASELINE, {spec: items}, self.dir.look(BASELINE, spec, items), None)
+        return self.evaluate(BASELINE, {spec: items}, self.look_dir(BASELINE, spec, items), None, self.split)
 
     def run(self, fmt: str, precision: str, blocked_before: str | None) -> SequentialOutcome:
         """Look at the candidate `fmt` set by set, round by round; `blocked_before`: a size or
@@ -87,12 +92,12 @@ class Looks:
         trace: list[dict[str, Any]] = []
         blocked_by = blocked_before
         for spec in order if blocked_by is None else []:
-            looks = plan.looks[spec]
+            looks = self.split.looks[spec]
             for index, items in enumerate(looks):
                 if blocked_by is not None or not open_gates[spec]:
                     break
                 baseline = self.baseline_at(spec, items)
-                candidate = self.evaluate(fmt, {spec: items}, self.dir.look(fmt, spec, items), baseline.path)
+                candidate = self.evaluate(fmt, {spec: items}, self.look_dir(fmt, spec, items), baseline.path, self.split)
                 depths[spec] = items
                 pair = gate_records(spec, item_records(baseline)[spec], item_records(candidate)[spec])
                 look = Look(index=index + 1, looks=len(looks), confidence=look_confidence(policy.policy.statistics.confidence, len(looks)),
@@ -111,9 +116,9 @@ class Looks:
                 _show(spec, items, look, trace)
         # the sets no gate looks at are still evaluated once, at their first look, for the report
         for spec in ungated if blocked_by is None else []:
-            self.evaluate(fmt, {spec: plan.looks[spec][0]}, self.dir.look(fmt, spec, plan.looks[spec][0]),
-                          self.baseline_at(spec, plan.looks[spec][0]).path)
-            depths[spec] = plan.looks[spec][0]
+            first = self.split.looks[spec][0]
+            self.evaluate(fmt, {spec: first}, self.look_dir(fmt, spec, first), self.baseline_at(spec, first).path, self.split)
+            depths[spec] = first
         gates = []
         for spec in order:
             for metric_name, gate in _policy_gates(policy, spec).items():

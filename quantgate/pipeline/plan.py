@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
@@ -52,6 +52,36 @@ class EvaluationPlan(Strict):
     backend: str = "hf"
 
 
+class SearchPlan(Strict):
+    """The mixed-precision search (docs/search.md): the smallest checkpoint that passes the gates,
+    its layers in `formats` or 16-bit, trials bisected on the verdicts, the one chosen gated again
+    on held-out items."""
+
+    formats: tuple[str, ...] = Field(description="the formats to mix (each among the plan's formats); 16-bit is always a candidate")
+    objective: Literal["smallest-approved"] = "smallest-approved"
+    max_trials: int = Field(default=4, ge=1, le=32, description="trials at most (each one quantization and its looks)")
+    max_bytes_ratio: float | None = Field(default=None, gt=0, description="byte ceiling: at most this fraction of the baseline's bytes")
+    # stop bisecting once the largest budget that failed and the smallest that passed are this
+    # close (a fraction of the baseline's bytes)
+    resolution: float = Field(default=0.01, gt=0, lt=1)
+    # the held-out split: per set (NAME or NAME@vN), its ceiling; the items after the search split's
+    # ceiling (the plan's limits), never seen by a trial. Default: the plan's ceiling again
+    holdout_limits: dict[str, int] = Field(default_factory=dict)
+    fisher: Literal["sampled", "empirical"] = "sampled"
+
+    @field_validator("formats")
+    @classmethod
+    def _two_known_formats(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for name in value:
+            get_preset(name)
+        if len(set(value)) != len(value):
+            raise ValueError("a format is named twice")
+        if len(value) < 2:
+            raise ValueError(f"a search mixes at least two formats (with 16-bit besides); got {', '.join(value) or 'none'}: "
+                             "for one format, list it in formats and drop the search")
+        return value
+
+
 class ReportPlan(Strict):
     plot_metric: str | None = Field(default=None, description="'SET METRIC' on the plot's y axis (default: the first text-set KL)")
 
@@ -70,6 +100,7 @@ class RunPlan(Strict):
     out: str = "runs/out"
     ledger: str | None = Field(default=None, description="default: <out>/ledger.jsonl")
     report: ReportPlan = ReportPlan()
+    search: SearchPlan | None = Field(default=None, description="a gated mixed-precision search (docs/search.md)")
     allow_pickle: bool = False
 
     @field_validator("schema_version")
@@ -93,6 +124,10 @@ class RunPlan(Strict):
         for name in self.quantize:
             if name not in self.formats:
                 raise ValueError(f"quantize options for {name!r}, which is not in formats ({', '.join(self.formats)})")
+        for name in self.search.formats if self.search else ():
+            if name not in self.formats:
+                raise ValueError(f"search.formats names {name!r}, which is not in formats ({', '.join(self.formats)}): "
+                                 "the search takes each format's exact bytes from its uniform checkpoint")
         return self
 
 
@@ -130,7 +165,9 @@ def _section(path: tuple[str | int, ...]) -> type[BaseModel] | None:
     for part in path[:-1]:
         field = section.model_fields.get(str(part)) if section is not None else None
         annotation = field.annotation if field is not None else None
-        section = annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
+        # an optional section (`search: SearchPlan | None`): its model
+        candidates = [annotation, *get_args(annotation)]
+        section = next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
     return section
 
 

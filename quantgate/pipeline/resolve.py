@@ -14,7 +14,7 @@ import calibration
 import evalsets
 import quantize
 from evalsets.evaluate import IDENTITY_KEYS, model_identity
-from gates.policy import LoadedPolicy
+from gates.policy import LoadedPolicy, mixed_precision_class
 from gates.sequential import schedule
 from gates.stage import load_gate_policy
 from quantgate.core.console import stderr
@@ -23,10 +23,27 @@ from quantgate.core.ids import GateId, SetRef
 from quantgate.core.metrics import metric
 from quantgate.core.models import DEMO_MODELS, pull, resolve_model
 from quantgate.core.validation import validated
+from quantgate.pipeline.budget import predicted_bytes
 from quantgate.pipeline.plan import LoadedPlan, RunPlan
+from quantize.llmcompressor_backend import check_mixed_formats
 from quantize.measure.hardware import HardwareProfile, load_profile
 
 # the fields of a model's identity that decide its numbers (its path does not)
+
+
+@dataclass(frozen=True)
+class Split:
+    """Which items of each set a candidate is judged on: each set's looks (the last its ceiling),
+    after its first `offsets` items. The search split is the plan's own (no offsets), the
+    held-out split the items after it (docs/search.md)."""
+
+    name: str  # "search" or "held-out"
+    looks: Mapping[str, tuple[int, ...]]
+    offsets: Mapping[str, int]
+
+    @property
+    def looks_json(self) -> dict[str, list[int]]:
+        return {spec: list(looks) for spec, looks in self.looks.items()}
 
 
 @dataclass(frozen=True)
@@ -46,6 +63,7 @@ class ResolvedPlan:
     calibration_cfg: calibration.CalibrationConfig
     identity: Mapping[str, Any]  # the baseline's model_identity
     version: str  # of quantgate
+    holdout: Split | None = None  # a plan with a search: the items its chosen trial is gated on
 
     @property
     def set_specs(self) -> list[str]:
@@ -68,11 +86,18 @@ class ResolvedPlan:
     def eval_settings(self) -> dict[str, Any]:
         return self.eval_cfg.model_dump(mode="json")
 
-    def look_cfg(self, items: Mapping[str, int]) -> evalsets.EvaluateConfig:
-        """The evaluation settings of the plan on the sets in `items`, each at its first N items,
-        grown from the cached items of its earlier looks (the evaluator evaluates only the rest)."""
-        grown = {spec: tuple(n for n in self.looks[spec] if n < count) for spec, count in items.items()}
-        return self.eval_cfg.model_copy(update={"evalsets": tuple(items), "limit": None, "limits": dict(items),
+    @property
+    def search_split(self) -> Split:
+        return Split("search", self.looks, {})
+
+    def look_cfg(self, items: Mapping[str, int], split: Split | None = None) -> evalsets.EvaluateConfig:
+        """The evaluation settings of the plan on the sets in `items`, each at its first N items
+        (of `split`, default the plan's own), grown from the cached items of its earlier looks
+        (the evaluator evaluates only the rest)."""
+        split = split or self.search_split
+        grown = {spec: tuple(n for n in split.looks[spec] if n < count) for spec, count in items.items()}
+        offsets = {spec: split.offsets[spec] for spec in items if split.offsets.get(spec)}
+        return self.eval_cfg.model_copy(update={"evalsets": tuple(items), "limit": None, "limits": dict(items), "offsets": offsets,
                                                 "grown_from": {spec: looks for spec, looks in grown.items() if looks}})
 
     @property
@@ -171,8 +196,52 @@ def resolve_plan(loaded: LoadedPlan, show_progress: bool = True) -> ResolvedPlan
                                   min(golden.size, eval_cfg.limit_for(golden.name, spec) or golden.size)))
              for spec, golden in goldens.items()}
     _check_ceilings(looks, policy)
+    holdout = _holdout(plan, goldens, looks, policy)
     model_dir = _baseline(plan, show_progress)
-    return ResolvedPlan(
+    resolved = ResolvedPlan(
         plan=plan, goldens=goldens, policy=policy, hardware=hardware, profiles=profiles, quantize_cfgs=quantize_cfgs,
         eval_cfg=eval_cfg, plot_metric=plot, looks=looks, model_dir=model_dir, calibration_cfg=_calibration_config(loaded, model_dir),
-        identity=model_identity(model_dir), version=metadata.version("quantgate"))
+        identity=model_identity(model_dir), version=metadata.version("quantgate"), holdout=holdout)
+    if plan.search is not None:
+        check_budget(resolved)
+    return resolved
+
+
+def _holdout(plan: RunPlan, goldens: Mapping[str, evalsets.GoldenSet], looks: Mapping[str, tuple[int, ...]],
+             policy: LoadedPolicy) -> Split | None:
+    """A search's held-out split: each set's items after its search ceiling, up to its held-out
+    ceiling (default: the search ceiling again), with the policy's looks; checked to fit in the
+    set and to decide every gate, and the policy checked to have a rule for mixed checkpoints."""
+    search = plan.search
+    if search is None:
+        return None
+    mixed_precision_class(policy, {4, 8})  # a policy without a rule for mixed checkpoints: refused here
+    check_mixed_formats(list(search.formats))
+    names = {SetRef.parse(spec).name: spec for spec in goldens}
+    unknown = [name for name in search.holdout_limits if name not in goldens and name not in names]
+    if unknown:
+        raise InputError(f"plan: search.holdout_limits names {', '.join(unknown)}, which evaluation.sets does not list")
+    held: dict[str, tuple[int, ...]] = {}
+    for spec, golden in goldens.items():
+        offset = looks[spec][-1]
+        ceiling = search.holdout_limits.get(spec, search.holdout_limits.get(golden.name, offset))
+        if offset + ceiling > golden.size:
+            raise InputError(f"plan: {spec} has {golden.size} items: {offset} for the search split and {ceiling} held out "
+                             f"need {offset + ceiling}; lower its limit or search.holdout_limits")
+        held[spec] = tuple(schedule(policy.policy.sequential.looks_for(golden.name), ceiling))
+    _check_ceilings(held, policy)
+    return Split("held-out", held, {spec: looks[spec][-1] for spec in goldens})
+
+
+def check_budget(plan: ResolvedPlan) -> None:
+    """A byte ceiling below the smallest format the search mixes can hold nothing: refused before
+    any work (each format's bytes predicted from the baseline's shapes, `budget.predicted_bytes`)."""
+    search = plan.plan.search
+    if search is None or search.max_bytes_ratio is None:
+        return
+    sizes = {fmt: predicted_bytes(plan.model_dir, plan.quantize_cfgs[fmt]) for fmt in search.formats}
+    smallest = min(sizes, key=lambda fmt: sizes[fmt][0])
+    total, baseline = sizes[smallest]
+    if search.max_bytes_ratio * baseline < total:
+        raise InputError(f"plan: search.max_bytes_ratio {search.max_bytes_ratio} ({search.max_bytes_ratio * baseline:,.0f} bytes) is below "
+                         f"the smallest format it mixes, {smallest} at {total / baseline:.3f}x ({total:,} bytes): nothing fits")

@@ -14,19 +14,20 @@ from __future__ import annotations
 
 import shutil
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import calibration
 import evalsets
 import quantize
-from gates.policy import Outcome, precision_class
+from gates.policy import Outcome, mixed_precision_class, precision_class
 from gates.report import build as build_report
 from gates.report import write as write_report
 from gates.stage import item_records, overlap_summary, record_verdict, verdict_record
 from gates.verdict import GateResult, blocked_verdict, integrity_gates, judge, size_gates, tails
 from quantgate.core.artifacts import MANIFEST, read_json, sha256_file, sha256_json, verify_files, write_json
+from quantgate.core.console import stderr
 from quantgate.core.errors import InputError
 from quantgate.core.models import weight_file_hashes
 from quantgate.core.rundir import BASELINE, RUN_KIND, RunDir
@@ -36,7 +37,10 @@ from quantgate.pipeline.lock import RunLock
 from quantgate.pipeline.looks import Looks
 from quantgate.pipeline.plan import LoadedPlan
 from quantgate.pipeline.progress import StageLog, StageStatus
-from quantgate.pipeline.resolve import ResolvedPlan, resolve_plan
+from quantgate.pipeline.resolve import ResolvedPlan, Split, resolve_plan
+from quantgate.pipeline.search import Trials, build_space, mixed_config, run_search
+from quantize import sensitivity
+from quantize.allocation import Allocation
 from quantize.checkpoint import QuantizationFailed
 from quantize.measure import measure_and_bound
 from quantize.presets import get_preset
@@ -109,13 +113,26 @@ def sequential_summary(value: dict[str, Any]) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class _Candidate:
-    """One format's checkpoint, as the quantize stage left it."""
+    """One format's (or search trial's) checkpoint, as the quantize stage left it, and the items
+    it is judged on."""
 
-    fmt: str
+    fmt: str  # the checkpoint's name: a format, or a search trial ("search-2")
     precision: str  # "8bit" or "4bit": which thresholds gate it
     checkpoint: Path
     quantize_key: str
     quantized: Cached[dict[str, Any]]  # the checkpoint's manifest, or the failure
+    split: Split | None = None  # a search trial: the search split; its chosen one again: the held-out split
+    allocation: dict[str, int] | None = None  # a search trial: the bytes its allocation gives each linear layer
+
+    @property
+    def name(self) -> str:
+        """Its verdict's name: the checkpoint's, or `<trial>@held-out` for the held-out gate."""
+        return self.fmt if self.split is None or self.split.name == "search" else f"{self.fmt}@{self.split.name}"
+
+    @property
+    def split_key(self) -> dict[str, Any] | None:
+        split = self.split
+        return None if split is None else {"name": split.name, "looks": split.looks_json, "offsets": dict(split.offsets)}
 
     @property
     def manifest(self) -> dict[str, Any]:
@@ -140,7 +157,10 @@ class Pipeline:
         return resolve_plan(self.loaded, self.show_progress)
 
     def planned_stages(self) -> list[str]:
-        return ["calibration", "overlap", "measure", "evaluate", *PER_FORMAT * len(self.plan.formats), "report"]
+        search = self.plan.search
+        # a search: its sensitivity, at most max_trials trials, the held-out evaluation and gate
+        searched = ["sensitivity", *PER_FORMAT * search.max_trials, "evaluate", "gate"] if search else []
+        return ["calibration", "overlap", "measure", "evaluate", *PER_FORMAT * len(self.plan.formats), *searched, "report"]
 
     def run(self) -> RunResult:
         resolved = self.preflight()
@@ -169,6 +189,8 @@ class _Run:
         verdicts: dict[str, dict[str, Any]] = {}
         for fmt in self.plan.plan.formats:
             verdicts[fmt] = self.candidate(fmt, calibration_set, baseline, overlap)
+        if self.plan.plan.search is not None:
+            verdicts.update(self.search(calibration_set, baseline, overlap, verdicts))
         write_json(self.dir.run_file, self.manifest(status="finished", verdicts=verdicts))
         self.report()
         result = RunResult(self.dir.root, verdicts, self.log.stages, self.dir.report, time.perf_counter() - self.started)
@@ -199,10 +221,12 @@ class _Run:
             self.evaluators[name] = evalsets.Evaluator(model, allow_pickle=self.plan.plan.allow_pickle)
         return self.evaluators[name]
 
-    def evaluate(self, name: str, items: dict[str, int], out: Path, baseline: Path | None) -> evalsets.EvaluationResults:
-        """`name` (BASELINE or a format) on the sets in `items` at their first N items, into `out`;
-        results already there for exactly these settings are used as they are."""
-        cfg = self.plan.look_cfg(items)
+    def evaluate(self, name: str, items: dict[str, int], out: Path, baseline: Path | None,
+                 split: Split | None = None) -> evalsets.EvaluationResults:
+        """`name` (BASELINE or a format) on the sets in `items` at their first N items (of `split`,
+        default the plan's own), into `out`; results already there for exactly these settings are
+        used as they are."""
+        cfg = self.plan.look_cfg(items, split)
         if baseline is None and out.is_dir():
             try:
                 existing = evalsets.load_results(out)
@@ -245,12 +269,16 @@ class _Run:
     def candidate(self, fmt: str, calibration_set: calibration.CalibrationSet, baseline: _Baseline,
                   overlap: _Overlap) -> dict[str, Any]:
         """One format from quantization to its verdict record."""
-        candidate = self.quantize(fmt, calibration_set)
+        return self.judge(self.quantize(fmt, calibration_set), baseline, overlap)
+
+    def judge(self, candidate: _Candidate, baseline: _Baseline, overlap: _Overlap) -> dict[str, Any]:
+        """A quantized checkpoint (a format's or a search trial's), measured, evaluated on its
+        split and gated: its verdict record."""
         if candidate.quantized.value is None:  # it failed its own checks
             return self.blocked(candidate, baseline)
         measured, measure_key = self.measure(candidate)
         evidence = self.evaluate_sequentially(candidate, measured=measured, measure_key=measure_key, overlap=overlap)
-        self.evaluators.pop(candidate.fmt, None)  # its model is not needed again this run
+        self.evaluators.pop(candidate.fmt, None)  # its model is not needed again for now
         return self.gate(candidate, measured=measured, measure_key=measure_key, evidence=evidence, baseline=baseline, overlap=overlap)
 
     def quantize(self, fmt: str, calibration_set: calibration.CalibrationSet) -> _Candidate:
@@ -268,14 +296,15 @@ class _Run:
 
     def blocked(self, candidate: _Candidate, baseline: _Baseline) -> dict[str, Any]:
         """The verdict on a checkpoint that failed its own checks: nothing to measure or deploy."""
-        fmt, failure = candidate.fmt, candidate.quantized.failed or ""
+        fmt, failure = candidate.name, candidate.quantized.failed or ""
         for kind in ("measure", "evaluate"):
             begun = self.cache.begin(f"{kind} {fmt}")
             self.cache.finish(kind, f"{kind} {fmt}", "skipped", begun, "no checkpoint")
         return self.cache.json(
             kind="gate", label=f"gate {fmt}", path=self.dir.verdict(fmt), key=keys.blocked_gate_key(self.plan, candidate.quantize_key, failure),
-            produce=lambda: verdict_record(fmt, blocked_verdict(failure), precision=candidate.precision, policy=self.plan.policy,
-                                           checkpoint=None, baseline_results=baseline.results, candidate_results=None))
+            produce=lambda: _with_split(verdict_record(fmt, blocked_verdict(failure), precision=candidate.precision, policy=self.plan.policy,
+                                                       checkpoint=None, baseline_results=baseline.results, candidate_results=None),
+                                        candidate))
 
     def measure(self, candidate: _Candidate) -> tuple[dict[str, Any], str]:
         """The checkpoint's byte accounting and decode bounds, and the key they were made with."""
@@ -288,39 +317,41 @@ class _Run:
         """The first size or integrity gate that blocks the candidate before any evaluation
         (fail fast: they are exact numbers, decided without a single item), or None."""
         policy = self.plan.policy
-        gates = integrity_gates(policy, candidate.manifest.get("smoke"), overlap.summary) + size_gates(measured["measurement"], policy)
+        gates = integrity_gates(policy, candidate.manifest.get("smoke"), overlap.summary) + size_gates(
+            measured["measurement"], policy, allocation=candidate.allocation)
         return next((gate.reason for gate in gates if gate.outcome is not Outcome.passed), None)
 
     def evaluate_sequentially(self, candidate: _Candidate, *, measured: dict[str, Any], measure_key: str,
                               overlap: _Overlap) -> _Evidence:
         """The candidate's looks (quantgate.pipeline.looks), then its results and the baseline's on
         the same items, published for the gate and the report."""
-        plan, fmt = self.plan, candidate.fmt
+        plan, fmt, name, split = self.plan, candidate.fmt, candidate.name, candidate.split
         blocked_before = self.pre_gates(candidate, measured, overlap)
         key = keys.sequential_key(plan, candidate.quantized.manifest_sha256, precision=candidate.precision,
-                                  blocked_before=blocked_before)
-        path = self.dir.sequential(fmt)
+                                  blocked_before=blocked_before, split=candidate.split_key)
+        path = self.dir.sequential(name)
 
         def produce() -> dict[str, Any]:
-            outcome = Looks(plan, self.dir, self.evaluate).run(fmt, candidate.precision, blocked_before)
+            outcome = Looks(plan, self.dir, self.evaluate, split).run(fmt, candidate.precision, blocked_before)
             evaluated = {spec: items for spec, items in outcome.depths.items() if items}
             if evaluated:
-                paired = self.evaluate(BASELINE, evaluated, self.dir.paired_baseline(fmt), None)
-                self.evaluate(fmt, evaluated, self.dir.results(fmt), paired.path)
+                paired = self.evaluate(BASELINE, evaluated, self.dir.paired_baseline(name), None, split)
+                self.evaluate(fmt, evaluated, self.dir.results(name), paired.path, split)
             else:  # blocked before a single item: no results of its own
-                shutil.rmtree(self.dir.results(fmt), ignore_errors=True)
-            return {**outcome.as_dict(), "looks": plan.looks_json,
+                shutil.rmtree(self.dir.results(name), ignore_errors=True)
+            return {**outcome.as_dict(), "looks": (split or plan.search_split).looks_json,
+                    "offsets": dict(split.offsets) if split else {},
                     "error_control": plan.policy.policy.sequential.error_control,
                     "confidence": plan.policy.policy.statistics.confidence}
 
-        published = self._published(path, fmt, key)
+        published = self._published(path, name, key)
         if published is None:
             path.unlink(missing_ok=True)  # its results went missing or were damaged: looked at again (cached items)
-        value = self.cache.json(kind="evaluate", label=f"evaluate {fmt}", path=path, key=key, produce=produce)
+        value = self.cache.json(kind="evaluate", label=f"evaluate {name}", path=path, key=key, produce=produce)
         if not any(value["depths"].values()):
             return _Evidence(value, key, None, None)
         if published is None or not published:  # just made: loaded (and verified) once, here
-            published = (evalsets.load_results(self.dir.results(fmt)), evalsets.load_results(self.dir.paired_baseline(fmt)))
+            published = (evalsets.load_results(self.dir.results(name)), evalsets.load_results(self.dir.paired_baseline(name)))
         return _Evidence(value, key, *published)
 
     def _published(self, path: Path, fmt: str, key: str) -> tuple[evalsets.EvaluationResults, ...] | None:
@@ -341,29 +372,88 @@ class _Run:
     def gate(self, candidate: _Candidate, *, measured: dict[str, Any], measure_key: str, evidence: _Evidence,
              baseline: _Baseline, overlap: _Overlap) -> dict[str, Any]:
         """The verdict record, appended to the ledger unless the ledger holds it already."""
-        plan, fmt = self.plan, candidate.fmt
+        plan, fmt = self.plan, candidate.name
         key = keys.gate_key(plan, precision=candidate.precision, evidence=evidence.key, measure=measure_key, overlap=overlap.key,
-                            results=[sha256_file(results.path / MANIFEST) for results in (evidence.results, evidence.baseline) if results])
+                            results=[sha256_file(results.path / MANIFEST) for results in (evidence.results, evidence.baseline) if results],
+                            allocation=candidate.allocation)
 
         def verdict() -> dict[str, Any]:
             manifest = candidate.manifest
             metric_gates = [GateResult.from_dict(entry) for entry in evidence.value["gates"]]
             candidate_items = item_records(evidence.results) if evidence.results else None
             judged = judge({}, candidate_items, plan.policy, candidate.precision, measurement=measured["measurement"],
-                           smoke=manifest.get("smoke"), overlap=overlap.summary, metric_gates=metric_gates)
+                           smoke=manifest.get("smoke"), overlap=overlap.summary, metric_gates=metric_gates,
+                           allocation=candidate.allocation)
             # the weight files' sha256s from the checkpoint's manifest, which the quantize stage
             # just wrote or verified against the bytes: not hashed a third time
             record = verdict_record(fmt, judged, precision=candidate.precision, policy=plan.policy, checkpoint=candidate.checkpoint,
                                     baseline_results=evidence.baseline or baseline.results, candidate_results=evidence.results,
                                     weights=weight_file_hashes(manifest["files"]))
             summary = sequential_summary(evidence.value)
-            return {**record, "sequential": summary, "not_evaluated": summary["not_evaluated"],
-                    "tails": tails(candidate_items or {}, plan.policy.policy.statistics)}
+            return _with_split({**record, "sequential": summary, "not_evaluated": summary["not_evaluated"],
+                                "tails": tails(candidate_items or {}, plan.policy.policy.statistics)}, candidate)
 
         record = self.cache.json(kind="gate", label=f"gate {fmt}", path=self.dir.verdict(fmt), key=key, produce=verdict)
         appended = record_verdict(self.pipeline.ledger, record)
         self.log.amend_last(f"{record['verdict']}; ledger {'appended' if appended else 'already holds this verdict'}", done=appended)
         return record
+
+    # ---- the mixed-precision search ---------------------------------------------------------
+
+    def search(self, calibration_set: calibration.CalibrationSet, baseline: _Baseline, overlap: _Overlap,
+               uniform: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        """The search (quantgate.pipeline.search): its record in search.json; the verdicts of its
+        trials and of the held-out gate, by name."""
+        plan, search = self.plan, self.plan.plan.search
+        assert search is not None
+        scores = self.sensitivity(calibration_set)
+        measurements = {name: read_json(self.dir.measure(name))["value"]["measurement"] for name in (BASELINE, *search.formats)}
+        measurements[quantize.UNQUANTIZED] = measurements.pop(BASELINE)
+        space = build_space(search.formats, measurements, {fmt: scores.scores(fmt) for fmt in search.formats})
+        made: dict[str, _Candidate] = {}
+
+        def trial(name: str, allocation: Allocation) -> dict[str, Any]:
+            made[name] = self.quantize_trial(name, mixed_config(plan, space, allocation), calibration_set,
+                                             space.trial_layers(allocation))
+            return self.judge(made[name], baseline, overlap)
+
+        def held_out(name: str) -> dict[str, Any]:
+            return self.judge(replace(made[name], split=plan.holdout), baseline, overlap)
+
+        record = run_search(plan, space, Trials(trial, held_out, uniform))
+        write_json(self.dir.search_file, {key: value for key, value in record.items() if key != "verdicts"})
+        stderr.print(f"search: {record['conclusion']}", highlight=False, soft_wrap=True)
+        return dict(record["verdicts"])
+
+    def sensitivity(self, calibration_set: calibration.CalibrationSet) -> sensitivity.Sensitivity:
+        plan, search = self.plan, self.plan.plan.search
+        assert search is not None
+        grouped = [plan.quantize_cfgs[fmt] for fmt in search.formats if get_preset(fmt).grouped] or [plan.quantize_cfgs[search.formats[0]]]
+        cfg = sensitivity.SensitivityConfig(formats=search.formats, fisher=search.fisher, ignore=grouped[0].ignore,
+                                            group_size=grouped[0].group_size)
+        out = self.dir.sensitivity()
+        made = self.cache.directory(
+            kind="sensitivity", name="sensitivity", label="sensitivity", key=keys.sensitivity_key(plan, cfg, calibration_set.fingerprint),
+            artifact=out, load=sensitivity.load,
+            produce=lambda: sensitivity.run(cfg, plan.model_dir, calibration_set.path, out, overwrite=True,
+                                            allow_pickle=plan.plan.allow_pickle))
+        assert made.value is not None
+        return made.value
+
+    def quantize_trial(self, name: str, cfg: quantize.MixedConfig, calibration_set: calibration.CalibrationSet,
+                       layer_bytes: dict[str, int]) -> _Candidate:
+        """A search trial's mixed checkpoint, judged on the search split and held to `layer_bytes`."""
+        plan, checkpoint = self.plan, self.dir.checkpoint(name)
+        key = keys.trial_quantize_key(plan, cfg, calibration_set.fingerprint)
+        quantized = self.cache.directory(
+            kind="quantize", name=f"quantize-{name}", label=f"quantize {name}", key=key, artifact=checkpoint,
+            load=_verified_checkpoint,
+            produce=lambda: quantize.run_mixed(cfg, plan.model_dir, calibration_set.path, checkpoint,
+                                               overwrite=True, allow_pickle=plan.plan.allow_pickle).manifest,
+            failures=(QuantizationFailed,))
+        bits = {int(get_preset(fmt).weights["num_bits"]) for fmt in cfg.formats}
+        precision = mixed_precision_class(plan.policy, bits)
+        return _Candidate(name, precision, checkpoint, key, quantized, split=plan.search_split, allocation=layer_bytes)
 
     # ---- run.json ---------------------------------------------------------------------------
 
@@ -390,6 +480,16 @@ class _Run:
             "seconds": seconds,
             "quantgate_version": plan.version,
         }
+
+
+def _with_split(record: dict[str, Any], candidate: _Candidate) -> dict[str, Any]:
+    """A search trial's verdict says which split judged it (`search`: it approves nothing, the
+    ledger's verify skips it; `held-out`: the search's answer) and which items, seeded and recorded."""
+    split = candidate.split
+    if split is None:
+        return record
+    return {**record, "checkpoint_name": candidate.fmt, "split": split.name,
+            "split_items": {spec: {"offset": split.offsets.get(spec, 0), "ceiling": looks[-1]} for spec, looks in split.looks.items()}}
 
 
 def run(loaded: LoadedPlan, out: Path | None = None, show_progress: bool = True) -> RunResult:

@@ -1,0 +1,56 @@
+"""What a format's checkpoint of the baseline will weigh, predicted before any quantization from
+the baseline's safetensors headers (its linear layers' shapes) and the storage layouts of
+`quantize.measure.layouts`: how a search's byte ceiling is checked before any work. The search
+itself allocates with the exact bytes its uniform checkpoints measure, not with these."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from quantize.config import QuantizeConfig
+from quantize.groups import effective_group_size
+from quantize.measure.accounting import measure
+from quantize.measure.layouts import Scheme, ceil_div, expected_bytes
+from quantize.presets import FP8_DYNAMIC_WEIGHTS, get_preset
+
+# compressed-tensors' storage of each weight type (quantize.measure.layouts names them)
+_LAYOUT = {("int", 4): "pack-quantized", ("int", 8): "int-quantized", ("float", 8): "float-quantized"}
+
+
+def _ignored(name: str, ignore: tuple[str, ...]) -> bool:
+    for pattern in ignore:
+        if pattern.startswith("re:") and re.match(pattern[3:], name):
+            return True
+        if name == pattern or name.endswith(f".{pattern}"):
+            return True
+    return False
+
+
+def _scheme(cfg: QuantizeConfig, in_features: int) -> Scheme | None:
+    preset = get_preset(cfg.format)
+    weights = FP8_DYNAMIC_WEIGHTS if cfg.fp8_dynamic and preset.dynamic_input_activations else preset.weights
+    group_size = effective_group_size(in_features, cfg.group_size) if preset.grouped else None
+    if preset.grouped and group_size is None:
+        return None  # left unquantized
+    activations = preset.input_activations or {}
+    symmetric = bool(weights.get("symmetric", True))
+    return Scheme(layout=_LAYOUT[(weights["type"], int(weights["num_bits"]))], bits=int(weights["num_bits"]), type=weights["type"],
+                  symmetric=symmetric, strategy=weights["strategy"], group_size=group_size,
+                  static_input=bool(activations) and not activations.get("dynamic", False) and not cfg.fp8_dynamic,
+                  zero_point_bits=0 if symmetric else int(weights["num_bits"]))
+
+
+def predicted_bytes(model_dir: Path, cfg: QuantizeConfig) -> tuple[int, int]:
+    """(the tensor bytes of `cfg`'s uniform checkpoint of the baseline, the baseline's own)."""
+    baseline = measure(model_dir)
+    scale_bytes = 4 if baseline.baseline_dtype == "F32" else 2  # scales are stored in the baseline's dtype
+    total = baseline.tensor_bytes
+    for layer in baseline.linear_layers:
+        scheme = None if _ignored(layer.name, cfg.ignore) else _scheme(cfg, layer.in_features)
+        if scheme is None:
+            continue
+        groups = ceil_div(layer.in_features, scheme.group_size) if scheme.strategy == "group" and scheme.group_size else 1
+        stored = expected_bytes(scheme, layer.in_features, layer.out_features, groups, scale_bytes)
+        total += sum(stored.values()) - sum(layer.bytes_by_role.values())
+    return total, baseline.tensor_bytes

@@ -1,0 +1,153 @@
+"""The gated mixed-precision search of a run (`search:` in the plan; docs/search.md).
+
+sensitivity of every layer group (quantize.sensitivity) -> the search space: each group's exact
+bytes in each format, measured on the format's uniform checkpoint of this run, and its predicted
+cost -> trials: a byte budget (gates.search.next_budget), its allocation (quantize.allocation),
+one mixed checkpoint quantized, measured, evaluated on the search split and gated like any
+format -> the smallest approved trial gated once more on the held-out split, whose verdict alone
+can approve it.
+
+The run's stages do the work (`Trials`, the runner's callbacks); this module decides what they
+are asked to do and writes the search's record (`search.json`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gates.search import Tried, chosen, conclusion, next_budget
+from quantgate.pipeline.resolve import ResolvedPlan
+from quantize.allocation import Allocation, Option, Unit, allocate
+from quantize.config import UNQUANTIZED, MixedConfig
+from quantize.fusion import LayerGroup, layer_groups
+from quantize.presets import get_preset
+
+TRIAL_PREFIX = "search-"
+
+
+@dataclass(frozen=True)
+class Space:
+    """What the allocation chooses from: each layer group's options, and the bytes no choice touches."""
+
+    groups: list[LayerGroup]
+    units: list[Unit]
+    fixed: int  # tensor bytes outside the searched groups (embeddings, norms, layers no format quantizes)
+    baseline: int  # the baseline's tensor bytes
+    uniform: dict[str, int]  # format -> its uniform checkpoint's tensor bytes
+    layer_bytes: dict[str, dict[str, int]]  # format (or 16-bit) -> linear layer -> bytes
+
+    def trial_layers(self, allocation: Allocation) -> dict[str, int]:
+        """The bytes the allocation gives each searched linear layer: what the size gate checks."""
+        return {layer: self.layer_bytes[allocation.choice[group.name]][layer]
+                for group in self.groups for layer in group.layers}
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"groups": len(self.groups), "fixed_bytes": self.fixed, "baseline_bytes": self.baseline, "uniform_bytes": self.uniform}
+
+
+def _layers(measurement: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    return {layer["name"]: layer for layer in measurement["linear_layers"]}
+
+
+def build_space(formats: tuple[str, ...], measurements: Mapping[str, Mapping[str, Any]],
+                scores: Mapping[str, Mapping[str, float]]) -> Space:
+    """`measurements`: the measurement (`quantgate measure --json`) of the baseline (key
+    `16-bit`) and of each format's uniform checkpoint; `scores`: format -> group -> predicted
+    cost. A group is searched when every format quantizes all of its layers; its 16-bit option
+    costs nothing."""
+    baseline = _layers(measurements[UNQUANTIZED])
+    per_format = {fmt: _layers(measurements[fmt]) for fmt in formats}
+    layer_bytes = {UNQUANTIZED: {name: int(layer["bytes"]) for name, layer in baseline.items()},
+                   **{fmt: {name: int(layer["bytes"]) for name, layer in layers.items()} for fmt, layers in per_format.items()}}
+    searched = [group for group in layer_groups(list(baseline))
+                if all(per_format[fmt].get(layer, {}).get("quantized") for fmt in formats for layer in group.layers)]
+    units = []
+    for group in searched:
+        options = [Option(UNQUANTIZED, sum(layer_bytes[UNQUANTIZED][layer] for layer in group.layers), 0.0)]
+        for fmt in formats:
+            if group.name not in scores[fmt]:
+                raise KeyError(f"the sensitivity holds no score for {group.name} in {fmt}")
+            options.append(Option(fmt, sum(layer_bytes[fmt][layer] for layer in group.layers), float(scores[fmt][group.name])))
+        units.append(Unit(group.name, tuple(options)))
+    total = int(measurements[UNQUANTIZED]["totals"]["tensor_bytes"])
+    searched_bytes = sum(layer_bytes[UNQUANTIZED][layer] for group in searched for layer in group.layers)
+    return Space(searched, units, total - searched_bytes, total,
+                 {fmt: int(measurements[fmt]["totals"]["tensor_bytes"]) for fmt in formats}, layer_bytes)
+
+
+def mixed_config(plan: ResolvedPlan, space: Space, allocation: Allocation) -> MixedConfig:
+    """The mixed checkpoint of an allocation: each layer's format, each format's knobs from the plan."""
+    search = plan.plan.search
+    assert search is not None
+    layers = {layer: allocation.choice[group.name] for group in space.groups for layer in group.layers}
+    unsearched = {name: UNQUANTIZED for name in space.layer_bytes[UNQUANTIZED] if name not in layers}
+    grouped = [plan.quantize_cfgs[fmt] for fmt in search.formats if get_preset(fmt).grouped]
+    knobs = {fmt: plan.quantize_cfgs[fmt] for fmt in search.formats}
+    first = grouped[0] if grouped else plan.quantize_cfgs[search.formats[0]]
+    # layers a format's ignore list leaves alone (lm_head) are not the checkpoint's to assign
+    assigned = {name: fmt for name, fmt in {**unsearched, **layers}.items() if not _ignored(name, first.ignore)}
+    return MixedConfig(layers=assigned, knobs=knobs, group_size=first.group_size, ignore=first.ignore)
+
+
+def _ignored(name: str, ignore: tuple[str, ...]) -> bool:
+    return any(name == pattern or name.endswith(f".{pattern}") for pattern in ignore if not pattern.startswith("re:"))
+
+
+@dataclass(frozen=True)
+class Trials:
+    """The runner's side of a search: `trial(name, allocation)` quantizes, measures, evaluates
+    (search split) and gates one trial, returning its verdict record; `held_out(name)` gates a
+    trial again on the held-out split; `uniform` holds the run's verdicts on the uniform formats."""
+
+    trial: Callable[[str, Allocation], dict[str, Any]]
+    held_out: Callable[[str], dict[str, Any]]
+    uniform: Mapping[str, Mapping[str, Any]]
+
+
+def run_search(plan: ResolvedPlan, space: Space, trials: Trials) -> dict[str, Any]:
+    """Bisect on the verdicts, then gate the smallest approved trial on held-out items; the
+    search's record (search.json) with every trial's verdict record by name under `verdicts`."""
+    search = plan.plan.search
+    assert search is not None
+    smallest = min(search.formats, key=lambda fmt: space.uniform[fmt])
+    largest = max(space.uniform[fmt] for fmt in search.formats)
+    ceiling = min(int(search.max_bytes_ratio * space.baseline), largest) if search.max_bytes_ratio else largest
+    lo = space.uniform[smallest]
+    record: dict[str, Any] = {"formats": list(search.formats), "objective": search.objective, "max_trials": search.max_trials,
+                              "ceiling_bytes": ceiling, "lo_bytes": lo, "space": space.as_dict(),
+                              "trials": [], "verdicts": {}, "chosen": None, "held_out": None}
+    if trials.uniform.get(smallest, {}).get("verdict") == "approved":
+        record["conclusion"] = f"the smallest format it mixes, {smallest}, is approved as it is: no mixed checkpoint can be smaller"
+        return record
+    # the uniform formats, judged on the same items: known points of the bisection
+    tried = [Tried(fmt, space.uniform[fmt], space.uniform[fmt], trials.uniform.get(fmt, {}).get("verdict") == "approved",
+                   trial=False) for fmt in search.formats]
+    while sum(trial.trial for trial in tried) < search.max_trials:
+        budget = next_budget(lo, ceiling, tried, resolution=int(search.resolution * space.baseline))
+        if budget is None:
+            break
+        allocation = allocate(space.units, budget - space.fixed)
+        name = f"{TRIAL_PREFIX}{sum(trial.trial for trial in tried) + 1}"
+        verdict = trials.trial(name, allocation)
+        total = allocation.bytes + space.fixed
+        tried.append(Tried(name, budget, total, verdict["verdict"] == "approved", (verdict.get("reasons") or [None])[0]))
+        record["verdicts"][name] = verdict
+        record["trials"].append(_trial_entry(name, budget, total, allocation, verdict, space))
+    pick = chosen(tried)
+    held = trials.held_out(pick.name) if pick else None
+    if pick and held:
+        record["verdicts"][f"{pick.name}@held-out"] = held
+    record.update(chosen=pick.name if pick else None,
+                  held_out=None if held is None else {"verdict": held["verdict"], "reasons": held["reasons"]},
+                  conclusion=conclusion(tried, held, space.baseline))
+    return record
+
+
+def _trial_entry(name: str, budget: int, total: int, allocation: Allocation, verdict: Mapping[str, Any],
+                 space: Space) -> dict[str, Any]:
+    counts = {fmt: len(groups) for fmt, groups in allocation.by_format().items()}
+    return {"name": name, "budget_bytes": budget, "budget_ratio": budget / space.baseline, "bytes": total,
+            "ratio": total / space.baseline, "predicted_cost": allocation.cost, "groups_by_format": counts,
+            "allocation": allocation.to_json(), "verdict": verdict["verdict"], "reasons": verdict.get("reasons") or []}
