@@ -82,7 +82,7 @@ class Evaluator:
         assert name in (BASELINE, FMT) and len(items) == 1
         ((spec, n),) = items.items()
         self.calls.append(Call(name, spec, n, out, baseline_dir))
-        data = self.data[spec if split.name == "search" else f"{spec}@{split.name}"]
+        data = self.data[f"{spec}@held-out" if split.name == "held-out" else spec]
         assert n <= len(data.baseline), f"{spec} has {len(data.baseline)} items, asked for {n}"
         if name == BASELINE:
             return FakeResults(out, spec, data.baseline[:n], {})
@@ -150,7 +150,7 @@ def plan(policy_: LoadedPolicy, sets: dict[str, tuple[Kind, tuple[int, ...]]]) -
     looks = {spec: looks for spec, (_, looks) in sets.items()}
     return cast(ResolvedPlan, SimpleNamespace(
         policy=policy_, set_specs=list(sets), goldens={spec: SimpleNamespace(kind=kind) for spec, (kind, _) in sets.items()},
-        looks=looks, search_split=Split("search", looks, {})))
+        looks=looks, own_split=Split("plan", looks, {})))
 
 
 def by_gate(outcome: SequentialOutcome) -> dict[str, Any]:
@@ -377,3 +377,37 @@ def test_the_trace_holds_one_entry_for_each_open_gate_at_each_look(approved) -> 
     assert kl.estimate == pytest.approx(0.01) and kl.low == pytest.approx(0.01) and kl.limit == 0.05
     assert gates["wiki-text@v1 top1_agreement"].estimate == pytest.approx(0.95)
     assert outcome.as_dict()["trace"] == outcome.trace
+
+
+# ---- the held-out split, through the looks ----------------------------------------------------
+
+HELD_OUT_POLICY = """
+name: split
+version: v1
+statistics: {confidence: 0.95, resamples: 400, seed: 0}
+sequential: {min_items: 20}
+metrics:
+  arc-easy: {acc: {max_drop_points: {8bit: 5.0, 4bit: 10.0}}}
+mixed_precision: {rule: lowest-bits}
+"""
+
+
+def test_the_held_out_looks_read_other_items_and_block_what_the_search_split_passed(tmp_path: Path) -> None:
+    """A search's chosen trial is looked at again on items after the search split's (the
+    evaluator's `@held-out` data here): what passed there can fail here."""
+    (tmp_path / "policy.yaml").write_text(HELD_OUT_POLICY, encoding="utf-8")
+    policy = load_policy(tmp_path / "policy.yaml")
+    looks = {"arc-easy@v1": (60,)}
+    stand_in = cast(ResolvedPlan, SimpleNamespace(policy=policy, set_specs=["arc-easy@v1"], looks=looks,
+                                                  goldens={"arc-easy@v1": SimpleNamespace(kind=Kind.multiple_choice)},
+                                                  own_split=Split("plan", looks, {})))
+    lost = [1] * 60
+    evaluator = Evaluator({"arc-easy@v1": same_answers(60),  # the search split: every answer kept
+                           "arc-easy@v1@held-out": choice_set(lost, [0] * 20 + [1] * 40)})  # held out: a third lost
+    run_dir = RunDir(tmp_path / "run")
+    search = Looks(stand_in, run_dir, evaluator, Split("search", looks, {})).run(FMT, "4bit", None)
+    held = Looks(stand_in, run_dir, evaluator, Split("held-out", looks, {"arc-easy@v1": 60})).run(FMT, "4bit", None)
+    assert [gate.outcome for gate in search.gates] == [Outcome.passed]
+    assert [gate.outcome for gate in held.gates] == [Outcome.failed] and held.blocked_by
+    # the held-out looks live apart from the search split's: `<set>+<offset>@<items>`
+    assert {call.out.name for call in evaluator.calls} == {"arc-easy@v1@60", "arc-easy@v1+60@60"}

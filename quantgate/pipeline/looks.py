@@ -71,7 +71,7 @@ class Looks:
         self.plan = plan
         self.dir = run_dir
         self.evaluate = evaluate  # (name, {spec: items}, out, baseline results dir or None, split) -> results
-        self.split = split or plan.search_split  # which items: the plan's, or a search's held-out split
+        self.split = split or plan.own_split  # which items: the plan's, or a search's split
 
     def look_dir(self, name: str, spec: str, items: int) -> Path:
         return self.dir.look(name, spec, items, self.split.offsets.get(spec, 0))

@@ -64,8 +64,12 @@ class SearchPlan(Strict):
     # stop bisecting once the largest budget that failed and the smallest that passed are this
     # close (a fraction of the baseline's bytes)
     resolution: float = Field(default=0.01, gt=0, lt=1)
-    # the held-out split: per set (NAME or NAME@vN), its ceiling; the items after the search split's
-    # ceiling (the plan's limits), never seen by a trial. Default: the plan's ceiling again
+    # the search split: per set (NAME or NAME@vN), the ceiling trials are judged at (at most the
+    # plan's; default the plan's): its first N items
+    limits: dict[str, int] = Field(default_factory=dict)
+    # the held-out split: per set, its ceiling; the items after the plan's ceiling, which neither
+    # a trial nor a uniform format the search compares with was judged on. Default: the search
+    # split's ceiling
     holdout_limits: dict[str, int] = Field(default_factory=dict)
     fisher: Literal["sampled", "empirical"] = "sampled"
 

@@ -64,6 +64,7 @@ class ResolvedPlan:
     identity: Mapping[str, Any]  # the baseline's model_identity
     version: str  # of quantgate
     holdout: Split | None = None  # a plan with a search: the items its chosen trial is gated on
+    search_looks: Mapping[str, tuple[int, ...]] | None = None  # a plan with a search: its trials' looks
 
     @property
     def set_specs(self) -> list[str]:
@@ -87,14 +88,20 @@ class ResolvedPlan:
         return self.eval_cfg.model_dump(mode="json")
 
     @property
+    def own_split(self) -> Split:
+        """The items the plan's formats are judged on: each set's first N, at its looks."""
+        return Split("plan", self.looks, {})
+
+    @property
     def search_split(self) -> Split:
-        return Split("search", self.looks, {})
+        """The items a search's trials are judged on: the first of the plan's (`search.limits`)."""
+        return Split("search", self.search_looks or self.looks, {})
 
     def look_cfg(self, items: Mapping[str, int], split: Split | None = None) -> evalsets.EvaluateConfig:
         """The evaluation settings of the plan on the sets in `items`, each at its first N items
         (of `split`, default the plan's own), grown from the cached items of its earlier looks
         (the evaluator evaluates only the rest)."""
-        split = split or self.search_split
+        split = split or self.own_split
         grown = {spec: tuple(n for n in split.looks[spec] if n < count) for spec, count in items.items()}
         offsets = {spec: split.offsets[spec] for spec in items if split.offsets.get(spec)}
         return self.eval_cfg.model_copy(update={"evalsets": tuple(items), "limit": None, "limits": dict(items), "offsets": offsets,
@@ -197,14 +204,44 @@ def resolve_plan(loaded: LoadedPlan, show_progress: bool = True) -> ResolvedPlan
              for spec, golden in goldens.items()}
     _check_ceilings(looks, policy)
     holdout = _holdout(plan, goldens, looks, policy)
+    search_looks = _search_looks(plan, goldens, looks, policy)
     model_dir = _baseline(plan, show_progress)
     resolved = ResolvedPlan(
         plan=plan, goldens=goldens, policy=policy, hardware=hardware, profiles=profiles, quantize_cfgs=quantize_cfgs,
         eval_cfg=eval_cfg, plot_metric=plot, looks=looks, model_dir=model_dir, calibration_cfg=_calibration_config(loaded, model_dir),
-        identity=model_identity(model_dir), version=metadata.version("quantgate"), holdout=holdout)
+        identity=model_identity(model_dir), version=metadata.version("quantgate"), holdout=holdout, search_looks=search_looks)
     if plan.search is not None:
         check_budget(resolved)
     return resolved
+
+
+def _per_set(limits: Mapping[str, int], spec: str, name: str, default: int) -> int:
+    return limits.get(spec, limits.get(name, default))
+
+
+def _search_looks(plan: RunPlan, goldens: Mapping[str, evalsets.GoldenSet], looks: Mapping[str, tuple[int, ...]],
+                  policy: LoadedPolicy) -> dict[str, tuple[int, ...]] | None:
+    """A search's split: each set's first N items (`search.limits`, at most the plan's ceiling)."""
+    search = plan.search
+    if search is None:
+        return None
+    _known_sets(search.limits, goldens, "search.limits")
+    chosen = {}
+    for spec, golden in goldens.items():
+        ceiling = _per_set(search.limits, spec, golden.name, looks[spec][-1])
+        if ceiling > looks[spec][-1]:
+            raise InputError(f"plan: search.limits gives {spec} {ceiling} items, more than its ceiling {looks[spec][-1]}: "
+                             "the search split is the first of the plan's items")
+        chosen[spec] = tuple(schedule(policy.policy.sequential.looks_for(golden.name), ceiling))
+    _check_ceilings(chosen, policy)
+    return chosen
+
+
+def _known_sets(limits: Mapping[str, int], goldens: Mapping[str, evalsets.GoldenSet], field: str) -> None:
+    names = {SetRef.parse(spec).name for spec in goldens}
+    unknown = [name for name in limits if name not in goldens and name not in names]
+    if unknown:
+        raise InputError(f"plan: {field} names {', '.join(unknown)}, which evaluation.sets does not list")
 
 
 def _holdout(plan: RunPlan, goldens: Mapping[str, evalsets.GoldenSet], looks: Mapping[str, tuple[int, ...]],
@@ -217,14 +254,12 @@ def _holdout(plan: RunPlan, goldens: Mapping[str, evalsets.GoldenSet], looks: Ma
         return None
     mixed_precision_class(policy, {4, 8})  # a policy without a rule for mixed checkpoints: refused here
     check_mixed_formats(list(search.formats))
-    names = {SetRef.parse(spec).name: spec for spec in goldens}
-    unknown = [name for name in search.holdout_limits if name not in goldens and name not in names]
-    if unknown:
-        raise InputError(f"plan: search.holdout_limits names {', '.join(unknown)}, which evaluation.sets does not list")
+    _known_sets(search.holdout_limits, goldens, "search.holdout_limits")
     held: dict[str, tuple[int, ...]] = {}
     for spec, golden in goldens.items():
         offset = looks[spec][-1]
-        ceiling = search.holdout_limits.get(spec, search.holdout_limits.get(golden.name, offset))
+        searched = _per_set(search.limits, spec, golden.name, offset)
+        ceiling = _per_set(search.holdout_limits, spec, golden.name, searched)
         if offset + ceiling > golden.size:
             raise InputError(f"plan: {spec} has {golden.size} items: {offset} for the search split and {ceiling} held out "
                              f"need {offset + ceiling}; lower its limit or search.holdout_limits")

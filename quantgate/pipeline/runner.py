@@ -127,7 +127,7 @@ class _Candidate:
     @property
     def name(self) -> str:
         """Its verdict's name: the checkpoint's, or `<trial>@held-out` for the held-out gate."""
-        return self.fmt if self.split is None or self.split.name == "search" else f"{self.fmt}@{self.split.name}"
+        return f"{self.fmt}@{self.split.name}" if self.split is not None and self.split.name == "held-out" else self.fmt
 
     @property
     def split_key(self) -> dict[str, Any] | None:
@@ -339,7 +339,7 @@ class _Run:
                 self.evaluate(fmt, evaluated, self.dir.results(name), paired.path, split)
             else:  # blocked before a single item: no results of its own
                 shutil.rmtree(self.dir.results(name), ignore_errors=True)
-            return {**outcome.as_dict(), "looks": (split or plan.search_split).looks_json,
+            return {**outcome.as_dict(), "looks": (split or plan.own_split).looks_json,
                     "offsets": dict(split.offsets) if split else {},
                     "error_control": plan.policy.policy.sequential.error_control,
                     "confidence": plan.policy.policy.statistics.confidence}

@@ -13,7 +13,10 @@ are asked to do and writes the search's record (`search.json`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import os
+import sys
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -117,21 +120,30 @@ def run_search(plan: ResolvedPlan, space: Space, trials: Trials) -> dict[str, An
     lo = space.uniform[smallest]
     record: dict[str, Any] = {"formats": list(search.formats), "objective": search.objective, "max_trials": search.max_trials,
                               "ceiling_bytes": ceiling, "lo_bytes": lo, "space": space.as_dict(),
-                              "trials": [], "verdicts": {}, "chosen": None, "held_out": None}
+                              "trials": [], "repeats": [], "verdicts": {}, "chosen": None, "held_out": None}
     if trials.uniform.get(smallest, {}).get("verdict") == "approved":
         record["conclusion"] = f"the smallest format it mixes, {smallest}, is approved as it is: no mixed checkpoint can be smaller"
         return record
     # the uniform formats, judged on the same items: known points of the bisection
     tried = [Tried(fmt, space.uniform[fmt], space.uniform[fmt], trials.uniform.get(fmt, {}).get("verdict") == "approved",
                    trial=False) for fmt in search.formats]
-    while sum(trial.trial for trial in tried) < search.max_trials:
+    ran: dict[str, Allocation] = {}
+    while len(ran) < search.max_trials:
         budget = next_budget(lo, ceiling, tried, resolution=int(search.resolution * space.baseline))
         if budget is None:
             break
-        allocation = allocate(space.units, budget - space.fixed)
-        name = f"{TRIAL_PREFIX}{sum(trial.trial for trial in tried) + 1}"
-        verdict = trials.trial(name, allocation)
+        with _stdout_to_stderr():
+            allocation = allocate(space.units, budget - space.fixed)
         total = allocation.bytes + space.fixed
+        same = next((name for name, earlier in ran.items() if earlier.choice == allocation.choice), None)
+        if same is not None:  # the allocation of an earlier trial: its verdict stands for this budget too
+            earlier = next(trial for trial in tried if trial.name == same)
+            tried.append(Tried(same, budget, total, earlier.approved, earlier.blocked_by))
+            record["repeats"].append({"budget_bytes": budget, "same_as": same})
+            continue
+        name = f"{TRIAL_PREFIX}{len(ran) + 1}"
+        ran[name] = allocation
+        verdict = trials.trial(name, allocation)
         tried.append(Tried(name, budget, total, verdict["verdict"] == "approved", (verdict.get("reasons") or [None])[0]))
         record["verdicts"][name] = verdict
         record["trials"].append(_trial_entry(name, budget, total, allocation, verdict, space))
@@ -143,6 +155,21 @@ def run_search(plan: ResolvedPlan, space: Space, trials: Trials) -> dict[str, An
                   held_out=None if held is None else {"verdict": held["verdict"], "reasons": held["reasons"]},
                   conclusion=conclusion(tried, held, space.baseline))
     return record
+
+
+@contextmanager
+def _stdout_to_stderr() -> Iterator[None]:
+    """The HiGHS that scipy bundles sometimes prints a debug line to C-level stdout
+    (ERGO-Code/HiGHS#2783); stdout is the run's verdicts, so file descriptor 1 points at stderr
+    while it solves."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        os.dup2(2, 1)
+        yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def _trial_entry(name: str, budget: int, total: int, allocation: Allocation, verdict: Mapping[str, Any],
