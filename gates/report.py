@@ -7,7 +7,14 @@ sentence per blocked format naming the gates that blocked it), a compact table t
 1280-pixel window, the size-vs-metric plot with its Pareto front, one section per candidate with
 a forest plot of its metric gates, a table of every gate's numbers and reason and a table of its
 per-token KL tails, then what was measured: each set's looks and ceiling, and the items each
-format was evaluated on (the baseline's results hold each set's first look only)."""
+format was evaluated on (the baseline's results hold each set's first look only).
+
+A run with a mixed-precision search (search.json) adds its trials as rows beside the formats,
+each with its verdict on the search split (the items that selected it: "passed the search split",
+never "approved"), and the chosen trial's held-out gate as a row of its own (`<trial>@held-out`),
+the only verdict that can approve a mixed checkpoint; the plot draws the trials as diamonds and
+rings the held-out-approved checkpoint; a search section gives the conclusion, the trials and the
+held-out items, and a per-layer sensitivity chart (sensitivity/sensitivity.json)."""
 
 from __future__ import annotations
 
@@ -38,9 +45,58 @@ _EXACT_HIGHER_IS_BETTER = {"bits_per_weight": False, "unexplained_bytes": False,
                            "loads": True, "calibration_overlap": False}
 
 
+# A search row's role (its `search.role`): a trial, judged on the search split (its verdict
+# approves nothing), or the chosen trial's held-out gate (the search's result).
+TRIAL, HELD_OUT = "trial", "held-out"
+
+
+def search_role(row: dict[str, Any]) -> str | None:
+    """TRIAL, HELD_OUT, or None for the baseline and a uniform format."""
+    return (row.get("search") or {}).get("role")
+
+
+def deployable(row: dict[str, Any]) -> bool:
+    """Approved by a verdict that can approve it: a format's own, or the search's held-out gate;
+    never a trial's verdict on the search split (reached on the items that selected it)."""
+    return row["verdict"] == "approved" and search_role(row) != TRIAL
+
+
+def verdict_text(row: dict[str, Any]) -> str:
+    """'approved', 'blocked', 'baseline'; a trial's 'passed the search split' or 'blocked on the
+    search split'; the held-out gate's 'approved on held-out items' or 'blocked on held-out items'."""
+    role, approved = search_role(row), row["verdict"] == "approved"
+    if role == TRIAL:
+        return "passed the search split" if approved else "blocked on the search split"
+    if role == HELD_OUT:
+        return "approved on held-out items" if approved else "blocked on held-out items"
+    return str(row["verdict"])
+
+
+def mix_text(groups_by_format: dict[str, int]) -> str:
+    """'mixed: 59 groups gptq-int4, 61 smoothquant-w8a8'."""
+    parts = [f"{count} {'group' if count == 1 else 'groups'} {fmt}" if index == 0 else f"{count} {fmt}"
+             for index, (fmt, count) in enumerate(groups_by_format.items())]
+    return "mixed: " + ", ".join(parts) if parts else "mixed"
+
+
+def display_name(row: dict[str, Any]) -> str:
+    """A row's name in a sentence: the format, or 'search-2 on held-out items' for a held-out gate."""
+    if search_role(row) == HELD_OUT:
+        return f"{row['search']['checkpoint']} on held-out items"
+    return str(row["format"])
+
+
+def long_name(row: dict[str, Any]) -> str:
+    """A search row with its mix: 'search-2 (mixed: 59 groups gptq-int4, 61 smoothquant-w8a8)'."""
+    if search_role(row) is None:
+        return str(row["format"])
+    return f"{display_name(row)} ({mix_text(row['search'].get('groups_by_format') or {})})"
+
+
 def recommendation(rows: list[dict[str, Any]], profile: str) -> str | None:
-    """The approved format with the lowest batch-1 decode bound on `profile`, or None."""
-    approved = [row for row in rows if row["verdict"] == "approved" and profile in row.get("bounds", {})]
+    """The approved format with the lowest batch-1 decode bound on `profile`, or None. A mixed
+    checkpoint counts by its held-out verdict (row `<trial>@held-out`) only, never by a trial's."""
+    approved = [row for row in rows if deployable(row) and profile in row.get("bounds", {})]
     if not approved:
         return None
     return min(approved, key=lambda row: row["bounds"][profile]["batch1_ms"])["format"]
@@ -247,7 +303,9 @@ def baseline_depths(report: dict[str, Any]) -> dict[str, int] | None:
     """Set spec -> items the baseline was evaluated on: each set's first look (its own values),
     and as deep as any format went (paired with it, item by item); None when no row records
     its looks."""
-    recorded = [per_set for per_set in (depths(row) for row in report["rows"] if row["verdict"] != "baseline") if per_set is not None]
+    # a held-out gate's items are after the plan's: not the baseline's first N
+    paired = (depths(row) for row in report["rows"] if row["verdict"] != "baseline" and search_role(row) != HELD_OUT)
+    recorded = [per_set for per_set in paired if per_set is not None]
     if not recorded:
         return None
     result = {entry["spec"]: int(entry["items"]) for entry in report.get("evalsets") or []}
@@ -255,6 +313,24 @@ def baseline_depths(report: dict[str, Any]) -> dict[str, int] | None:
         for spec, count in per_set.items():
             result[spec] = max(result.get(spec, 0), count)
     return result
+
+
+def split_offsets(row: dict[str, Any]) -> dict[str, int]:
+    """Set spec -> the items a search row's split skips (a held-out gate: the plan's items); {} otherwise."""
+    split = (row.get("search") or {}).get("split_items") or {}
+    return {spec: int(entry.get("offset") or 0) for spec, entry in split.items() if isinstance(entry, dict)}
+
+
+def split_items_text(row: dict[str, Any]) -> str:
+    """'lambada items 5–8, wiki-text items 5–8': the items of each set a search row was judged on
+    (from its split's offsets and its looks' depths, else the split's ceiling)."""
+    split = (row.get("search") or {}).get("split_items") or {}
+    per_set = depths(row) or {}
+    parts = []
+    for spec, entry in split.items():
+        offset, count = int(entry.get("offset") or 0), per_set.get(spec, entry.get("ceiling"))
+        parts.append(f"{_set_name(spec)} items {offset + 1:,}–{offset + int(count):,}" if count else f"{_set_name(spec)} not run")
+    return ", ".join(parts)
 
 
 def _verdict_note(row: dict[str, Any]) -> str:
@@ -306,11 +382,11 @@ def blocked_sentence(row: dict[str, Any]) -> str:
     gates = _gates(row)
     if not gates:  # a verdict record from before gates were recorded one by one
         reasons = row.get("reasons") or []
-        return f"{row['format']} is blocked" + (f": {'; '.join(reasons)}." if reasons else ".")
+        return f"{display_name(row)} is blocked" + (f": {'; '.join(reasons)}." if reasons else ".")
     blocking = [gate for gate in gates if gate.get("outcome") in BLOCKING]
     skipped = [gate for gate in gates if gate.get("outcome") == NOT_EVALUATED]
     if not blocking:
-        return (f"{row['format']} is blocked: {len(skipped)} gate{'s were' if len(skipped) != 1 else ' was'} "
+        return (f"{display_name(row)} is blocked: {len(skipped)} gate{'s were' if len(skipped) != 1 else ' was'} "
                 f"not evaluated ({', '.join(_label(gate) for gate in skipped)}).")
     decided = {_decided(gate) for gate in blocking}
     if len(decided) == 1:  # one look settled them all (the usual case): say how once
@@ -318,7 +394,7 @@ def blocked_sentence(row: dict[str, Any]) -> str:
     else:
         joined = _join([_gate_phrase(gate) + _decided(gate) for gate in blocking])
     tail = f"; {len(skipped)} more gate{'s were' if len(skipped) != 1 else ' was'} not evaluated after that" if skipped else ""
-    return f"{row['format']} is blocked by {joined}{tail}."
+    return f"{display_name(row)} is blocked by {joined}{tail}."
 
 
 def recommendation_sentences(report: dict[str, Any]) -> list[str]:
@@ -333,18 +409,44 @@ def recommendation_sentences(report: dict[str, Any]) -> list[str]:
         bound = row.get("bounds", {}).get(profile, {})
         ratio = row.get("ratio_to_baseline")
         size = f", {ratio:.2f}x the baseline's bytes" if ratio is not None else ""
-        sentences.append(f"On {profile}: {choice}, the approved format with the lowest batch-1 decode bound "
+        what = choice
+        if search_role(row) == HELD_OUT:  # the search's checkpoint, by the verdict that approved it
+            trial = row["search"]["checkpoint"]
+            what = (f"{trial} ({mix_text(row['search'].get('groups_by_format') or {})}), the mixed checkpoint "
+                    f"checkpoints/{trial} approved on held-out items")
+        sentences.append(f"On {profile}: {what}, the approved format with the lowest batch-1 decode bound "
                          f"({bound.get('batch1_ms', float('nan')):.3f} ms a step, a lower bound{size}).")
     return sentences
 
 
 def approved_sentence(report: dict[str, Any]) -> str:
-    approved = [row["format"] for row in report["rows"] if row["verdict"] == "approved"]
-    candidates = [row for row in report["rows"] if row["verdict"] != "baseline"]
+    """The approved formats (and the search's checkpoint, approved on held-out items); a trial
+    that passed the search split only is not among them (`search_sentences` names it)."""
+    approved = [display_name(row) for row in report["rows"] if deployable(row)]
+    candidates = [row for row in report["rows"] if row["verdict"] != "baseline" and search_role(row) != TRIAL]
     if not approved:
         return f"No format is approved: all {len(candidates)} are blocked."
     listed = approved[0] if len(approved) == 1 else ", ".join(approved[:-1]) + " and " + approved[-1]
     return f"Approved, every gate passed: {listed} ({len(approved)} of {len(candidates)} formats)."
+
+
+def search_sentences(report: dict[str, Any]) -> list[str]:
+    """The search's conclusion, and the trials that passed the search split only (not approved
+    for release); none without a search."""
+    search = report.get("search")
+    if not search:
+        return []
+    sentences = [f"Mixed-precision search: {str(search.get('conclusion') or 'no conclusion recorded').rstrip('.')}."]
+    approved_held_out = (search.get("held_out") or {}).get("verdict") == "approved"
+    passed = [row["format"] for row in report["rows"] if search_role(row) == TRIAL and row["verdict"] == "approved"
+              and not (approved_held_out and row["format"] == search.get("chosen"))]
+    if passed:
+        listed = passed[0] if len(passed) == 1 else ", ".join(passed[:-1]) + " and " + passed[-1]
+        verb = "passed" if len(passed) == 1 else "each passed"
+        sentences.append(f"{listed} {verb} the search split only, so {'it is not' if len(passed) == 1 else 'none is'} approved for release: "
+                         "a trial's own verdict was reached on the items that selected it, and only the held-out gate "
+                         "can approve a mixed checkpoint.")
+    return sentences
 
 
 def policy_line(report: dict[str, Any]) -> str:
@@ -365,6 +467,135 @@ def narrowed_sentence(report: dict[str, Any]) -> str | None:
         return sentence + "."
     them = "it" if len(dropped) == 1 else "them"
     return sentence + f": no gate on {', '.join(dropped)} was applied, so no verdict here speaks for {them}."
+
+
+# ---- the search ---------------------------------------------------------------------------------
+
+SEARCH_HEADER = ["trial", "budget (x baseline)", "bytes (x baseline)", "predicted cost", "groups per format",
+                 "verdict on the search split", "first reason"]
+
+
+def conclusion_sentence(report: dict[str, Any]) -> str:
+    """The search's conclusion (gates.search.conclusion) as a sentence of its own: capitalised
+    unless it starts with a name ('search-2 (0.399x ...'), with its full stop."""
+    text = str((report.get("search") or {}).get("conclusion") or "no conclusion recorded").rstrip(".")
+    first = text.split(" ", 1)[0]
+    return (text[0].upper() + text[1:] if first.isalpha() else text) + "."
+
+
+def _ratio(value: Any) -> str:
+    return f"{value:.3f}" if _finite(value) else "–"
+
+
+def search_table(report: dict[str, Any]) -> list[list[str]]:
+    """One row per trial (SEARCH_HEADER): its byte budget and stored bytes as ratios to the
+    baseline's tensor bytes, the allocation's predicted cost, its groups per format, its verdict
+    on the search split and the first reason; the chosen trial marked."""
+    search = report.get("search") or {}
+    rows = []
+    for trial in search.get("trials") or []:
+        name = str(trial.get("name", "?")) + (" (chosen)" if trial.get("name") == search.get("chosen") else "")
+        groups = ", ".join(f"{fmt} {count}" for fmt, count in (trial.get("groups_by_format") or {}).items())
+        verdict = "passed the search split" if trial.get("verdict") == "approved" else "blocked on the search split"
+        cost = trial.get("predicted_cost")
+        rows.append([name, _ratio(trial.get("budget_ratio")), _ratio(trial.get("ratio")), f"{cost:.3g}" if _finite(cost) else "–",
+                     groups or "–", verdict, str((trial.get("reasons") or ["–"])[0])])
+    return rows
+
+
+def _search_row(report: dict[str, Any], role: str, checkpoint: str) -> dict[str, Any] | None:
+    return next((row for row in report["rows"] if search_role(row) == role and row["search"].get("checkpoint") == checkpoint), None)
+
+
+def held_out_sentence(report: dict[str, Any]) -> str:
+    """The search's result: the chosen trial's held-out verdict, on which items, and its reason."""
+    search = report.get("search") or {}
+    chosen, held = search.get("chosen"), search.get("held_out")
+    if not chosen and not search.get("trials"):
+        return "No trial ran, so no mixed checkpoint was gated on held-out items."
+    if not chosen:
+        return "No trial passed the search split, so none was gated on held-out items and no mixed checkpoint is approved."
+    if not held:
+        return f"{chosen} passed the search split; its held-out gate has not run, so it is not approved."
+    row = _search_row(report, HELD_OUT, str(chosen))
+    items = f" ({split_items_text(row)})" if row is not None and split_items_text(row) else ""
+    if held.get("verdict") == "approved":
+        return (f"{chosen}: approved on held-out items{items}, items no trial was judged on; this verdict alone approves "
+                f"the mixed checkpoint checkpoints/{chosen}.")
+    reasons = list(held.get("reasons") or []) or ["no reason recorded"]
+    more = f" (and {len(reasons) - 1} more)" if len(reasons) > 1 else ""
+    return f"{chosen}: blocked on held-out items{items}: {reasons[0]}{more}."
+
+
+def search_lines(report: dict[str, Any]) -> list[str]:
+    """What the search section says beside its table: the trials' items, the repeats, its settings."""
+    search = report.get("search") or {}
+    lines = []
+    trial = next((row for row in report["rows"] if search_role(row) == TRIAL), None)
+    if trial is not None and split_items_text(trial):
+        lines.append(f"Each trial was judged on the search split ({split_items_text(trial)}): the items that selected "
+                     "the trial, so a trial's own verdict approves nothing.")
+    repeats = list(search.get("repeats") or [])
+    if repeats:
+        same = sorted({str(entry.get("same_as")) for entry in repeats})
+        lines.append(f"{len(repeats)} budget{'s' if len(repeats) != 1 else ''} gave the allocation of an earlier trial "
+                     f"({', '.join(same)}), whose verdict stood for {'them' if len(repeats) != 1 else 'it'}: not quantized again.")
+    else:
+        lines.append("No budget repeated an earlier trial's allocation (0 repeats).")
+    space = search.get("space") or {}
+    baseline = space.get("baseline_bytes")
+    bounds = ""
+    if _finite(baseline) and baseline and _finite(search.get("lo_bytes")) and _finite(search.get("ceiling_bytes")):
+        bounds = (f"; budgets between {search['lo_bytes'] / baseline:.3f}x (the smallest format it mixes) and "
+                  f"{search['ceiling_bytes'] / baseline:.3f}x the baseline's tensor bytes")
+    lines.append(f"Objective {search.get('objective', '?')}, at most {search.get('max_trials', '?')} trials, mixing "
+                 f"{', '.join(search.get('formats') or [])} over {space.get('groups', '?')} layer groups{bounds}. "
+                 "The predicted cost is the allocation's summed sensitivity score.")
+    return lines
+
+
+def _allocation(report: dict[str, Any]) -> tuple[str, dict[str, str]] | None:
+    """The chosen trial's name and its group -> format, for the sensitivity chart's strip."""
+    search = report.get("search") or {}
+    trial = next((entry for entry in search.get("trials") or [] if entry.get("name") == search.get("chosen")), None)
+    choice = ((trial or {}).get("allocation") or {}).get("choice")
+    return (str(trial["name"]), dict(choice)) if trial is not None and isinstance(choice, dict) else None
+
+
+def sensitivity_caption(report: dict[str, Any]) -> str:
+    """What the sensitivity chart shows: the method and its formula, the unit, the calibration
+    tokens, the log scale, the strip, and the rank check where the artifact holds one."""
+    data = report.get("sensitivity") or {}
+    tokens = f" from {data['tokens']:,} calibration tokens" if isinstance(data.get("tokens"), int) else ""
+    fisher = f", {data['fisher']} Fisher" if data.get("fisher") else ""
+    formula = f" ({data['formula']})" if data.get("formula") else ""
+    text = (f"Per-layer-group sensitivity by {data.get('method', 'an unnamed method')}{formula}, in "
+            f"{data.get('unit', 'its own unit')}{tokens}{fisher}: one point per layer group and format, on a log scale "
+            "(a zero score is a hollow point on the floor).")
+    allocation = _allocation(report)
+    if allocation:
+        text += f" The strip under the axis: the format {allocation[0]} gave each group (grey: left at 16 bits)."
+    spearman = {fmt: rho for fmt, rho in (data.get("spearman") or {}).items() if _finite(rho)}
+    if spearman:
+        text += (" Rank correlation (Spearman) of the per-block sums with the KL measured by quantizing each block alone: "
+                 + ", ".join(f"{fmt} {rho:.2f}" for fmt, rho in spearman.items()) + ".")
+    return text
+
+
+def sensitivity_table(report: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """The chart's numbers: one row per layer group, a score per format (and the chosen trial's choice)."""
+    data = report.get("sensitivity") or {}
+    formats = list(data.get("formats") or [])
+    allocation = _allocation(report)
+    header = ["#", "layer group", "block", *formats] + ([allocation[0]] if allocation else [])
+    rows = []
+    for index, group in enumerate(data.get("groups") or []):
+        cells = [str(index), str(group.get("name", "?")), _number(group.get("block"))]
+        cells += [f"{group['scores'][fmt]:.3g}" if _finite(group.get("scores", {}).get(fmt)) else "–" for fmt in formats]
+        if allocation:
+            cells.append(allocation[1].get(str(group.get("name")), "–"))
+        rows.append(cells)
+    return header, rows
 
 
 # ---- the main table ---------------------------------------------------------------------------
@@ -392,7 +623,7 @@ def table(report: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
             items = baseline_items
         else:  # per set as the looks went; an older record: the items of its decided gates, summed
             items = _items_list(per_set) if per_set is not None else items_evaluated(row)
-        cells += [_number(row.get("kl_divergence"), 4), row["verdict"], _number(items)]
+        cells += [_number(row.get("kl_divergence"), 4), verdict_text(row), _number(items)]
         rows.append(cells)
     return header, rows
 
@@ -564,6 +795,9 @@ def measured_table(report: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
                 cells.append("–" if items is None else f"{items:,}")
             elif not per_set.get(entry["spec"]):
                 cells.append("not run")
+            elif split_offsets(row).get(entry["spec"]):  # held out: the items after the plan's
+                items, offset = per_set[entry["spec"]], split_offsets(row)[entry["spec"]]
+                cells.append(f"{items:,} held out (items {offset + 1:,}–{offset + items:,})")
             else:
                 items = per_set[entry["spec"]]
                 look = f" (look {looks.index(items) + 1} of {len(looks)})" if items in looks and len(looks) > 1 else ""
@@ -619,23 +853,30 @@ def markdown(report: dict[str, Any]) -> str:
     verdicts = {row["format"]: row for row in report["rows"]}
     lines = [f"# quantgate report: {report['model']}", "", policy_line(report), "", "## Summary", ""]
     lines += [f"- {sentence}" for sentence in recommendation_sentences(report)]
-    lines += [f"- {approved_sentence(report)}"]
+    lines += [f"- {approved_sentence(report)}"] + [f"- {sentence}" for sentence in search_sentences(report)]
     narrowed = narrowed_sentence(report)
     lines += [f"- {narrowed}"] if narrowed else []
-    lines += [f"- {blocked_sentence(row)}" for row in report["rows"] if row["verdict"] == "blocked"]
+    lines += [f"- {blocked_sentence(row)}" for row in report["rows"] if row["verdict"] == "blocked" and search_role(row) != TRIAL]
     lines += ["", "## Formats", "", _md_row(header), "|" + "---|" * len(header)]
-    for cells in rows:
-        note = _verdict_note(verdicts[cells[0]])
-        lines.append(_md_row(cells[:-2] + [cells[-2] + (f" ({note})" if note else ""), cells[-1]]))
+    for row, cells in zip(report["rows"], rows, strict=True):
+        note = _verdict_note(row)
+        lines.append(_md_row([long_name(row) if search_role(row) else cells[0], *cells[1:-2],
+                              cells[-2] + (f" ({note})" if note else ""), cells[-1]]))
     lines += ["", "## Recommendation", "",
-              "The approved format with the lowest batch-1 decode bound on each hardware profile:", ""]
+              "The approved format with the lowest batch-1 decode bound on each hardware profile"
+              + (" (a mixed checkpoint by its held-out verdict only)" if report.get("search") else "") + ":", ""]
     for profile, choice in report["recommendation"].items():
-        lines.append(f"- {profile}: {choice or 'none (no format approved)'}")
+        row = verdicts.get(choice or "")
+        shown = f"{choice} ({verdict_text(row)}: checkpoints/{row['search']['checkpoint']})" if row and search_role(row) else choice
+        lines.append(f"- {profile}: {shown or 'none (no format approved)'}")
+    lines += _markdown_search(report)
     lines += ["", "## Candidates"]
     for row in report["rows"]:
         if row["verdict"] == "baseline":
             continue
-        lines += ["", f"### {row['format']}: {row['verdict']}", "", facts_sentence(row, profiles), ""]
+        lines += ["", f"### {row['format']}: {verdict_text(row)}", "", facts_sentence(row, profiles), ""]
+        if search_role(row):
+            lines += [search_note(row), ""]
         if row["verdict"] == "blocked":
             lines += [blocked_sentence(row), ""]
         gates = _gates(row)
@@ -659,6 +900,38 @@ def markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _markdown_search(report: dict[str, Any]) -> list[str]:
+    """The search section of report.md: what the HTML's search section and sensitivity chart show."""
+    search = report.get("search")
+    if not search:
+        return []
+    lines = ["", "## Mixed-precision search", "", conclusion_sentence(report), "",
+             f"Held-out gate: {held_out_sentence(report)}", ""]
+    lines += [f"- {line}" for line in search_lines(report)]
+    trials = search_table(report)
+    if trials:
+        lines += ["", _md_row(SEARCH_HEADER), "|" + "---|" * len(SEARCH_HEADER)] + [_md_row(cells) for cells in trials]
+    if report.get("sensitivity"):
+        header, rows = sensitivity_table(report)
+        lines += ["", "### Per-layer sensitivity", "", sensitivity_caption(report), "", _md_row(header), "|" + "---|" * len(header)]
+        lines += [_md_row(cells) for cells in rows]
+    return lines
+
+
+def search_note(row: dict[str, Any]) -> str:
+    """A search row's candidate section: what judged it, and what its verdict can and cannot do."""
+    info = row["search"]
+    mix = mix_text(info.get("groups_by_format") or {})
+    items = split_items_text(row)
+    on = f" ({items})" if items else ""
+    if search_role(row) == HELD_OUT:
+        return (f"The search's result: {info['checkpoint']}'s mixed checkpoint ({mix}) gated once more, on held-out items no "
+                f"trial was judged on{on}. This verdict, and no trial's, can approve the mixed checkpoint.")
+    chosen = " The search chose it: its held-out gate is the search's result." if info.get("chosen") else ""
+    return (f"A search trial ({mix}), judged on the search split{on}, the items that selected it: passing its gates there "
+            f"does not approve it for release.{chosen}")
+
+
 # ---- HTML ---------------------------------------------------------------------------------------
 
 def _column_higher_is_better(column: str) -> bool:
@@ -668,15 +941,116 @@ def _column_higher_is_better(column: str) -> bool:
     return known.higher_is_better if known is not None else False
 
 
-def svg_plot(report: dict[str, Any], width: int = 640, height: int = 400) -> str:
+TRIAL_COLOUR = "#8250df"  # the search's trials in the plot and the trials table
+PLOT_COLOURS = {"approved": COLOURS[PASS], "blocked": COLOURS[FAIL], "baseline": "#57606a"}
+
+
+def _plot_higher_is_better(report: dict[str, Any]) -> bool:
+    plot = report["plot"]
+    return bool(plot["higher_is_better"]) if "higher_is_better" in plot else _column_higher_is_better(plot["y"])
+
+
+def plot_points(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """The plot's points: the baseline, each format and each search trial with a size and a value
+    of the plot's metric (MB, value, label, verdict, trial). A held-out gate is no point of its
+    own: it judged the chosen trial's checkpoint, whose point is ringed."""
     metric = report["plot"]["y"]
-    higher_is_better = report["plot"]["higher_is_better"] if "higher_is_better" in report["plot"] else _column_higher_is_better(metric)
-    points = [(row["bytes"] / 1e6, row["metrics"][metric]["value"], row["format"], row["verdict"])
-              for row in report["rows"] if row.get("metrics", {}).get(metric, {}).get("value") is not None]
+    points = []
+    for row in report["rows"]:
+        value = row.get("metrics", {}).get(metric, {}).get("value")
+        if search_role(row) != HELD_OUT and row.get("bytes") is not None and value is not None:
+            points.append({"mb": row["bytes"] / 1e6, "value": value, "label": row["format"], "verdict": row["verdict"],
+                           "trial": search_role(row) == TRIAL})
+    return points
+
+
+def plot_front(report: dict[str, Any]) -> list[tuple[float, float, str]]:
+    """The Pareto front of the plot's points (baseline, formats, trials): the smallest checkpoint
+    for each best value of the plot's metric, in order of size."""
+    points = [(point["mb"], point["value"], point["label"]) for point in plot_points(report)]
+    return pareto_front(points, _plot_higher_is_better(report))
+
+
+def _held_out_mark(report: dict[str, Any]) -> tuple[str, str] | None:
+    """(the chosen trial, its held-out verdict) where the search gated one on held-out items."""
+    search = report.get("search") or {}
+    held = search.get("held_out") or {}
+    return (str(search["chosen"]), str(held["verdict"])) if search.get("chosen") and held.get("verdict") else None
+
+
+def _plot_marker(point: dict[str, Any], cx: float, cy: float, front: bool) -> str:
+    """A green dot (approved, the baseline grey), a red cross (blocked), a purple diamond (a
+    search trial: filled, passed the search split; hollow, blocked on it)."""
+    verdict = point["verdict"]
+    classes = f"point {'trial ' if point['trial'] else ''}{verdict}{' front' if front else ''}"
+    title = f"<title>{html.escape(point['label'])}: {point['mb']:.3f} MB, {point['value']:.4g}</title>"
+    if point["trial"]:
+        fill = TRIAL_COLOUR if verdict == "approved" else "#ffffff"
+        return (f'<path class="{classes}" d="M{cx:.1f},{cy - 7:.1f} L{cx + 7:.1f},{cy:.1f} L{cx:.1f},{cy + 7:.1f} L{cx - 7:.1f},{cy:.1f} Z" '
+                f'fill="{fill}" stroke="{TRIAL_COLOUR}" stroke-width="2">{title}</path>')
+    colour = PLOT_COLOURS.get(verdict, "#57606a")
+    if verdict == "blocked":
+        return (f'<g class="{classes}">{title}<line x1="{cx - 6:.1f}" y1="{cy - 6:.1f}" x2="{cx + 6:.1f}" y2="{cy + 6:.1f}" stroke="{colour}" stroke-width="2.5"/>'
+                f'<line x1="{cx - 6:.1f}" y1="{cy + 6:.1f}" x2="{cx + 6:.1f}" y2="{cy - 6:.1f}" stroke="{colour}" stroke-width="2.5"/></g>')
+    return f'<circle class="{classes}" cx="{cx:.1f}" cy="{cy:.1f}" r="6" fill="{colour}">{title}</circle>'
+
+
+# Where a point's label may go, tried in order until it overlaps no label placed before it:
+# (dx, dy, text-anchor) from the point's centre.
+_LABEL_SPOTS = ((9, -8, "start"), (9, 16, "start"), (-9, -8, "end"), (-9, 16, "end"), (9, -20, "start"), (-9, 28, "end"))
+
+
+def _label_spots(anchors: list[tuple[float, float, str]]) -> list[tuple[float, float, str]]:
+    """Each label's (x, y, text-anchor) beside its point (cx, cy, text), the first spot that
+    overlaps no label placed so far (else the first), so that close points keep readable names."""
+    placed: list[tuple[float, float, float, float]] = []
+    spots = []
+    for cx, cy, text in anchors:
+        width = 6.8 * len(text)  # about the width of a 12-px sans-serif character
+        choice = None
+        for dx, dy, anchor in _LABEL_SPOTS:
+            left = cx + dx if anchor == "start" else cx + dx - width
+            box = (left, cy + dy - 11, left + width, cy + dy + 3)
+            if not any(box[0] < other[2] and other[0] < box[2] and box[1] < other[3] and other[1] < box[3] for other in placed):
+                choice = (box, (cx + dx, cy + dy, anchor))
+                break
+        if choice is None:
+            dx, dy, anchor = _LABEL_SPOTS[0]
+            choice = ((cx + dx, cy + dy - 11, cx + dx + width, cy + dy + 3), (cx + dx, cy + dy, anchor))
+        placed.append(choice[0])
+        spots.append(choice[1])
+    return spots
+
+
+def _plot_legend(margin: int, width: int, search: bool, held_out: str | None = None) -> list[str]:
+    legend_y = margin - 25
+    parts = [f'<circle cx="{margin + 10 + offset * 110}" cy="{legend_y}" r="5" fill="{colour}"/>'
+             f'<text x="{margin + 20 + offset * 110}" y="{legend_y + 4}">{verdict}</text>'
+             for offset, (verdict, colour) in enumerate(PLOT_COLOURS.items())]
+    parts.append(f'<text x="{width - margin}" y="{legend_y + 4}" text-anchor="end" fill="#888">- - Pareto front</text>')
+    if search:
+        y, x = legend_y + 17, margin + 10
+        parts.append(f'<path d="M{x},{y - 5} L{x + 5},{y} L{x},{y + 5} L{x - 5},{y} Z" fill="{TRIAL_COLOUR}"/>'
+                     f'<text x="{x + 10}" y="{y + 4}">trial, passed the search split</text>'
+                     f'<path d="M{x + 200},{y - 5} L{x + 205},{y} L{x + 200},{y + 5} L{x + 195},{y} Z" fill="#ffffff" stroke="{TRIAL_COLOUR}" stroke-width="1.5"/>'
+                     f'<text x="{x + 210}" y="{y + 4}">trial, blocked</text>'
+                     + ("" if held_out is None else
+                        f'<circle cx="{x + 320}" cy="{y}" r="6" fill="none" stroke-width="2" '
+                        + (f'stroke="{COLOURS[PASS]}"/>' if held_out == "approved" else f'stroke="{COLOURS[FAIL]}" stroke-dasharray="3 2"/>')
+                        + f'<text x="{x + 332}" y="{y + 4}">{"approved" if held_out == "approved" else "blocked"} on held-out items</text>'))
+    return parts
+
+
+def svg_plot(report: dict[str, Any], width: int = 640, height: int = 400) -> str:
+    """Size against the plot's metric: each format, the baseline and each search trial, the
+    Pareto front as a step line (the best value at each size), the checkpoint the search's
+    held-out gate approved ringed in green (blocked: a dashed red ring)."""
+    metric = report["plot"]["y"]
+    points = plot_points(report)
     margin = 60
     if not points:
         return f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}"><text x="20" y="40">no data for {html.escape(metric)}</text></svg>'
-    xs, ys = [p[0] for p in points], [p[1] for p in points]
+    xs, ys = [p["mb"] for p in points], [p["value"] for p in points]
     x0, x1 = 0.0, max(xs) * 1.1
     y_pad = (max(ys) - min(ys)) * 0.15 or abs(max(ys)) * 0.05 or 1.0
     y0, y1 = min(ys) - y_pad, max(ys) + y_pad
@@ -692,29 +1066,133 @@ def svg_plot(report: dict[str, Any], width: int = 640, height: int = 400) -> str
              f'<line x1="{margin}" y1="{margin}" x2="{margin}" y2="{height - margin}" stroke="#333"/>',
              f'<text x="{width / 2}" y="{height - 15}" text-anchor="middle">checkpoint size (MB)</text>',
              f'<text x="15" y="{height / 2}" text-anchor="middle" transform="rotate(-90 15 {height / 2})">{html.escape(metric)}</text>']
+    digits = 0 if x1 >= 10 else 1 if x1 >= 1 else 2
     for step in range(5):
         xv, yv = x0 + (x1 - x0) * step / 4, y0 + (y1 - y0) * step / 4
-        parts.append(f'<text x="{sx(xv):.1f}" y="{height - margin + 16}" text-anchor="middle">{xv:.0f}</text>')
+        parts.append(f'<text x="{sx(xv):.1f}" y="{height - margin + 16}" text-anchor="middle">{xv:.{digits}f}</text>')
         parts.append(f'<text x="{margin - 6}" y="{sy(yv) + 4:.1f}" text-anchor="end">{yv:.3f}</text>')
-    front = pareto_front([(x, y, label) for x, y, label, _ in points], higher_is_better)
-    if len(front) > 1:
-        path = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y, _ in front)
-        parts.append(f'<polyline class="pareto" points="{path}" fill="none" stroke="#888" stroke-dasharray="4 3"/>')
-    colours = {"approved": "#1a7f37", "blocked": "#cf222e", "baseline": "#57606a"}
-    for x, y, label, verdict in points:
-        colour = colours.get(verdict, "#57606a")
-        cx, cy = sx(x), sy(y)
-        if verdict == "blocked":
-            parts.append(f'<g class="point blocked"><line x1="{cx - 6:.1f}" y1="{cy - 6:.1f}" x2="{cx + 6:.1f}" y2="{cy + 6:.1f}" stroke="{colour}" stroke-width="2.5"/>'
-                         f'<line x1="{cx - 6:.1f}" y1="{cy + 6:.1f}" x2="{cx + 6:.1f}" y2="{cy - 6:.1f}" stroke="{colour}" stroke-width="2.5"/></g>')
+    front = plot_front(report)
+    if len(front) > 1:  # a step line: each point's value holds until the next, larger one betters it
+        corners = [front[0][:2]] + [corner for (_, y_prev, _), (x, y, _) in zip(front, front[1:], strict=False)
+                                    for corner in ((x, y_prev), (x, y))]
+        path = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in corners)
+        labels = ", ".join(label for _, _, label in front)
+        parts.append(f'<polyline class="pareto" points="{path}" fill="none" stroke="#888" stroke-dasharray="4 3">'
+                     f'<title>Pareto front: {html.escape(labels)}</title></polyline>')
+    on_front = {label for _, _, label in front}
+    mark = _held_out_mark(report)
+    spots = _label_spots([(sx(point["mb"]), sy(point["value"]), point["label"]) for point in points])
+    for point, (lx, ly, anchor) in zip(points, spots, strict=True):
+        cx, cy = sx(point["mb"]), sy(point["value"])
+        if mark is not None and point["label"] == mark[0]:
+            state = "approved" if mark[1] == "approved" else "blocked"
+            stroke = f'stroke="{COLOURS[PASS]}"' if state == "approved" else f'stroke="{COLOURS[FAIL]}" stroke-dasharray="3 2"'
+            parts.append(f'<circle class="held-out-{state}" cx="{cx:.1f}" cy="{cy:.1f}" r="12" fill="none" {stroke} stroke-width="2.5">'
+                         f'<title>{html.escape(mark[0])}: {state} on held-out items</title></circle>')
+        parts.append(_plot_marker(point, cx, cy, point["label"] in on_front))
+        end = ' text-anchor="end"' if anchor == "end" else ""
+        parts.append(f'<text x="{lx:.1f}" y="{ly:.1f}"{end}>{html.escape(point["label"])}</text>')
+    parts += _plot_legend(margin, width, any(point["trial"] for point in points), None if mark is None else mark[1])
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+# ---- the per-layer sensitivity chart ---------------------------------------------------------------
+
+SERIES_COLOURS = ("#0969da", "#bc4c00", TRIAL_COLOUR, "#1a7f37", "#cf222e", "#57606a")
+UNQUANTIZED_COLOUR = "#d0d7de"  # a group the allocation left at 16 bits
+
+
+def _decades(scores: list[float]) -> tuple[int, int]:
+    """The log10 range of the positive scores, whole decades (at least one)."""
+    positive = [score for score in scores if _finite(score) and score > 0]
+    if not positive:
+        return -1, 0
+    low, high = math.floor(math.log10(min(positive))), math.ceil(math.log10(max(positive)))
+    return low, max(high, low + 1)
+
+
+def _block_ticks(groups: list[dict[str, Any]]) -> list[tuple[int, int, Any]]:
+    """(first group index, last group index, block) for each run of groups of one block."""
+    runs: list[tuple[int, int, Any]] = []
+    for index, group in enumerate(groups):
+        if runs and runs[-1][2] == group.get("block"):
+            runs[-1] = (runs[-1][0], index, runs[-1][2])
         else:
-            parts.append(f'<circle class="point {verdict}" cx="{cx:.1f}" cy="{cy:.1f}" r="6" fill="{colour}"/>')
-        parts.append(f'<text x="{cx + 9:.1f}" y="{cy - 8:.1f}">{html.escape(label)}</text>')
-    legend_y = margin - 25
-    for offset, (verdict, colour) in enumerate(colours.items()):
-        parts.append(f'<circle cx="{margin + 10 + offset * 110}" cy="{legend_y}" r="5" fill="{colour}"/>'
-                     f'<text x="{margin + 20 + offset * 110}" y="{legend_y + 4}">{verdict}</text>')
-    parts.append(f'<text x="{width - margin}" y="{legend_y + 4}" text-anchor="end" fill="#888">- - Pareto front</text>')
+            runs.append((index, index, group.get("block")))
+    return runs
+
+
+def sensitivity_svg(sensitivity: dict[str, Any], allocation: tuple[str, dict[str, str]] | None = None,
+                    width: int = 960, height: int = 360) -> str:
+    """Each layer group's score per format (`<g class="series">` per format, one point per group),
+    groups across in model order under their decoder block's index, scores up on a log scale; a
+    strip under the axis (`allocation`: a trial's name and its group -> format) shows which format
+    that trial gave each group."""
+    groups, formats = list(sensitivity.get("groups") or []), list(sensitivity.get("formats") or [])
+    colours = {fmt: SERIES_COLOURS[index % len(SERIES_COLOURS)] for index, fmt in enumerate(formats)}
+    left, right, top = 78, 16, 44
+    strip = 26 if allocation else 0
+    bottom = 52 + strip
+    plot_w, plot_h = width - left - right, height - top - bottom
+    low, high = _decades([float(group["scores"].get(fmt, 0.0)) for group in groups for fmt in formats])
+    count = max(1, len(groups))
+
+    def gx(index: int) -> float:
+        return left + (index + 0.5) * plot_w / count
+
+    def gy(score: float) -> float:
+        level = math.log10(score) if _finite(score) and score > 0 else low  # zero: on the floor
+        return top + plot_h - (min(max(level, low), high) - low) / (high - low) * plot_h
+
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" class="sensitivity" id="sensitivity" width="{width}" height="{height}" '
+             f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="12" role="img" '
+             f'aria-label="per-layer-group sensitivity, one series per format">',
+             f'<rect x="{left}" y="{top}" width="{plot_w}" height="{plot_h}" fill="none" stroke="#d0d7de"/>']
+    step = 1 if high - low <= 8 else 2
+    for decade in range(low, high + 1, step):
+        y = top + plot_h - (decade - low) / (high - low) * plot_h
+        parts.append(f'<line x1="{left}" y1="{y:.1f}" x2="{left + plot_w}" y2="{y:.1f}" stroke="#eaeef2"/>'
+                     f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">1e{decade}</text>')
+    runs = _block_ticks(groups)
+    every = max(1, math.ceil(len(runs) / 24))  # at most about 24 block labels
+    for position, (first, last, block) in enumerate(runs):
+        x = left + first * plot_w / count
+        if first:
+            parts.append(f'<line x1="{x:.1f}" y1="{top}" x2="{x:.1f}" y2="{top + plot_h}" stroke="#eaeef2"/>')
+        if position % every == 0:
+            label = "–" if block is None else str(block)
+            parts.append(f'<text x="{(gx(first) + gx(last)) / 2:.1f}" y="{top + plot_h + 16}" text-anchor="middle">{label}</text>')
+    parts.append(f'<text x="{left + plot_w / 2}" y="{height - 8}" text-anchor="middle">decoder block (its layer groups in model order)</text>')
+    unit = str(sensitivity.get("unit") or "score")
+    parts.append(f'<text x="16" y="{top + plot_h / 2}" text-anchor="middle" transform="rotate(-90 16 {top + plot_h / 2})">'
+                 f'{html.escape(unit.split(" (")[0])}, log scale</text>')
+    for fmt in formats:
+        colour = colours[fmt]
+        coords = [(gx(index), gy(float(group["scores"].get(fmt, 0.0)))) for index, group in enumerate(groups)]
+        parts.append(f'<g class="series" data-format="{html.escape(fmt)}">'
+                     f'<polyline points="{" ".join(f"{x:.1f},{y:.1f}" for x, y in coords)}" fill="none" stroke="{colour}" stroke-width="1.5"/>')
+        for (x, y), group in zip(coords, groups, strict=True):
+            score = float(group["scores"].get(fmt, 0.0))
+            parts.append(f'<circle class="score" cx="{x:.1f}" cy="{y:.1f}" r="3" fill="{colour if score > 0 else "#ffffff"}" stroke="{colour}">'
+                         f'<title>{html.escape(str(group.get("name", "?")))}, {html.escape(fmt)}: {score:.3g}</title></circle>')
+        parts.append("</g>")
+    for index, fmt in enumerate(formats):
+        x = left + index * 230
+        total = (sensitivity.get("totals") or {}).get(fmt)
+        parts.append(f'<rect x="{x}" y="14" width="14" height="4" fill="{colours[fmt]}"/><text x="{x + 20}" y="20">'
+                     f'{html.escape(fmt)}{f" (total {total:.3g})" if _finite(total) else ""}</text>')
+    if allocation:
+        name, choice = allocation
+        y = top + plot_h + 24
+        parts.append(f'<text x="{left - 6}" y="{y + 11}" text-anchor="end">{html.escape(name)}</text><g class="allocation">')
+        for index, group in enumerate(groups):
+            fmt = choice.get(str(group.get("name")))
+            x = left + index * plot_w / count
+            parts.append(f'<rect x="{x:.1f}" y="{y}" width="{max(plot_w / count - 1, 0.5):.1f}" height="14" '
+                         f'fill="{colours.get(fmt or "", UNQUANTIZED_COLOUR)}"><title>{html.escape(str(group.get("name")))}: '
+                         f'{html.escape(fmt or "not searched")}</title></rect>')
+        parts.append("</g>")
     parts.append("</svg>")
     return "".join(parts)
 
@@ -741,27 +1219,38 @@ def _html_table(header: list[str], rows: list[list[str]], *, table_id: str = "",
 def _formats_table(report: dict[str, Any]) -> str:
     """The main table; each candidate's name links to its section."""
     header, rows = table(report)
-    verdicts = {row["format"]: row for row in report["rows"]}
     cells_out = []
-    for cells in rows:
-        row = verdicts[cells[0]]
+    for row, cells in zip(report["rows"], rows, strict=True):
         name = html.escape(cells[0])
         link = name if row["verdict"] == "baseline" else f'<a href="#candidate-{name}">{name}</a>'
+        if search_role(row):  # a search row: its mix under its name
+            link += f'<br><span class="muted mix">{html.escape(mix_text(row["search"].get("groups_by_format") or {}))}</span>'
         note = _verdict_note(row)
         verdict = f'<td class="verdict"><b>{html.escape(cells[-2])}</b>' + (f' <span class="muted">{html.escape(note)}</span>' if note else "") + "</td>"
         # the items per set: each set's count kept on one line, the list wrapping between sets
         items = ", ".join(f'<span class="nowrap">{html.escape(part)}</span>' for part in cells[-1].split(", "))
         cells_out.append([f"<td>{link}</td>", *(html.escape(cell) for cell in cells[1:-2]), verdict, f'<td class="items">{items}</td>'])
     numeric = set(range(1, len(header) - 2))
-    return _html_table(header, cells_out, table_id="formats", row_classes=[row["verdict"] for row in report["rows"]], numeric=numeric)
+    return _html_table(header, cells_out, table_id="formats", row_classes=[row_class(row) for row in report["rows"]], numeric=numeric)
+
+
+def row_class(row: dict[str, Any]) -> str:
+    """The row's class in the formats table, its badge's: the verdict ('approved', 'blocked',
+    'baseline'); a trial 'trial passed' or 'trial blocked' (never 'approved'); a held-out gate
+    'held-out approved' or 'held-out blocked'."""
+    role = search_role(row)
+    if role == TRIAL:
+        return "trial passed" if row["verdict"] == "approved" else "trial blocked"
+    return f"held-out {row['verdict']}" if role == HELD_OUT else str(row["verdict"])
 
 
 def _candidate_section(row: dict[str, Any], profiles: list[str]) -> str:
     name = html.escape(row["format"])
-    verdict = html.escape(row["verdict"])
     parts = [f'<section class="candidate" id="candidate-{name}">',
-             f'<h3>{name} <span class="badge {verdict}">{verdict}</span></h3>',
+             f'<h3>{name} <span class="badge {html.escape(row_class(row))}">{html.escape(verdict_text(row))}</span></h3>',
              f'<p class="facts">{html.escape(facts_sentence(row, profiles))}</p>']
+    if search_role(row):
+        parts.append(f'<p class="search-note">{html.escape(search_note(row))}</p>')
     if row["verdict"] == "blocked":
         parts.append(f'<p class="why">{html.escape(blocked_sentence(row))}</p>')
     parts.append(forest_svg(row))
@@ -807,6 +1296,10 @@ table.gates td.reason { overflow-wrap: anywhere; min-width: 18em; }
 table.gates td:first-child, table.gates td:nth-child(7) { white-space: nowrap; }
 tr.approved td.verdict b, .badge.approved { color: #1a7f37; }
 tr.blocked td.verdict b, .badge.blocked { color: #cf222e; }
+tr.passed td.verdict b, .badge.passed { color: #8250df; }
+#formats .mix { font-size: 11px; }
+#search-trials td:last-child { overflow-wrap: anywhere; min-width: 14em; }
+#held-out.approved b { color: #1a7f37; } #held-out.blocked b { color: #cf222e; }
 .badge { font-size: 0.75em; border: 1px solid currentColor; border-radius: 1em; padding: 0 0.6em; vertical-align: middle; }
 .muted { color: #59636e; }
 #summary li { margin: 0.25em 0; }
@@ -824,10 +1317,47 @@ table.tails .ci { color: #59636e; font-size: 11px; }
 """
 
 
+def _plot_note(report: dict[str, Any]) -> str:
+    if not report.get("search"):
+        return ""
+    return ('\n<p class="muted note">The search\'s trials are purple diamonds (filled: passed the search split; hollow: blocked on it), '
+            "their values on the search split; the checkpoint approved on held-out items is ringed in green (blocked there: a dashed "
+            "red ring). The Pareto front is the step line through the points no other point beats: no larger and no worse.</p>")
+
+
+def _search_section(report: dict[str, Any]) -> str:
+    """The search: its conclusion, the held-out verdict and its items, the trials, the repeats,
+    and the per-layer sensitivity chart."""
+    search = report.get("search")
+    if not search:
+        return ""
+    held = (search.get("held_out") or {}).get("verdict")
+    held_class = "approved" if held == "approved" else "blocked"
+    lines = "".join(f"<li>{html.escape(line)}</li>" for line in search_lines(report))
+    trials = search_table(report)
+    rows = [[html.escape(cell) for cell in cells] for cells in trials]
+    for cells, trial in zip(rows, search.get("trials") or [], strict=False):
+        colour = TRIAL_COLOUR if trial.get("verdict") == "approved" else COLOURS[FAIL]
+        cells[5] = f'<td style="color: {colour}">{cells[5]}</td>'
+    parts = ['\n<h2 id="search">Mixed-precision search</h2>',
+             f'<p id="search-conclusion"><b>{html.escape(conclusion_sentence(report))}</b></p>',
+             f'<p id="held-out" class="{held_class}"><b>Held-out gate:</b> {html.escape(held_out_sentence(report))}</p>',
+             f"<ul>{lines}</ul>"]
+    if rows:
+        parts.append(_html_table(SEARCH_HEADER, rows, table_id="search-trials", numeric={1, 2, 3}))
+    if report.get("sensitivity"):
+        parts += ["<h3>Per-layer sensitivity</h3>", sensitivity_svg(report["sensitivity"], _allocation(report)),
+                  f'<p class="muted note" id="sensitivity-caption">{html.escape(sensitivity_caption(report))}</p>']
+    return "\n".join(parts)
+
+
 def html_page(report: dict[str, Any]) -> str:
     profiles = [profile["name"] for profile in report["hardware"]]
     recommendations = "".join(f"<li>{html.escape(sentence)}</li>" for sentence in recommendation_sentences(report))
-    blocked = "".join(f"<li>{html.escape(blocked_sentence(row))}</li>" for row in report["rows"] if row["verdict"] == "blocked")
+    blocked = "".join(f"<li>{html.escape(blocked_sentence(row))}</li>" for row in report["rows"]
+                      if row["verdict"] == "blocked" and search_role(row) != TRIAL)
+    searched = "".join(f"<li>{html.escape(sentence)}</li>" for sentence in search_sentences(report))
+    searched_html = f'\n<ul id="search-summary">{searched}</ul>' if searched else ""
     candidates = "\n".join(_candidate_section(row, profiles) for row in report["rows"] if row["verdict"] != "baseline")
     context = "".join(f"<li>{html.escape(line)}</li>" for line in context_lines(report))
     measured_header, measured_rows = measured_table(report)
@@ -845,7 +1375,7 @@ def html_page(report: dict[str, Any]) -> str:
 <p class="muted" id="policy">{html.escape(policy_line(report))}</p>
 <section id="summary"><h2>Summary</h2>
 <ul id="recommendation">{recommendations}</ul>
-<p>{html.escape(approved_sentence(report))}</p>{narrowed_html}
+<p>{html.escape(approved_sentence(report))}</p>{searched_html}{narrowed_html}
 <ul id="blocked">{blocked}</ul></section>
 <h2>Formats</h2>
 {_formats_table(report)}
@@ -853,7 +1383,7 @@ def html_page(report: dict[str, Any]) -> str:
 b1 ms: the decode-step lower bound at batch 1 (batch 32 in each candidate's section). items: golden-set items evaluated, per set
 as far as the format's looks went (the baseline: as deep as any format, paired item by item; see What was measured).</p>
 <h2>Size against {html.escape(report['plot']['y'])}</h2>
-{svg_plot(report)}
+{svg_plot(report)}{_plot_note(report)}{_search_section(report)}
 <h2>Candidates</h2>
 <p class="muted">Each forest plot has one row per metric gate, each on its own scale: the gate's limit is the dark mark in the
 middle, the worse side is to the right (tinted), the line is the interval and the dot the estimate; green passed, red failed,
@@ -924,6 +1454,8 @@ def _row(name: str, measured: dict[str, Any] | None, results: dict[str, Any] | N
         "sequential": sequential,
         # per text set the per-token KL's tails with bootstrap intervals, gated or not
         "tails": {} if verdict is None else dict(verdict.get("tails") or {}),
+        # a search's trial or held-out gate: its role, split, items, mix (gates.report.build); None otherwise
+        "search": None,
     }
 
 
@@ -966,9 +1498,11 @@ def build(run_dir: Path) -> dict[str, Any]:
         path = directory / MANIFEST
         return read_json(path) if path.is_file() else None
 
-    stored = {fmt: stored_value(layout.verdict(fmt)) for fmt in run["formats"]}
-    missing = [fmt for fmt, verdict in stored.items() if verdict is None]
-    verdicts = {fmt: verdict for fmt, verdict in stored.items() if verdict is not None}
+    search = _search_record(layout, run)
+    names = list(run["formats"]) + _search_names(search)  # the formats, then the search's trials and its held-out gate
+    stored = {name: stored_value(layout.verdict(name)) for name in names}
+    missing = [name for name, verdict in stored.items() if verdict is None]
+    verdicts = {name: verdict for name, verdict in stored.items() if verdict is not None}
     if missing:
         raise InputError(f"the run in {run_dir} has no verdict yet for {', '.join(missing)}: run it to the end first")
     columns: list[str] = []  # every metric gate, in policy order (a format that failed to quantize has none)
@@ -977,10 +1511,16 @@ def build(run_dir: Path) -> dict[str, Any]:
     baseline_results = manifest(layout.results(BASELINE))
     baseline_measured = stored_value(layout.measure(BASELINE)) or {}
     rows = [_row("baseline", baseline_measured, baseline_results, None, columns)]
-    artifacts = {fmt: stored_value(layout.sequential(fmt)) for fmt in run["formats"]}
-    sequential = {fmt: _sequential(verdicts[fmt], artifacts[fmt]) for fmt in run["formats"]}
-    rows += [_row(fmt, stored_value(layout.measure(fmt)), manifest(layout.results(fmt)), verdicts[fmt], columns,
-                  sequential=sequential[fmt]) for fmt in run["formats"]]
+    artifacts = {name: stored_value(layout.sequential(name)) for name in names}
+    sequential = {name: _sequential(verdicts[name], artifacts[name]) for name in names}
+    for name in names:
+        # a held-out gate judged its trial's checkpoint: measured once, under the trial's name
+        checkpoint = name if name in run["formats"] else str(verdicts[name].get("checkpoint_name") or name.split("@")[0])
+        row = _row(name, stored_value(layout.measure(checkpoint)), manifest(layout.results(name)), verdicts[name], columns,
+                   sequential=sequential[name])
+        if search is not None and name not in run["formats"]:
+            row["search"] = _search_info(search, checkpoint, verdicts[name])
+        rows.append(row)
     # each set's looks (item counts, the last its ceiling): the run's record, else any format's
     looks: dict[str, list[int]] = dict(run.get("looks") or {})
     for entry in sequential.values():
@@ -1010,7 +1550,51 @@ def build(run_dir: Path) -> dict[str, Any]:
                                                           "kv_bytes_per_element": any_bounds["kv_bytes_per_element"]},
         "confidence": run.get("confidence", 0.95),
         "ledger": run.get("ledger"),
+        # the search's record (search.json) and its layer groups' sensitivity; None without a search
+        "search": search,
+        "sensitivity": None if search is None else _sensitivity(layout),
     }
+
+
+def _search_record(layout: RunDir, run: dict[str, Any]) -> dict[str, Any] | None:
+    """search.json of a run whose plan has a search (a record another plan left is not this run's)."""
+    if (run.get("plan") or {}).get("search") is None or not layout.search_file.is_file():
+        return None
+    record: dict[str, Any] = read_json(layout.search_file)
+    return record
+
+
+def _search_names(search: dict[str, Any] | None) -> list[str]:
+    """The verdicts a search left: each trial's, then the chosen trial's held-out gate's."""
+    if search is None:
+        return []
+    names = [str(trial["name"]) for trial in search.get("trials") or []]
+    return names + ([f"{search['chosen']}@held-out"] if search.get("chosen") and search.get("held_out") else [])
+
+
+def _search_info(search: dict[str, Any], checkpoint: str, verdict: dict[str, Any]) -> dict[str, Any]:
+    """A search row's `search`: its role, by the split its verdict was reached on (only a
+    held-out verdict can approve; any other split is a trial's), and its trial's allocation."""
+    trial: dict[str, Any] = next((entry for entry in search.get("trials") or [] if entry.get("name") == checkpoint), {})
+    return {"role": HELD_OUT if verdict.get("split") == "held-out" else TRIAL, "checkpoint": checkpoint,
+            "split": verdict.get("split"), "split_items": dict(verdict.get("split_items") or {}),
+            "groups_by_format": dict(trial.get("groups_by_format") or {}), "groups": (search.get("space") or {}).get("groups"),
+            "budget_ratio": trial.get("budget_ratio"), "predicted_cost": trial.get("predicted_cost"),
+            "chosen": checkpoint == search.get("chosen")}
+
+
+def _sensitivity(layout: RunDir) -> dict[str, Any] | None:
+    """The chart's data from sensitivity/sensitivity.json (quantize.sensitivity's report; read
+    here, not through that module, which imports torch): the method, the unit, each group's
+    scores, the rank check's Spearman rho per format where it ran."""
+    path = layout.sensitivity() / "sensitivity.json"
+    if not path.is_file():
+        return None
+    data = read_json(path)
+    validation = (data.get("validation") or {}).get("formats") or {}
+    return {**{key: data.get(key) for key in ("method", "formula", "unit", "fisher", "tokens", "formats", "totals")},
+            "groups": [{key: group.get(key) for key in ("name", "block", "role", "parameters", "scores")} for group in data.get("groups") or []],
+            "spearman": {fmt: entry.get("spearman") for fmt, entry in validation.items() if isinstance(entry, dict)}}
 
 
 def _set_size(spec: str) -> int | None:

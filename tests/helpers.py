@@ -126,7 +126,7 @@ def write_header_only(path: Path, tensors: dict[str, tuple[str, list[int]]], met
 # --- the report -----------------------------------------------------------------------------------
 
 
-def sample_report() -> dict[str, Any]:
+def sample_report(search: str | None = None) -> dict[str, Any]:
     """A report document of four formats and a baseline, in the shape gates.report.write takes
     (gates.report.build makes it from a run directory), under a policy narrowed to wiki-text and
     arc-easy (hellaswag dropped). wiki-text is looked at on 25, 75 and 200 items, arc-easy on 25
@@ -134,7 +134,14 @@ def sample_report() -> dict[str, Any]:
     latter's wiki-text gates decided at the second look, 75 items); gptq-int4 fails wiki-text's
     KL, top-1 and perplexity at the first of three looks (25 items), and fail fast leaves
     arc-easy not evaluated; awq-int4 has too little evidence on arc-easy at its ceiling. Each
-    format's row carries its looks (`sequential`) and wiki-text's per-token KL tails."""
+    format's row carries its looks (`sequential`) and wiki-text's per-token KL tails.
+
+    `search` ("approved" or "blocked", the held-out verdict) adds a mixed-precision search of
+    gptq-int4 and smoothquant-w8a8 (`_add_search`): three trials judged on the search split
+    (search-1 and search-2 pass it, search-3 is blocked), search-2 chosen and gated on held-out
+    items (row `search-2@held-out`), one repeated budget, and a sensitivity of 12 layer groups.
+    Size against top-1: the Pareto front is gptq-int4, awq-int4, search-2, search-1, fp8-e4m3 and
+    the baseline (search-3 is beaten by awq-int4, smoothquant-w8a8 by fp8-e4m3)."""
     looks = {"wiki-text@v1": [25, 75, 200], "arc-easy@v1": [25, 50]}
 
     def metric(name: str, outcome: str, estimate: float | None, low: float | None, high: float | None, limit: float,
@@ -233,7 +240,7 @@ def sample_report() -> dict[str, Any]:
                "by more than the policy allows")]
     policy = {"name": "small-model", "version": "v2", "sha256": "ab" * 32, "narrowed_to": ["arc-easy", "wiki-text"],
               "dropped": ["hellaswag"]}
-    return {"model": "tiny", "policy": policy,
+    report = {"model": "tiny", "policy": policy,
             "hardware": [{"name": "reference"}, {"name": "h200"}],
             "metric_columns": ["arc-easy@v1 acc", "wiki-text@v1 top1_agreement"],
             "plot": {"x": "bytes", "y": "wiki-text@v1 top1_agreement", "higher_is_better": True},
@@ -251,3 +258,72 @@ def sample_report() -> dict[str, Any]:
                      row("smoothquant-w8a8", 166_000_000, 0.889, "approved", 0.054,
                          checks(0.0) + passing(0.042, 0.889, 1.9, -1.2, (3.0, 0.05, 0.85, -5.0), wiki_look=2),
                          depths={"wiki-text@v1": 75, "arc-easy@v1": 50})]}
+    if search is None:
+        return report
+    limits = (10.0, 0.15, 0.80, -10.0)  # the policy's rule for a mixed checkpoint with 4-bit groups: its 4-bit limits
+    trials = {"search-1": row("search-1", 150_000_000, 0.895, "approved", 0.050, checks(0.0) + passing(0.05, 0.895, 2.0, -1.0, limits, 2),
+                              depths={"wiki-text@v1": 75, "arc-easy@v1": 50}),
+              "search-2": row("search-2", 140_000_000, 0.89, "approved", 0.048, checks(0.0) + passing(0.07, 0.89, 3.0, -2.0, limits, 2),
+                              depths={"wiki-text@v1": 75, "arc-easy@v1": 50}),
+              "search-3": row("search-3", 128_000_000, 0.80, "blocked", 0.045, checks(0.0) + [
+                  metric("wiki-text@v1 kl_divergence", "fail", 0.21, 0.18, 0.25, 0.15, "", 25, (1, 3),
+                         "wiki-text kl_divergence 0.2100 [0.1800, 0.2500] exceeds 0.1500"),
+                  metric("wiki-text@v1 top1_agreement", "pass", 0.80, 0.78, 0.82, 0.70, "", 25, (1, 3)),
+                  metric("wiki-text@v1 kl_p99", "pass", 0.9, 0.7, 0.99, 1.0, "", 25, (1, 3)),
+                  metric("arc-easy@v1 acc", "not evaluated", None, None, None, -10.0, "points", 0,
+                         reason="arc-easy acc: not evaluated (wiki-text@v1 blocked the candidate first)")],
+                              {"arc-easy@v1": "fail fast: wiki-text@v1 blocked the candidate at 25 items"},
+                              depths={"wiki-text@v1": 25, "arc-easy@v1": 0})}
+    held_gates = checks(0.0) + passing(0.08, 0.88, 3.5, -2.5, limits, 2)
+    if search == "blocked":
+        held_gates[5] = metric("wiki-text@v1 kl_divergence", "fail", 0.19, 0.16, 0.23, 0.15, "", 75, (2, 3),
+                               "wiki-text kl_divergence 0.1900 [0.1600, 0.2300] exceeds 0.1500")
+    held = row("search-2@held-out", 140_000_000, 0.88, search, 0.048, held_gates, depths={"wiki-text@v1": 75, "arc-easy@v1": 50})
+    _add_search(report, trials, held)
+    return report
+
+
+def _add_search(report: dict[str, Any], trials: dict[str, dict[str, Any]], held: dict[str, Any]) -> None:
+    """sample_report's search: the trial rows and the held-out row with their `search` records
+    (as gates.report.build makes them), the search record (search.json) and the sensitivity."""
+    mixes = {"search-1": {"gptq-int4": 5, "smoothquant-w8a8": 7}, "search-2": {"gptq-int4": 7, "smoothquant-w8a8": 5},
+             "search-3": {"gptq-int4": 10, "smoothquant-w8a8": 2}}
+    budgets = {"search-1": 0.56, "search-2": 0.52, "search-3": 0.475}
+    costs = {"search-1": 0.0021, "search-2": 0.0034, "search-3": 0.0081}
+    roles = ["self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj"]
+    groups = [{"name": f"model.layers.{block}.{role}", "block": block, "role": role, "parameters": 1_000_000 * (index + 1),
+               "scores": {"gptq-int4": 1e-3 / (1 + index) / (1 + block), "smoothquant-w8a8": 0.0 if index == 3 and block == 2 else 2e-6 / (1 + block)}}
+              for block in range(3) for index, role in enumerate(roles)]
+    choice = {group["name"]: "smoothquant-w8a8" if group["role"].startswith("self_attn") and group["block"] < 2 else "gptq-int4"
+              for group in groups}
+    items = {"search": {"wiki-text@v1": {"offset": 0, "ceiling": 75}, "arc-easy@v1": {"offset": 0, "ceiling": 50}},
+             "held-out": {"wiki-text@v1": {"offset": 75, "ceiling": 75}, "arc-easy@v1": {"offset": 50, "ceiling": 50}}}
+    for name, trial in trials.items():
+        trial["bits_per_weight_layers"] = 6.1
+        trial["search"] = {"role": "trial", "checkpoint": name, "split": "search", "split_items": items["search"],
+                           "groups_by_format": mixes[name], "groups": 12, "budget_ratio": budgets[name],
+                           "predicted_cost": costs[name], "chosen": name == "search-2"}
+    held["bits_per_weight_layers"] = 6.1
+    held["search"] = {**trials["search-2"]["search"], "role": "held-out", "split": "held-out", "split_items": items["held-out"]}
+    report["rows"] += [*trials.values(), held]
+    verdict = held["verdict"]
+    conclusion = ("search-2 (0.519x the baseline's bytes) is approved on held-out items the search never saw" if verdict == "approved"
+                  else "search-2 (0.519x the baseline's bytes) passed on the search split but is blocked on the held-out items: "
+                  + held["reasons"][0])
+    report["search"] = {
+        "formats": ["gptq-int4", "smoothquant-w8a8"], "objective": "smallest-approved", "max_trials": 4,
+        "ceiling_bytes": 166_000_000, "lo_bytes": 112_000_000,
+        "space": {"groups": 12, "fixed_bytes": 40_000_000, "baseline_bytes": 270_000_000,
+                  "uniform_bytes": {"gptq-int4": 112_000_000, "smoothquant-w8a8": 166_000_000}},
+        "trials": [{"name": name, "budget_bytes": int(budgets[name] * 270e6), "budget_ratio": budgets[name], "bytes": trial["bytes"],
+                    "ratio": trial["bytes"] / 270e6, "predicted_cost": costs[name], "groups_by_format": mixes[name],
+                    "allocation": {"choice": choice if name == "search-2" else {}}, "verdict": trial["verdict"],
+                    "reasons": trial["reasons"]} for name, trial in trials.items()],
+        "repeats": [{"budget_bytes": 137_000_000, "same_as": "search-2"}], "chosen": "search-2",
+        "held_out": {"verdict": verdict, "reasons": held["reasons"]}, "conclusion": conclusion}
+    report["sensitivity"] = {
+        "method": "diagonal-fisher", "formula": "score(group, format) = 1/2 * sum_i F_ii * (RTN_format(W)_i - W_i)^2",
+        "unit": "nats per token (predicted KL increase)", "fisher": "sampled", "tokens": 4_032,
+        "formats": ["gptq-int4", "smoothquant-w8a8"],
+        "totals": {fmt: sum(group["scores"][fmt] for group in groups) for fmt in ("gptq-int4", "smoothquant-w8a8")},
+        "groups": groups, "spearman": {"gptq-int4": 0.9, "smoothquant-w8a8": None}}

@@ -1,6 +1,9 @@
 """The report: the summary, the compact table, the recommendation rule, the Pareto front, each
 candidate's forest plot, gate table and KL tails, what was measured (each set's looks, each
-format's items), a narrowed policy, a report built from a run directory, and a self-contained HTML."""
+format's items), a narrowed policy, a report built from a run directory, and a self-contained HTML;
+a run with a mixed-precision search: its trials as rows judged on the search split, the held-out
+verdict as the search's result, no trial recommended on its own verdict, the Pareto front over
+formats and trials, and the per-layer sensitivity chart."""
 
 from __future__ import annotations
 
@@ -16,7 +19,11 @@ from gates.report import (
     items_evaluated,
     markdown,
     pareto_front,
+    plot_front,
     recommendation,
+    recommendation_sentences,
+    sensitivity_svg,
+    svg_plot,
     table,
     write,
 )
@@ -258,3 +265,220 @@ def test_build_reads_the_narrowed_policy_looks_and_tails_of_a_run_directory(tmp_
     assert "| wiki-text@v1 | 25, 50 | 50 of 2,938 | 50 (look 2 of 2) | 50 (look 2 of 2) | – |" in text
     assert "| fp8-e4m3 | – | – | – | 0.0300 | approved (all 1 gates passed) | wiki-text 50 |" in text
     assert "| wiki-text (50 items) | – | – | – | – | – | 0.0300 [0.0200, 0.0400] | – | – |" in text
+
+
+# ---- a run with a mixed-precision search --------------------------------------------------------
+
+
+def test_search_trials_are_rows_beside_the_formats_marked_and_judged_on_the_search_split(tmp_path: Path) -> None:
+    out = write(sample_report(search="approved"), tmp_path / "report")
+    data = json.loads((out / "report.json").read_text())
+    roles = {row["format"]: (row["search"] or {}).get("role") for row in data["rows"] if "search" in row}
+    assert roles == {"search-1": "trial", "search-2": "trial", "search-3": "trial", "search-2@held-out": "held-out"}
+    text = (out / "report.md").read_text()
+    formats = text[text.index("## Formats"):text.index("## Recommendation")]
+    assert "| search-2 (mixed: 7 groups gptq-int4, 5 smoothquant-w8a8) | 140.0 | 0.52 | 6.10 |" in formats
+    assert "| passed the search split (all 9 gates passed) |" in formats
+    assert "| blocked on the search split (1 of 8 gates failed, 1 not evaluated) |" in formats
+    assert "| search-2 on held-out items (mixed: 7 groups gptq-int4, 5 smoothquant-w8a8) |" in formats
+    assert "| approved on held-out items (all 9 gates passed) |" in formats
+    assert "### search-1: passed the search split" in text and "### search-2@held-out: approved on held-out items" in text
+    assert "### search-1: approved" not in text  # a trial's own verdict never reads as an approval
+    summary = text[text.index("## Summary"):text.index("## Formats")]
+    assert "- Mixed-precision search: search-2 (0.519x the baseline's bytes) is approved on held-out items the search never saw." in summary
+    assert "- search-1 passed the search split only, so it is not approved for release" in summary
+    assert "Approved, every gate passed: fp8-e4m3, smoothquant-w8a8 and search-2 on held-out items (3 of 5 formats)." in summary
+    assert "search-3 is blocked" not in summary  # a trial blocked on the search split is the bisection at work
+    search = text[text.index("## Mixed-precision search"):text.index("## Candidates")]
+    assert ("Held-out gate: search-2: approved on held-out items (wiki-text items 76–150, arc-easy items 51–100), items no trial "
+            "was judged on; this verdict alone approves the mixed checkpoint checkpoints/search-2.") in search
+    assert "Each trial was judged on the search split (wiki-text items 1–75, arc-easy items 1–50)" in search
+    assert "1 budget gave the allocation of an earlier trial (search-2)" in search
+    assert ("| search-3 | 0.475 | 0.474 | 0.0081 | gptq-int4 10, smoothquant-w8a8 2 | blocked on the search split "
+            "| wiki-text kl_divergence 0.2100 [0.1800, 0.2500] exceeds 0.1500 |") in search
+    assert "| search-2 (chosen) | 0.520 | 0.519 | 0.0034 | gptq-int4 7, smoothquant-w8a8 5 | passed the search split | – |" in search
+    measured = text[text.index("## What was measured"):]
+    assert "| wiki-text@v1 | 25, 75, 200 | 200 (whole set) |" in measured and "| 75 held out (items 76–150) |" in measured
+
+    page = (out / "report.html").read_text()
+    assert page.count('<tr class="trial passed">') == 2 and page.count('<tr class="trial blocked">') == 1
+    assert page.count('<tr class="held-out approved">') == 1 and page.count('<tr class="approved">') == 2
+    assert 'mix">mixed: 7 groups gptq-int4, 5 smoothquant-w8a8</span>' in page
+    assert '<span class="badge trial passed">passed the search split</span>' in _section(page, "search-1")
+    assert "The search chose it: its held-out gate is the search&#x27;s result." in _section(page, "search-2")
+    assert page.index('id="size-accuracy"') < page.index('id="search"') < page.index('class="candidate"')
+    held = page[page.index('<p id="held-out"'):page.index("</p>", page.index('<p id="held-out"'))]
+    assert 'class="approved"' in held and "approved on held-out items (wiki-text items 76–150, arc-easy items 51–100)" in held
+    trials = page[page.index('<table id="search-trials">'):page.index("</table>", page.index('<table id="search-trials">'))]
+    assert trials.count("<tr>") == 4  # the header and three trials
+    assert "http://" not in page.replace('xmlns="http://www.w3.org/2000/svg"', "") and "<script" not in page
+
+
+def test_a_trial_approved_only_on_the_search_split_is_never_recommended(tmp_path: Path) -> None:
+    approved = sample_report(search="approved")
+    assert recommendation(approved["rows"], "reference") == "search-2@held-out"  # its held-out gate approved it
+    sentences = recommendation_sentences({**approved, "recommendation": {"reference": "search-2@held-out"}})
+    assert sentences[0].startswith("On reference: search-2 (mixed: 7 groups gptq-int4, 5 smoothquant-w8a8), the mixed checkpoint "
+                                   "checkpoints/search-2 approved on held-out items, the approved format with the lowest")
+    # search-3 (0.045 ms) and search-1 (0.050) beat smoothquant-w8a8 (0.054) on the bound, but only on the search split
+    trials_only = [row for row in approved["rows"] if row["format"] in ("baseline", "search-1", "search-2", "search-3")]
+    assert recommendation(trials_only, "reference") is None
+    blocked = sample_report(search="blocked")
+    out = write(blocked, tmp_path / "report")
+    data = json.loads((out / "report.json").read_text())
+    assert data["recommendation"] == {"reference": "smoothquant-w8a8", "h200": "smoothquant-w8a8"}
+    text = (out / "report.md").read_text()
+    summary = text[text.index("## Summary"):text.index("## Formats")]
+    assert "- search-1 and search-2 each passed the search split only, so none is approved for release" in summary
+    assert "- search-2 on held-out items is blocked by wiki-text kl_divergence 0.190 [0.160, 0.230] above 0.15" in summary
+    assert ("Held-out gate: search-2: blocked on held-out items (wiki-text items 76–150, arc-easy items 51–100): "
+            "wiki-text kl_divergence 0.1900 [0.1600, 0.2300] exceeds 0.1500.") in text
+    assert "- reference: smoothquant-w8a8" in text and "search-2 (chosen)" in text
+    page = (out / "report.html").read_text()
+    assert '<p id="held-out" class="blocked">' in page and page.count('<tr class="held-out blocked">') == 1
+    assert 'class="held-out-blocked"' in page and 'class="held-out-approved"' not in page
+
+
+def _plot_report(values: dict[str, tuple[float, float]], higher_is_better: bool) -> dict[str, Any]:
+    """A report of hand-made points: format -> (MB, value); 'search-N' a trial, 'search-2@held-out'
+    the held-out gate of search-2."""
+    rows = []
+    for name, (mb, value) in values.items():
+        role = "held-out" if name.endswith("@held-out") else "trial" if name.startswith("search-") else None
+        verdict = "baseline" if name == "baseline" else "blocked" if name == "search-3" else "approved"
+        rows.append({"format": name, "bytes": int(mb * 1e6), "metrics": {"m": {"value": value}}, "verdict": verdict,
+                     "search": None if role is None else {"role": role, "checkpoint": name.split("@")[0]}})
+    return {"rows": rows, "plot": {"x": "bytes", "y": "m", "higher_is_better": higher_is_better},
+            "search": {"chosen": "search-2", "held_out": {"verdict": "approved", "reasons": []}}}
+
+
+def test_the_pareto_front_is_exactly_the_non_dominated_formats_and_trials() -> None:
+    sizes = {"baseline": 270.0, "fp8": 166.0, "w8a8": 166.0, "int4": 112.0, "search-1": 140.0, "search-2": 125.0, "search-3": 150.0,
+             "search-2@held-out": 125.0}
+    # higher is better: search-3 (150, 0.92) is beaten by search-1 (140, 0.93), w8a8 by fp8 at the same size; the held-out
+    # gate (0.99, on other items) is no point of its own, or it would beat every trial
+    top1 = {"baseline": 1.0, "fp8": 0.95, "w8a8": 0.94, "int4": 0.80, "search-1": 0.93, "search-2": 0.90, "search-3": 0.92,
+            "search-2@held-out": 0.99}
+    # lower is better: search-3 (150, 0.10) is beaten by search-1 (140, 0.08), w8a8 (0.05) by fp8 (0.03)
+    kl = {"baseline": 0.0, "fp8": 0.03, "w8a8": 0.05, "int4": 0.30, "search-1": 0.08, "search-2": 0.12, "search-3": 0.10,
+          "search-2@held-out": 0.01}
+    expected = ["int4", "search-2", "search-1", "fp8", "baseline"]
+    for values, higher in ((top1, True), (kl, False)):
+        report = _plot_report({name: (sizes[name], values[name]) for name in sizes}, higher)
+        front = plot_front(report)
+        assert [label for _, _, label in front] == expected
+        assert front == [(sizes[name], values[name], name) for name in expected]
+        svg = svg_plot(report)
+        marked = re.findall(r'class="point([^"]*)"[^>]*>(?:<title>([^:<]+):)', svg)
+        assert sorted(label for classes, label in marked if classes.endswith(" front")) == sorted(expected)
+        assert len(marked) == 7 and svg.count('class="point trial') == 3  # the held-out gate: a ring, not a point
+        assert svg.count('<path class="point trial approved') == 2 and 'class="held-out-approved"' in svg
+        corners = re.search(r'<polyline class="pareto" points="([^"]+)"', svg)
+        assert corners is not None
+        vertices = [tuple(map(float, pair.split(","))) for pair in corners[1].split()]
+        assert len(vertices) == 2 * len(expected) - 1  # a step line: across, then up or down, at each point
+        assert all(a[0] == b[0] or a[1] == b[1] for a, b in zip(vertices, vertices[1:], strict=False))
+
+
+def test_the_sensitivity_chart_has_one_series_per_format_and_one_point_per_group(tmp_path: Path) -> None:
+    report = sample_report(search="approved")
+    sensitivity = report["sensitivity"]
+    svg = sensitivity_svg(sensitivity, ("search-2", report["search"]["trials"][1]["allocation"]["choice"]))
+    series = re.findall(r'<g class="series" data-format="([^"]+)">(.*?)</g>', svg, re.DOTALL)
+    assert [fmt for fmt, _ in series] == sensitivity["formats"] == ["gptq-int4", "smoothquant-w8a8"]
+    assert all(body.count('<circle class="score"') == len(sensitivity["groups"]) == 12 for _, body in series)
+    assert "log scale" in svg and "1e-3" in svg and "1e-7" in svg  # decades from the scores, the zero one on the floor
+    strip = svg[svg.index('<g class="allocation">'):]
+    assert strip[:strip.index("</g>")].count("<rect ") == 12  # the format search-2 gave each group
+    assert svg.count('fill="#ffffff" stroke="#bc4c00"') == 1  # the one zero score: hollow, on the floor
+    width = re.search(r'width="(\d+)"', svg)
+    assert width is not None and int(width[1]) <= 1280 - 2 * 40
+    page = (write(report, tmp_path / "report") / "report.html").read_text()
+    section = page[page.index('id="search"'):page.index("<h2>Candidates</h2>")]
+    assert section.count('<svg xmlns="http://www.w3.org/2000/svg" class="sensitivity"') == 1
+    caption = section[section.index('id="sensitivity-caption"'):]
+    assert "diagonal-fisher" in caption and "log scale" in caption and "gptq-int4 0.90" in caption
+    text = (tmp_path / "report" / "report.md").read_text()
+    assert "### Per-layer sensitivity" in text and "| 11 | model.layers.2.mlp.down_proj | 2 | 8.33e-05 | 0 | gptq-int4 |" in text
+    plain = (write(sample_report(), tmp_path / "plain") / "report.html").read_text()
+    assert 'id="search"' not in plain and 'class="sensitivity"' not in plain
+
+
+def _search_run(tmp_path: Path, plan_search: bool = True) -> Path:
+    """A run directory with a search (quantgate.core.rundir): two formats, three trials judged on
+    the search split, search-2's held-out gate, a stale held-out verdict of search-3 that the
+    search did not choose, and the sensitivity."""
+    run_dir = tmp_path / "run"
+    policy = {"name": "tiny", "version": "v3", "sha256": "ab" * 32}
+    run_dir.mkdir(parents=True)
+    (run_dir / "run.json").write_text(json.dumps({
+        "kind": RUN_KIND, "formats": ["gptq-int4", "smoothquant-w8a8"], "plan": {"model": "tiny", "search": {} if plan_search else None},
+        "model": "/m", "policy": {**policy, "path": "/p.yaml"}, "hardware": ["reference"],
+        "plot": {"x": "bytes", "y": "wiki-text@v1 top1_agreement", "higher_is_better": True}, "looks": {"wiki-text@v1": [4]}}))
+
+    def measure(name: str, size: int, b1: float) -> None:
+        _artifact(run_dir / "measure" / f"{name}.json", {
+            "measurement": {"totals": {"file_bytes": size}, "quantized_linear": {"bits_per_weight": {"measured": 5.0}},
+                            "whole_model": {"bits_per_parameter": {"measured": 16.0 * size / 1_800_000}},
+                            "baseline": {"ratio_total": size / 1_800_000}},
+            "bounds": {"reference": {"batch1_ms": b1, "batch32_ms": b1 * 2, "context_tokens": 2048, "kv_bytes_per_element": 2}}})
+
+    def verdict(name: str, verdict: str, top1: float, **changes: Any) -> None:
+        gate = {"gate": "wiki-text@v1 top1_agreement", "outcome": "pass" if verdict == "approved" else "fail", "estimate": top1,
+                "low": top1 - 0.01, "high": top1 + 0.01, "limit": 0.9, "unit": "", "reason": f"top1 {top1}", "items": 4, "look": 1,
+                "looks": 1, "confidence": 0.95, "decided_by": "interval"}
+        _artifact(run_dir / "verdicts" / f"{name}.json", {
+            "metrics": {gate["gate"]: gate}, "gates": [gate], "verdict": verdict, "reasons": [] if verdict == "approved" else [gate["reason"]],
+            "not_evaluated": {}, "policy": policy, "results": "/r", **changes})
+
+    measure("baseline", 1_800_000, 0.010)
+    for name, size, b1, top1, outcome in (("gptq-int4", 620_000, 0.004, 0.85, "blocked"), ("smoothquant-w8a8", 1_000_000, 0.006, 0.99, "approved"),
+                                          ("search-1", 810_000, 0.005, 0.97, "approved"), ("search-2", 710_000, 0.0045, 0.95, "approved"),
+                                          ("search-3", 660_000, 0.0042, 0.88, "blocked")):
+        measure(name, size, b1)
+        trial = {"split": "search", "checkpoint_name": name, "split_items": {"wiki-text@v1": {"offset": 0, "ceiling": 4}}}
+        verdict(name, outcome, top1, **(trial if name.startswith("search-") else {}))
+    held = {"checkpoint_name": "search-2", "split": "held-out", "split_items": {"wiki-text@v1": {"offset": 4, "ceiling": 4}},
+            "sequential": {"looks": {"wiki-text@v1": [4]}, "items": {"wiki-text@v1": 4}, "not_evaluated": {}}}
+    verdict("search-2@held-out", "approved", 0.93, **held)
+    verdict("search-3@held-out", "approved", 0.99, **{**held, "checkpoint_name": "search-3"})  # another run's: not chosen here
+    trials = [{"name": name, "budget_ratio": ratio, "ratio": ratio, "predicted_cost": cost, "groups_by_format": mix, "verdict": outcome,
+               "reasons": [], "allocation": {"choice": {}}}
+              for name, ratio, cost, mix, outcome in (("search-1", 0.45, 0.0002, {"gptq-int4": 3, "smoothquant-w8a8": 5}, "approved"),
+                                                      ("search-2", 0.40, 0.0004, {"gptq-int4": 4, "smoothquant-w8a8": 4}, "approved"),
+                                                      ("search-3", 0.37, 0.0010, {"gptq-int4": 6, "smoothquant-w8a8": 2}, "blocked"))]
+    (run_dir / "search.json").write_text(json.dumps({
+        "formats": ["gptq-int4", "smoothquant-w8a8"], "objective": "smallest-approved", "max_trials": 3, "ceiling_bytes": 990_000,
+        "lo_bytes": 610_000, "space": {"groups": 8, "fixed_bytes": 200_000, "baseline_bytes": 1_770_000, "uniform_bytes": {}},
+        "trials": trials, "repeats": [], "chosen": "search-2", "held_out": {"verdict": "approved", "reasons": []},
+        "conclusion": "search-2 (0.400x the baseline's bytes) is approved on held-out items the search never saw"}))
+    (run_dir / "sensitivity").mkdir()
+    groups = [{"name": f"model.layers.{index // 4}.g{index % 4}", "block": index // 4, "role": f"g{index % 4}", "layers": [],
+               "parameters": 10, "scores": {"gptq-int4": 1e-4 * (index + 1), "smoothquant-w8a8": 1e-6 * (index + 1)}} for index in range(8)]
+    (run_dir / "sensitivity" / "sensitivity.json").write_text(json.dumps({
+        "method": "diagonal-fisher", "unit": "nats per token (predicted KL increase)", "formats": ["gptq-int4", "smoothquant-w8a8"],
+        "groups": groups, "totals": {}, "validation": None}))
+    return run_dir
+
+
+def test_build_reads_a_search_run_directory(tmp_path: Path) -> None:
+    report = build(_search_run(tmp_path))
+    rows = _rows(report)
+    assert list(rows) == ["baseline", "gptq-int4", "smoothquant-w8a8", "search-1", "search-2", "search-3", "search-2@held-out"]
+    assert [rows[name]["search"]["role"] for name in ("search-1", "search-2", "search-3", "search-2@held-out")] == [
+        "trial", "trial", "trial", "held-out"]
+    assert rows["smoothquant-w8a8"]["search"] is None and rows["baseline"]["search"] is None
+    held = rows["search-2@held-out"]  # measured as its trial's checkpoint, judged on its own items
+    assert held["bytes"] == rows["search-2"]["bytes"] == 710_000 and held["metrics"]["wiki-text@v1 top1_agreement"]["value"] == 0.93
+    assert held["search"]["split_items"] == {"wiki-text@v1": {"offset": 4, "ceiling": 4}}
+    assert held["search"]["groups_by_format"] == {"gptq-int4": 4, "smoothquant-w8a8": 4} and held["search"]["chosen"] is True
+    assert report["search"]["chosen"] == "search-2" and len(report["sensitivity"]["groups"]) == 8
+    out = write(report, tmp_path / "report")
+    # search-3 (0.0042 ms) and search-1 are faster than smoothquant-w8a8, search-2's checkpoint faster still: by its held-out verdict
+    assert json.loads((out / "report.json").read_text())["recommendation"] == {"reference": "search-2@held-out"}
+    page = (out / "report.html").read_text()
+    assert page.count('<circle class="score"') == 2 * 8 and "search-3@held-out" not in page
+    # a plan without a search: a search.json left in the directory is not this run's
+    other = build(_search_run(tmp_path / "other", plan_search=False))
+    assert [row["format"] for row in other["rows"]] == ["baseline", "gptq-int4", "smoothquant-w8a8"]
+    assert other["search"] is None and other["sensitivity"] is None

@@ -88,6 +88,19 @@ def test_report_fits_a_1280_pixel_window_with_every_forest_plot(tmp_path: Path) 
         assert forest["left"] >= 0 and forest["right"] <= 1280 and forest["width"] > 600 and forest["height"] > 100, entry
 
 
+def test_a_search_report_fits_a_1280_pixel_window_with_its_charts(tmp_path: Path) -> None:
+    """A report with a mixed-precision search: the trials' and the held-out gate's rows, the plot
+    with its diamonds and ring, the trials table and the sensitivity chart, inside 1280 pixels."""
+    page = write(sample_report(search="approved"), tmp_path / "report") / "report.html"
+    dom = chromium(tmp_path, "--dump-dom", page.as_uri()).stdout
+    assert dom.count('<tr class="trial passed">') == 2 and dom.count('<tr class="held-out approved">') == 1
+    assert dom.count('class="point trial') == 3 and 'class="held-out-approved"' in dom
+    assert dom.count('<g class="series"') == 2 and 'id="search-trials"' in dom
+    seen = layout(tmp_path, page, 1280)
+    assert seen["scrollWidth"] <= 1280 and seen["widest"] <= 1280, seen
+    assert len(seen["candidates"]) == 8 and all(entry["forest"]["right"] <= 1280 for entry in seen["candidates"]), seen
+
+
 def test_a_runs_report_renders_in_chromium(quant_model: Path, tmp_path: Path) -> None:
     """The report `quantgate run` wrote for the tiny model: every row, the plot, the recommendation,
     each candidate's section with its forest plot, inside a 1280-pixel window."""

@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from gates.report import build, recommendation, write
+from gates.report import build, deployable, recommendation, verdict_text, write
 from quantgate.core.artifacts import sha256_json
 from quantgate.pipeline import runner as pipeline
 from quantgate.pipeline.plan import load_plan
@@ -62,7 +62,10 @@ def _print_summary(data: dict[str, Any], result: Any = None) -> None:
         table.add_column(column, overflow="fold")
     for row in data["rows"]:
         shown = row["metrics"].get(data["plot"]["y"] or "", {}).get("value")
-        verdict = {"approved": "[green]approved[/green]", "blocked": "[red]blocked[/red]"}.get(row["verdict"], row["verdict"])
+        # a search trial's own verdict approves nothing: "passed the search split" (gates.report)
+        text = verdict_text(row)
+        colour = "green" if deployable(row) else "red" if row["verdict"] == "blocked" else "yellow"
+        verdict = f"[{colour}]{text}[/{colour}]" if row["verdict"] in ("approved", "blocked") else text
         reasons = row["reasons"]
         table.add_row(
             row["format"], f"{row['bytes'] / 1e6:.1f}" if row["bytes"] else "-",
@@ -76,6 +79,8 @@ def _print_summary(data: dict[str, Any], result: Any = None) -> None:
     for profile in data["hardware"]:
         choice = recommendation(data["rows"], profile["name"])
         console.print(f"recommended on {profile['name']}: {choice or 'none (no format approved)'}")
+    if data.get("search"):
+        console.print(f"search: {data['search'].get('conclusion')}")
     if result is not None:
         redone = len(result.redone)
         console.print(f"run directory {result.out} ({redone} of {len(result.stages)} stages run, {len(result.stages) - redone} reused) "
