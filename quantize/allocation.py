@@ -14,10 +14,10 @@ either breaks the budget or gives away room; the integer program takes the byte 
 they are. HiGHS works in floating point, though, and accepts a row that is over its bound by
 about a millionth of the row's largest coefficient (measured: 1 byte over with 2.7 MB steps,
 1000 bytes over with 2.7 GB steps, however the row is scaled). So every answer is checked in
-integers, and one over the budget is solved again with the bound lowered past what HiGHS let
-through: the budget is never exceeded, and allocations within that millionth of the budget's
-edge may be passed over for the next best. With byte steps under about a million the answer
-is the exact optimum (the tests compare it with brute force).
+integers, and one over the budget is solved again with the bound lowered by that tolerance:
+the budget is never exceeded, and allocations within a millionth of the largest size step of
+the budget's edge may be passed over for the next best. With size steps under about a million
+bytes the answer is the exact optimum (the tests compare it with brute force).
 
 Ties: allocations whose costs differ by at most TIE_TOLERANCE of the largest option cost are
 tied, and the one with the fewest bytes wins. This is a second, lexicographic solve: first the
@@ -40,15 +40,18 @@ from typing import Any
 
 from quantgate.core.errors import InputError
 
-# Two allocations whose costs differ by at most this share of the largest option cost are tied:
-# ten times HiGHS's own tolerance on a row, far below any difference a sensitivity score resolves.
+# Two allocations whose costs differ by at most this share of the largest option cost (of the
+# options left once dominated ones are dropped) are tied: ten times HiGHS's own tolerance on a
+# row, far below any difference a sensitivity score resolves.
 TIE_TOLERANCE = 1e-5
 # The objectives' largest coefficient: HiGHS stops at an absolute gap of 1e-6, here a billionth
 # of the largest cost (or of the largest size step, in the second solve).
 _OBJECTIVE_SCALE = 1e3
-# Re-solves with a lowered bound after a choice over the budget; the lowering at least doubles
-# each time, so a few suffice (a thousand-byte overshoot takes two).
-_MAX_RESOLVES = 40
+# HiGHS's tolerance on a row, as a share of its largest coefficient (mip_feasibility_tolerance;
+# it scales each row itself): after a choice over the budget, the bound is lowered by at least
+# this share of the largest size step, and by at least twice the overshoot, doubling each time.
+_ROW_TOLERANCE = 1e-6
+_MAX_RESOLVES = 40  # a bound for the doubling; one re-solve is the rule
 
 
 @dataclass(frozen=True)
@@ -202,8 +205,8 @@ def _milp_pick(problem: _Problem, objective: Sequence[float], rows: Sequence[_Ro
 def _pick_within(problem: _Problem, objective: Sequence[float], room: int,
                  cost_row: _Row | None = None) -> list[int] | None:
     """`_milp_pick` with at most `room` bytes over the smallest options, checked in integers. A
-    choice over it is solved again with the bound lowered by at least twice what HiGHS let
-    through. None if HiGHS finds nothing, or once the lowering would take the whole room."""
+    choice over it is solved again with the bound lowered by HiGHS's tolerance, or by twice what
+    it let through. None if HiGHS finds nothing, or once the lowering would take the whole room."""
     step = max(problem.extra) / _OBJECTIVE_SCALE  # bytes per unit of the scaled row
     bytes_row = [more / step for more in problem.extra]
     margin = 0
@@ -214,7 +217,7 @@ def _pick_within(problem: _Problem, objective: Sequence[float], room: int,
         picked = _milp_pick(problem, objective, [(bytes_row, bound / step)] + ([cost_row] if cost_row else []))
         if picked is None or problem.extra_bytes(picked) <= room:
             return picked
-        margin = 2 * max(margin, problem.extra_bytes(picked) - bound)
+        margin = max(2 * max(margin, problem.extra_bytes(picked) - bound), math.ceil(_ROW_TOLERANCE * max(problem.extra)))
     return None
 
 
@@ -229,12 +232,9 @@ def _fewest_bytes_at_least_cost(problem: _Problem, room: int) -> list[int]:
         return [variable for variable, more in enumerate(problem.extra) if more == 0]
     if problem.extra_bytes(cheapest) == 0:  # nothing is smaller
         return cheapest
-    if max(costs) == 0:  # every allocation costs 0: the fewest bytes is the only question
-        cost_row = None
-    else:
-        cap = math.fsum(cost_objective[variable] for variable in cheapest) + TIE_TOLERANCE / 2 * _OBJECTIVE_SCALE
-        cost_row = (cost_objective, cap)
-    smallest = _pick_within(problem, problem.scaled([float(more) for more in problem.extra]), room, cost_row)
+    # Some unit has two options left, so its smallest costs more than 0: max(costs) > 0.
+    cap = math.fsum(cost_objective[variable] for variable in cheapest) + TIE_TOLERANCE / 2 * _OBJECTIVE_SCALE
+    smallest = _pick_within(problem, problem.scaled([float(more) for more in problem.extra]), room, (cost_objective, cap))
     if smallest is None:
         return cheapest
     tied = problem.cost(smallest) <= problem.cost(cheapest) + TIE_TOLERANCE * max(costs)

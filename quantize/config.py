@@ -26,6 +26,11 @@ class QuantizeConfig(BaseModel):
     ignore: tuple[str, ...] = Field(default=("lm_head",), description="module names or 're:' regexes to leave unquantized")
     backend: Backend = Backend.llmcompressor
     num_calibration_samples: int | None = Field(default=None, gt=0, description="rows of the calibration set to use (default: all)")
+    # the weights' scale observer (compressed-tensors): None keeps the library's (minmax);
+    # "imatrix_mse" searches each group's range for the least activation-weighted error
+    # (E[x^2] from calibration, llama.cpp's importance matrix), "mse" the same unweighted
+    # (docs/int4-quality.md measures them)
+    observer: Literal["minmax", "mse", "imatrix_mse"] | None = None
     # GPTQ (llmcompressor GPTQModifier defaults)
     dampening_frac: float = Field(default=0.01, ge=0.0, lt=1.0)
     actorder: Literal["static", "group", "weight"] | None = "static"

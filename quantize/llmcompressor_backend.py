@@ -46,13 +46,18 @@ def _scheme(targets: list[str], weights: dict[str, Any], activations: dict[str, 
     )
 
 
+def weight_args(preset: Preset, cfg: QuantizeConfig) -> dict[str, Any]:
+    """The preset's weight QuantizationArgs with the config's observer, where one is set."""
+    return {**preset.weights, **({"observer": cfg.observer} if cfg.observer else {})}
+
+
 def config_groups(preset: Preset, cfg: QuantizeConfig, plan: GroupPlan | None, storage_dtype: str = "bfloat16") -> dict[str, Any]:
     if plan is not None:
         return {
-            f"group_{index}": _scheme(targets, {**preset.weights, "group_size": size}, preset.input_activations, storage_dtype)
+            f"group_{index}": _scheme(targets, {**weight_args(preset, cfg), "group_size": size}, preset.input_activations, storage_dtype)
             for index, (size, targets) in enumerate(plan.targets_by_group_size().items())
         }
-    weights, activations = preset.weights, preset.input_activations
+    weights, activations = weight_args(preset, cfg), preset.input_activations
     if cfg.fp8_dynamic and preset.dynamic_input_activations:
         weights, activations = FP8_DYNAMIC_WEIGHTS, preset.dynamic_input_activations
     return {"group_0": _scheme(["Linear"], weights, activations, storage_dtype)}
@@ -186,10 +191,11 @@ def _mixed_groups(cfg: MixedConfig, layers: list[tuple[str, int]], storage_dtype
             unquantized += plan.unquantized
             for size in sorted({layer.group_size for layer in plan.layers if layer.group_size}, reverse=True):
                 targets = [_exact(layer.name) for layer in plan.layers if layer.group_size == size]
-                groups[f"{name}_g{size}"] = _scheme(targets, {**preset.weights, "group_size": size}, preset.input_activations, storage_dtype)
+                groups[f"{name}_g{size}"] = _scheme(targets, {**weight_args(preset, knobs), "group_size": size},
+                                                    preset.input_activations, storage_dtype)
             table.update({layer.name: {"format": name, "group_size": layer.group_size} for layer in plan.layers if layer.group_size})
         else:
-            weights, activations = preset.weights, preset.input_activations
+            weights, activations = weight_args(preset, knobs), preset.input_activations
             if knobs.fp8_dynamic and preset.dynamic_input_activations:
                 weights, activations = FP8_DYNAMIC_WEIGHTS, preset.dynamic_input_activations
             groups[name] = _scheme([_exact(layer) for layer, _ in mine], weights, activations, storage_dtype)

@@ -16,7 +16,7 @@ VALID = {"arc-easy": ["acc", "acc_norm"], "hellaswag": ["acc", "acc_norm"], "lam
 
 def test_default_policy_loads_with_its_hash() -> None:
     loaded = load_policy("default", VALID)
-    assert loaded.identity["name"] == "default" and loaded.identity["version"] == "v2"  # the newest
+    assert loaded.identity["name"] == "default" and loaded.identity["version"] == "v3"  # the newest
     assert len(loaded.sha256) == 64
     gate = loaded.policy.metrics["hellaswag"]["acc_norm"]
     assert gate.kind == "max_drop_points" and gate.threshold("8bit") == 1.0 and gate.threshold("4bit") > 1.0
@@ -95,3 +95,16 @@ def test_a_policy_gating_unevaluated_sets_is_refused_with_both_ways_out() -> Non
     assert "--narrow-policy arc-easy --narrow-policy wiki-text" in message
     narrowed = load_gate_policy("small-model@v2", ["arc-easy@v1", "wiki-text@v1"], ["arc-easy", "wiki-text"])
     assert narrowed.identity["dropped"] == ["hellaswag", "lambada"]
+
+
+def test_v3_is_v2_with_a_rule_for_mixed_checkpoints_and_nothing_else() -> None:
+    for name in ("default", "small-model"):
+        v2, v3 = load_policy(f"{name}@v2", VALID).policy, load_policy(f"{name}@v3", VALID).policy
+        assert v2.mixed_precision is None and v3.mixed_precision is not None and v3.mixed_precision.rule == "lowest-bits"
+        assert v3.model_dump(exclude={"version", "mixed_precision"}) == v2.model_dump(exclude={"version", "mixed_precision"})
+    from gates.policy import mixed_precision_class
+
+    v3_policy = load_policy("small-model@v3", VALID)
+    assert mixed_precision_class(v3_policy, {4, 8}) == "4bit" and mixed_precision_class(v3_policy, {8}) == "8bit"
+    with pytest.raises(InputError, match="has no rule for mixed-precision checkpoints"):
+        mixed_precision_class(load_policy("small-model@v2", VALID), {4, 8})

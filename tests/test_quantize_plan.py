@@ -60,3 +60,18 @@ def test_presets_say_what_each_format_is() -> None:
     assert get_preset("smoothquant-w8a8").input_activations["dynamic"] is True
     assert get_preset("fp8-e4m3").weights["type"] == "float"
     assert QuantizeConfig(format="smoothquant-w8a8").smoothing_strength == 0.8
+
+
+@pytest.mark.parametrize("observer", [None, "mse", "imatrix_mse"])
+def test_the_observer_knob_reaches_every_weight_scheme(observer: str | None) -> None:
+    from quantize.config import MixedConfig
+    from quantize.llmcompressor_backend import _mixed_groups, config_groups
+
+    cfg = QuantizeConfig(format="gptq-int4", observer=observer)
+    groups = config_groups(get_preset("gptq-int4"), cfg, plan_group_sizes([("m.0.q_proj", 576), ("m.0.down_proj", 1536)], 128))
+    expected = observer  # None: compressed-tensors fills in its default (minmax) later
+    assert {group.weights.observer for group in groups.values()} == {expected}
+    mixed = MixedConfig(layers={"m.0.q_proj": "gptq-int4", "m.0.down_proj": "smoothquant-w8a8"}, knobs={"gptq-int4": cfg})
+    schemes, _, _ = _mixed_groups(mixed, [("m.0.q_proj", 576), ("m.0.down_proj", 1536)], "bfloat16")
+    assert schemes["gptq-int4_g64"].weights.observer == expected
+    assert schemes["smoothquant-w8a8"].weights.observer is None  # its own knobs: the default

@@ -72,6 +72,8 @@ class SearchPlan(Strict):
     # split's ceiling
     holdout_limits: dict[str, int] = Field(default_factory=dict)
     fisher: Literal["sampled", "empirical"] = "sampled"
+    # calibration rows the sensitivity's Fisher uses (one backward pass each); default: all
+    sensitivity_rows: int | None = Field(default=None, gt=0)
 
     @field_validator("formats")
     @classmethod

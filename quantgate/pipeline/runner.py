@@ -430,7 +430,7 @@ class _Run:
         assert search is not None
         grouped = [plan.quantize_cfgs[fmt] for fmt in search.formats if get_preset(fmt).grouped] or [plan.quantize_cfgs[search.formats[0]]]
         cfg = sensitivity.SensitivityConfig(formats=search.formats, fisher=search.fisher, ignore=grouped[0].ignore,
-                                            group_size=grouped[0].group_size)
+                                            group_size=grouped[0].group_size, rows=search.sensitivity_rows)
         out = self.dir.sensitivity()
         made = self.cache.directory(
             kind="sensitivity", name="sensitivity", label="sensitivity", key=keys.sensitivity_key(plan, cfg, calibration_set.fingerprint),

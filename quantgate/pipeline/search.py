@@ -76,8 +76,8 @@ def build_space(formats: tuple[str, ...], measurements: Mapping[str, Mapping[str
         units.append(Unit(group.name, tuple(options)))
     total = int(measurements[UNQUANTIZED]["totals"]["tensor_bytes"])
     searched_bytes = sum(layer_bytes[UNQUANTIZED][layer] for group in searched for layer in group.layers)
-    return Space(searched, units, total - searched_bytes, total,
-                 {fmt: int(measurements[fmt]["totals"]["tensor_bytes"]) for fmt in formats}, layer_bytes)
+    return Space(groups=searched, units=units, fixed=total - searched_bytes, baseline=total,
+                 uniform={fmt: int(measurements[fmt]["totals"]["tensor_bytes"]) for fmt in formats}, layer_bytes=layer_bytes)
 
 
 def mixed_config(plan: ResolvedPlan, space: Space, allocation: Allocation) -> MixedConfig:
@@ -146,7 +146,7 @@ def run_search(plan: ResolvedPlan, space: Space, trials: Trials) -> dict[str, An
         verdict = trials.trial(name, allocation)
         tried.append(Tried(name, budget, total, verdict["verdict"] == "approved", (verdict.get("reasons") or [None])[0]))
         record["verdicts"][name] = verdict
-        record["trials"].append(_trial_entry(name, budget, total, allocation, verdict, space))
+        record["trials"].append(_trial_entry(name, budget, total, allocation, verdict=verdict, space=space))
     pick = chosen(tried)
     held = trials.held_out(pick.name) if pick else None
     if pick and held:
@@ -172,7 +172,7 @@ def _stdout_to_stderr() -> Iterator[None]:
         os.close(saved)
 
 
-def _trial_entry(name: str, budget: int, total: int, allocation: Allocation, verdict: Mapping[str, Any],
+def _trial_entry(name: str, budget: int, total: int, allocation: Allocation, *, verdict: Mapping[str, Any],
                  space: Space) -> dict[str, Any]:
     counts = {fmt: len(groups) for fmt, groups in allocation.by_format().items()}
     return {"name": name, "budget_bytes": budget, "budget_ratio": budget / space.baseline, "bytes": total,
