@@ -174,6 +174,7 @@ def test_demo_plan_is_embedded_and_validates() -> None:
     assert plan.model == "smollm2-135m" and plan.policy == "small-model@v3"
     assert plan.narrow_policy == ("arc-easy", "lambada", "wiki-text")
     assert plan.search is not None and plan.search.formats == ("gptq-int4", "smoothquant-w8a8") and plan.search.max_bytes_ratio == 0.5
+    assert plan.out == "demo-out" and plan.hardware == ("reference", "h200")
     assert set(plan.evaluation.limits) == set(plan.evaluation.sets)  # every set has its ceiling
     assert plan.quantize["fp8-e4m3"] == {"fp8_dynamic": True}
 
