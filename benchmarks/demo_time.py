@@ -1,12 +1,13 @@
-"""The demo's time budget: `quantgate run demo` (the embedded demo plan) must finish within 16.5 minutes
-on a 2-core CPU machine (what the fixed-size demo took in all before its gates evaluated in looks),
-and a finished run started again must redo nothing.
+"""The demo's time budget: `quantgate run demo` (the embedded demo plan, its mixed-precision search
+included) must finish within 20 minutes on a 2-core CPU machine (`make demo` has 22, set-up
+included: about 2 minutes of it go to the virtual environment), and a finished run started again
+must redo nothing.
 
 Runs the demo plan in a fresh process into a temporary run directory, with an empty cache
 (so the model conversion and every evaluation are paid for) unless --warm-cache, then once
 more; prints each stage's time from run.json and exits 1 if the budget is missed.
 
-    .venv/bin/python benchmarks/demo_time.py [--budget-minutes 16.5] [--warm-cache]
+    .venv/bin/python benchmarks/demo_time.py [--budget-minutes 20] [--warm-cache]
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def run_once(out: Path, env: dict[str, str]) -> tuple[float, int]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--budget-minutes", type=float, default=16.5)
+    parser.add_argument("--budget-minutes", type=float, default=20.0)
     parser.add_argument("--warm-cache", action="store_true", help="use $QUANTGATE_HOME as it is (model pulled, evaluations cached)")
     args = parser.parse_args()
 

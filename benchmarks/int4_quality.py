@@ -2,8 +2,11 @@
 AWQ and AutoRound side by side on the demo model, with the same calibration tokens and the
 same group-size plan (group 128; 64 for the width-576 layers, quantize/groups.py).
 
-    .venv/bin/python benchmarks/int4_quality.py [--methods gptq,gptq-imatrix,awq,awq-g20,autoround]
-        [--items 50] [--out /tmp/int4-quality] [--autoround-iters 200] [--json PATH]
+    .venv/bin/python benchmarks/int4_quality.py [--methods gptq,gptq-imatrix,awq,autoround,...]
+        [--items 50] [--out /tmp/int4-quality] [--autoround-iters 200] [--resume] [--json PATH]
+
+On 2 CPU cores the whole default set takes about an hour; AutoRound's default 200 iterations
+per block take hours there (docs/int4-quality.md ran it with --autoround-iters 20).
 
 For each method: the KL divergence (mean per token, nats) and top-1 agreement against the
 baseline on the first --items of wiki-text@v1, the perplexity change, the quantization's wall
@@ -24,7 +27,8 @@ Methods (all W4A16, the gptq-int4/awq-int4 presets' QuantizationArgs and group p
   autoround     AutoRoundModifier, symmetric like gptq-int4, --autoround-iters iterations per block
   rtn           reference: round-to-nearest, minmax observer (QuantizationModifier alone)
   rtn-imatrix   reference: round-to-nearest with observer="imatrix_mse" (llama.cpp-like imatrix quant)
-Checkpoints and results stay under --out (reused calibration set; checkpoints are rebuilt).
+Checkpoints, logs and results stay under --out; the calibration set there is reused, checkpoints
+are rebuilt unless --resume.
 """
 
 from __future__ import annotations
@@ -127,11 +131,18 @@ def child(method: str, model: str, calibration_dir: str, out: str, figures: str,
                                          "oneshot_seconds": backend.oneshot_seconds}))
 
 
-def quantize_in_child(method: str, model: Path, calibration_dir: Path, work: Path, autoround_iters: int) -> dict:
+def quantize_in_child(method: str, model: Path, calibration_dir: Path, work: Path, autoround_iters: int,
+                      resume: bool = False) -> dict:
     checkpoint, figures, log = work / "checkpoints" / method, work / "figures" / f"{method}.json", work / "logs" / f"{method}.log"
+    saved = figures.with_suffix(".result.json")  # the whole measurement, for --resume
+    if resume and saved.is_file() and (checkpoint / "config.json").is_file():
+        result = json.loads(saved.read_text())
+        if method != "autoround" or result.get("autoround_iters") == autoround_iters:
+            return {**result, "resumed": True}
     for path in (figures, log):
         path.parent.mkdir(parents=True, exist_ok=True)
     figures.unlink(missing_ok=True)
+    saved.unlink(missing_ok=True)
     load_before = os.getloadavg()[0]
     with log.open("w") as sink:
         process = subprocess.Popen([sys.executable, __file__, "--child", method, str(model), str(calibration_dir),
@@ -144,7 +155,9 @@ def quantize_in_child(method: str, model: Path, calibration_dir: Path, work: Pat
     # The machine may be shared: CPU seconds and the load average say how far wall time is to be trusted.
     result.update(checkpoint=str(checkpoint), log=str(log), peak_rss_bytes=usage.ru_maxrss * 1024,
                   cpu_seconds=usage.ru_utime + usage.ru_stime, load_average=[load_before, os.getloadavg()[0]],
-                  imatrix_fell_back=IMATRIX_FALLBACK in log.read_text(errors="replace"))
+                  imatrix_fell_back=IMATRIX_FALLBACK in log.read_text(errors="replace"),
+                  **({"autoround_iters": autoround_iters} if method == "autoround" else {}))
+    saved.write_text(json.dumps(result))
     return result
 
 
@@ -186,6 +199,8 @@ def main() -> int:
     parser.add_argument("--items", type=int, default=50, help=f"first N items of {EVALSET}")
     parser.add_argument("--out", type=Path, default=Path("/tmp/int4-quality"), help="work directory (kept)")
     parser.add_argument("--autoround-iters", type=int, default=200, help="AutoRound tuning steps per decoder block")
+    parser.add_argument("--resume", action="store_true",
+                        help="reuse the checkpoints (and their time and memory figures) that an earlier run in --out completed")
     parser.add_argument("--json", type=Path, help="where to write the table as JSON (default: OUT/int4-quality.json)")
     parser.add_argument("--child", nargs=6, help=argparse.SUPPRESS)
     arguments = parser.parse_args()
@@ -214,7 +229,7 @@ def main() -> int:
     rows = []
     for method in methods:
         try:
-            quantized = quantize_in_child(method, model, calibration_dir, work, arguments.autoround_iters)
+            quantized = quantize_in_child(method, model, calibration_dir, work, arguments.autoround_iters, arguments.resume)
         except RuntimeError as error:
             print(error, file=sys.stderr, flush=True)
             rows.append({"method": method, "error": str(error)})
@@ -224,8 +239,6 @@ def main() -> int:
                "perplexity": metrics["perplexity"],
                "perplexity_change_pct": 100 * (metrics["perplexity"] / base["perplexity"] - 1),
                **quantized, **bits(Path(quantized["checkpoint"]), model)}
-        if method == "autoround":
-            row["autoround_iters"] = arguments.autoround_iters
         rows.append(row)
         print(f"{method}: KL {row['kl_divergence']:.4f}, top-1 {row['top1_agreement']:.2%}, "
               f"ppl {row['perplexity_change_pct']:+.2f}%, {row['stage_seconds']:.1f} s", flush=True)

@@ -103,8 +103,8 @@ def verify_checkpoint(checkpoint: Path, ledger: Path) -> Verification:
     matching = [record for record in records if record.get("checkpoint", {}).get("weights") == weights]
     # a search trial's verdict was reached on the search split, the items the search selected on:
     # it approves nothing; the held-out gate of the chosen trial does (docs/search.md)
-    trials = [record for record in matching if record.get("split") == "search"]
-    matching = [record for record in matching if record.get("split") != "search"]
+    trials = [record for record in matching if record.get("split") == "search" and record.get("verdict") == "approved"]
+    matching = [record for record in matching if record not in trials]
     if trials and not matching:
         return Verification(Status.blocked, f"a search trial judged on the search split only ({trials[-1]['verdict']} "
                             f"{trials[-1]['time']}): only its held-out gate can approve it", trials[-1])

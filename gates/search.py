@@ -36,7 +36,7 @@ def next_budget(lo: int, ceiling: int, tried: list[Tried], *, resolution: int) -
     failed) and the smallest that passed; stop when they are within `resolution` bytes."""
     passed = [trial.budget for trial in tried if trial.approved and trial.budget <= ceiling]
     if not passed:
-        return None if any(trial.budget == ceiling for trial in tried) else ceiling
+        return None if any(trial.trial and trial.budget == ceiling for trial in tried) else ceiling
     top = min(passed)
     bottom = max([trial.budget for trial in tried if not trial.approved and trial.budget < top], default=lo)
     if top - bottom <= resolution:

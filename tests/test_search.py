@@ -168,3 +168,44 @@ def test_a_trial_approved_on_the_search_split_only_is_not_deployable(tmp_path: P
     assert found.status is Status.blocked and not found.deployable and "search split only" in found.reason
     append(ledger, {**record, "format": "search-1@held-out", "split": "held-out"})
     assert verify_checkpoint(checkpoint, ledger).deployable
+
+
+def test_a_blocked_largest_format_still_lets_the_first_trial_take_the_ceiling() -> None:
+    """No byte ceiling: the largest uniform format is the ceiling; blocked as it is, a mix that
+    keeps its most sensitive groups 16-bit at those bytes is still worth a trial."""
+    known = [Tried("w4", LO, LO, approved=False, trial=False), Tried("w8", CEILING, CEILING, approved=False, trial=False)]
+    assert next_budget(LO, CEILING, known, resolution=10) == CEILING
+    assert next_budget(LO, CEILING, [*known, Tried("search-1", CEILING, 598, approved=False)], resolution=10) is None
+
+
+def test_layers_outside_the_search_are_held_to_their_16_bit_bytes() -> None:
+    """An untied lm_head (or a layer no format quantizes) is not searched; the size gate must still
+    find its 16-bit bytes in the allocation, or every trial of such a model would be blocked."""
+    from quantgate.pipeline.search import build_space
+
+    def measurement(bits: dict[str, tuple[int, bool]], total: int) -> dict[str, Any]:
+        return {"linear_layers": [{"name": name, "bytes": size, "quantized": quantized} for name, (size, quantized) in bits.items()],
+                "totals": {"tensor_bytes": total}}
+
+    names = ["model.layers.0.mlp.down_proj", "lm_head"]
+    space_ = build_space(("w4", "w8"), {
+        UNQUANTIZED: measurement({names[0]: (100, False), names[1]: (400, False)}, 1000),
+        "w4": measurement({names[0]: (25, True), names[1]: (400, False)}, 925),
+        "w8": measurement({names[0]: (50, True), names[1]: (400, False)}, 950)},
+        {"w4": {names[0]: 0.1}, "w8": {names[0]: 0.01}})
+    assert [group.name for group in space_.groups] == [names[0]] and space_.fixed == 900
+    allocation = Allocation(choice={names[0]: "w4"}, bytes=25, cost=0.1, budget=25)
+    assert space_.trial_layers(allocation) == {names[0]: 25, "lm_head": 400}
+
+
+def test_a_newer_block_on_the_search_split_overrides_an_older_held_out_approval(tmp_path: Path) -> None:
+    checkpoint = tmp_path / "search-1"
+    checkpoint.mkdir()
+    (checkpoint / "model.safetensors").write_bytes(b"weights")
+    base = {"kind": "verdict", "format": "search-1", "reasons": [], "policy": {"name": "p", "version": "v1"},
+            "checkpoint": {"path": str(checkpoint), "weights": weight_hashes(checkpoint)}}
+    ledger = tmp_path / "ledger.jsonl"
+    append(ledger, {**base, "verdict": "approved", "split": "held-out"})
+    append(ledger, {**base, "verdict": "blocked", "split": "search", "reasons": ["a stricter policy"]})
+    found = verify_checkpoint(checkpoint, ledger)
+    assert found.status is Status.blocked and "a stricter policy" in found.reason

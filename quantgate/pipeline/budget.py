@@ -18,7 +18,8 @@ from quantize.presets import FP8_DYNAMIC_WEIGHTS, get_preset
 _LAYOUT = {("int", 4): "pack-quantized", ("int", 8): "int-quantized", ("float", 8): "float-quantized"}
 
 
-def _ignored(name: str, ignore: tuple[str, ...]) -> bool:
+def ignored(name: str, ignore: tuple[str, ...]) -> bool:
+    """Whether `ignore` (module names, or 're:' regexes as compressed-tensors takes them) names `name`."""
     for pattern in ignore:
         if pattern.startswith("re:") and re.match(pattern[3:], name):
             return True
@@ -47,10 +48,11 @@ def predicted_bytes(model_dir: Path, cfg: QuantizeConfig) -> tuple[int, int]:
     scale_bytes = 4 if baseline.baseline_dtype == "F32" else 2  # scales are stored in the baseline's dtype
     total = baseline.tensor_bytes
     for layer in baseline.linear_layers:
-        scheme = None if _ignored(layer.name, cfg.ignore) else _scheme(cfg, layer.in_features)
+        scheme = None if ignored(layer.name, cfg.ignore) else _scheme(cfg, layer.in_features)
         if scheme is None:
             continue
         groups = ceil_div(layer.in_features, scheme.group_size) if scheme.strategy == "group" and scheme.group_size else 1
         stored = expected_bytes(scheme, layer.in_features, layer.out_features, groups, scale_bytes)
-        total += sum(stored.values()) - sum(layer.bytes_by_role.values())
+        # the layouts store the weight side; a bias stays as it is
+        total += sum(stored.values()) - sum(size for role, size in layer.bytes_by_role.items() if role != "bias")
     return total, baseline.tensor_bytes

@@ -58,7 +58,9 @@ class RunResult:
 
     @property
     def all_approved(self) -> bool:
-        return all(entry["verdict"] == "approved" for entry in self.verdicts.values())
+        """Every format approved, and a search's held-out gate where there is one; a search
+        trial's own verdict (on the search split) approves nothing, so it does not count."""
+        return all(entry["verdict"] == "approved" for entry in self.verdicts.values() if entry.get("split") != "search")
 
     @property
     def exit_code(self) -> int:
@@ -158,8 +160,8 @@ class Pipeline:
 
     def planned_stages(self) -> list[str]:
         search = self.plan.search
-        # a search: its sensitivity, at most max_trials trials, the held-out evaluation and gate
-        searched = ["sensitivity", *PER_FORMAT * search.max_trials, "evaluate", "gate"] if search else []
+        # a search: its sensitivity, at most max_trials trials, the held-out measure (reused), evaluation and gate
+        searched = ["sensitivity", *PER_FORMAT * search.max_trials, "measure", "evaluate", "gate"] if search else []
         return ["calibration", "overlap", "measure", "evaluate", *PER_FORMAT * len(self.plan.formats), *searched, "report"]
 
     def run(self) -> RunResult:
@@ -406,6 +408,7 @@ class _Run:
         trials and of the held-out gate, by name."""
         plan, search = self.plan, self.plan.plan.search
         assert search is not None
+        self.dir.search_file.unlink(missing_ok=True)  # an earlier run's record never stands for this one
         scores = self.sensitivity(calibration_set)
         measurements = {name: read_json(self.dir.measure(name))["value"]["measurement"] for name in (BASELINE, *search.formats)}
         measurements[quantize.UNQUANTIZED] = measurements.pop(BASELINE)

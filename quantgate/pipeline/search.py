@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from gates.search import Tried, chosen, conclusion, next_budget
+from quantgate.core.errors import InputError
+from quantgate.pipeline.budget import ignored as _ignored
 from quantgate.pipeline.resolve import ResolvedPlan
 from quantize.allocation import Allocation, Option, Unit, allocate
 from quantize.config import UNQUANTIZED, MixedConfig
@@ -42,9 +44,11 @@ class Space:
     layer_bytes: dict[str, dict[str, int]]  # format (or 16-bit) -> linear layer -> bytes
 
     def trial_layers(self, allocation: Allocation) -> dict[str, int]:
-        """The bytes the allocation gives each searched linear layer: what the size gate checks."""
-        return {layer: self.layer_bytes[allocation.choice[group.name]][layer]
-                for group in self.groups for layer in group.layers}
+        """The bytes the allocation gives each linear layer, what the size gate checks: a searched
+        layer its format's, every other one (an untied lm_head, a layer no format quantizes) its
+        16-bit bytes."""
+        chosen = {layer: self.layer_bytes[allocation.choice[group.name]][layer] for group in self.groups for layer in group.layers}
+        return {**{layer: size for layer, size in self.layer_bytes[UNQUANTIZED].items() if layer not in chosen}, **chosen}
 
     def as_dict(self) -> dict[str, Any]:
         return {"groups": len(self.groups), "fixed_bytes": self.fixed, "baseline_bytes": self.baseline, "uniform_bytes": self.uniform}
@@ -71,7 +75,7 @@ def build_space(formats: tuple[str, ...], measurements: Mapping[str, Mapping[str
         options = [Option(UNQUANTIZED, sum(layer_bytes[UNQUANTIZED][layer] for layer in group.layers), 0.0)]
         for fmt in formats:
             if group.name not in scores[fmt]:
-                raise KeyError(f"the sensitivity holds no score for {group.name} in {fmt}")
+                raise InputError(f"the sensitivity holds no score for {group.name} in {fmt}: made for another model or ignore list")
             options.append(Option(fmt, sum(layer_bytes[fmt][layer] for layer in group.layers), float(scores[fmt][group.name])))
         units.append(Unit(group.name, tuple(options)))
     total = int(measurements[UNQUANTIZED]["totals"]["tensor_bytes"])
@@ -92,10 +96,6 @@ def mixed_config(plan: ResolvedPlan, space: Space, allocation: Allocation) -> Mi
     # layers a format's ignore list leaves alone (lm_head) are not the checkpoint's to assign
     assigned = {name: fmt for name, fmt in {**unsearched, **layers}.items() if not _ignored(name, first.ignore)}
     return MixedConfig(layers=assigned, knobs=knobs, group_size=first.group_size, ignore=first.ignore)
-
-
-def _ignored(name: str, ignore: tuple[str, ...]) -> bool:
-    return any(name == pattern or name.endswith(f".{pattern}") for pattern in ignore if not pattern.startswith("re:"))
 
 
 @dataclass(frozen=True)
