@@ -34,6 +34,7 @@ from quantgate.core.console import progress_bar
 from quantgate.core.errors import InputError, IntegrityError, ModelError, OutputExistsError
 from quantgate.core.models import baseline_dtype, compute_dtype, resolve_model, tokenizer_hash, weights_sha256
 from quantgate.core.validation import Strict
+from quantize.config import QuantizeConfig
 from quantize.fusion import layer_groups
 from quantize.groups import effective_group_size
 from quantize.llmcompressor_backend import linear_layers
@@ -86,9 +87,7 @@ class SensitivityConfig(Strict):
     @field_validator("group_size")
     @classmethod
     def _multiple_of_32(cls, value: int) -> int:
-        if value <= 0 or value % 32:
-            raise ValueError(f"group size must be a positive multiple of 32, got {value}")
-        return value
+        return QuantizeConfig._multiple_of_32(value)  # the quantize stage's rule, one place
 
 
 @dataclass(frozen=True)

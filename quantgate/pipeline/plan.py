@@ -25,6 +25,15 @@ SCHEMA_VERSION = 1
 DEMO_PLAN = Path(str(resources.files("quantgate.pipeline") / "plans" / "demo.yaml"))
 
 
+def _distinct_known_formats(value: tuple[str, ...]) -> tuple[str, ...]:
+    """Format names each a preset (an unknown one: InputError listing the valid ones), none twice."""
+    for name in value:
+        get_preset(name)
+    if len(set(value)) != len(value):
+        raise ValueError("a format is named twice")
+    return value
+
+
 class CalibrationPlan(Strict):
     """`quantgate calibrate` settings; the model is the plan's."""
 
@@ -78,10 +87,7 @@ class SearchPlan(Strict):
     @field_validator("formats")
     @classmethod
     def _two_known_formats(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        for name in value:
-            get_preset(name)
-        if len(set(value)) != len(value):
-            raise ValueError("a format is named twice")
+        _distinct_known_formats(value)
         if len(value) < 2:
             raise ValueError(f"a search mixes at least two formats (with 16-bit besides); got {', '.join(value) or 'none'}: "
                              "for one format, list it in formats and drop the search")
@@ -119,11 +125,7 @@ class RunPlan(Strict):
     @field_validator("formats")
     @classmethod
     def _known_formats(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        for name in value:
-            get_preset(name)
-        if len(set(value)) != len(value):
-            raise ValueError("a format is named twice")
-        return value
+        return _distinct_known_formats(value)
 
     @model_validator(mode="after")
     def _options_for_listed_formats(self) -> RunPlan:
