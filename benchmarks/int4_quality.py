@@ -5,16 +5,17 @@ same group-size plan (group 128; 64 for the width-576 layers, quantize/groups.py
     .venv/bin/python benchmarks/int4_quality.py [--methods gptq,gptq-imatrix,awq,autoround,...]
         [--items 50] [--out /tmp/int4-quality] [--autoround-iters 200] [--resume] [--json PATH]
 
-On 2 CPU cores the whole default set takes about an hour; AutoRound's default 200 iterations
-per block take hours there (docs/int4-quality.md ran it with --autoround-iters 20).
+On 2 quiet CPU cores the default set takes about half an hour (evaluations are cached, so a rerun
+pays only for the quantizations). AutoRound's default 200 iterations per block would take about
+20 minutes there alone: docs/int4-quality.md ran it with --autoround-iters 20.
 
 For each method: the KL divergence (mean per token, nats) and top-1 agreement against the
 baseline on the first --items of wiki-text@v1, the perplexity change, the quantization's wall
 time (the whole `quantize.stage.run`: load, algorithm, save, reload-and-generate smoke check;
-and `oneshot` alone), its peak RSS, and the checkpoint's bits per quantized weight
-(quantize.measure.accounting). Each quantization runs in a fresh child process, one at a time
-(peak RSS is the child's high-water mark, from wait4); evaluation uses the project's Evaluator
-(cached by model identity, so a rerun re-evaluates only checkpoints whose weights changed).
+and `oneshot` alone) and CPU seconds, its peak RSS, and the checkpoint's bits per quantized weight
+(quantize.measure.accounting). Each quantization runs in a fresh child process, one at a time;
+peak RSS is the child's own high-water mark (VmHWM), CPU seconds come from wait4. Evaluation uses
+the project's Evaluator (cached by model identity: a rerun re-evaluates only changed weights).
 
 Methods (all W4A16, the gptq-int4/awq-int4 presets' QuantizationArgs and group plan):
   gptq          the gptq-int4 preset as quantgate runs it (minmax weight observer)
@@ -128,7 +129,20 @@ def child(method: str, model: str, calibration_dir: str, out: str, figures: str,
     started = time.perf_counter()
     stage.run(quantize_config(method), model, calibration_dir, out, overwrite=True)
     Path(figures).write_text(json.dumps({"stage_seconds": time.perf_counter() - started,
-                                         "oneshot_seconds": backend.oneshot_seconds}))
+                                         "oneshot_seconds": backend.oneshot_seconds,
+                                         "peak_rss_bytes": peak_rss_bytes()}))
+
+
+def peak_rss_bytes() -> int:
+    """This process's RSS high-water mark since its exec (VmHWM). Not ru_maxrss: Linux carries the
+    forking parent's high-water mark across fork and exec into it, so a child of a parent that
+    holds evaluated models would report the parent's peak."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    import resource  # not Linux: the best there is
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def quantize_in_child(method: str, model: Path, calibration_dir: Path, work: Path, autoround_iters: int,
@@ -153,7 +167,7 @@ def quantize_in_child(method: str, model: Path, calibration_dir: Path, work: Pat
         raise RuntimeError(f"{method}: quantization failed (log {log}):\n" + "\n".join(tail))
     result = json.loads(figures.read_text())
     # The machine may be shared: CPU seconds and the load average say how far wall time is to be trusted.
-    result.update(checkpoint=str(checkpoint), log=str(log), peak_rss_bytes=usage.ru_maxrss * 1024,
+    result.update(checkpoint=str(checkpoint), log=str(log),
                   cpu_seconds=usage.ru_utime + usage.ru_stime, load_average=[load_before, os.getloadavg()[0]],
                   imatrix_fell_back=IMATRIX_FALLBACK in log.read_text(errors="replace"),
                   **({"autoround_iters": autoround_iters} if method == "autoround" else {}))
