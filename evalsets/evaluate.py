@@ -7,7 +7,6 @@ from __future__ import annotations
 # torch, transformers and safetensors are imported where used: they take seconds to import,
 # and a cache hit (or `quantgate --help`) needs none of them.
 import functools
-import importlib.util
 import os
 import shutil
 import sys
@@ -16,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import serving
 from evalsets import lm_eval_tasks, text_eval
 from evalsets import sets as golden_sets
 from evalsets.config import EvalBackend, EvaluateConfig, Kind
@@ -130,10 +130,20 @@ def run_settings(cfg: EvaluateConfig, golden: GoldenSet, device: str, dtype: str
         return _with_offset(cfg, golden, {**common, "runner": "transformers", "max_tokens": cfg.max_tokens, "top_k": cfg.top_k,
                                           "exact_positions": cfg.exact_positions})
     settings = {**common, "runner": f"lm-eval/{cfg.backend.value}", "num_fewshot": 0, "bootstrap_iters": cfg.bootstrap_iters}
+    if cfg.backend is EvalBackend.vllm:  # vLLM's own dtype (the checkpoint's), and its release: an upgrade recomputes
+        settings.update(dtype="auto", engine=serving_env().identity())
     grown = [n for n in cfg.grown_from_for(golden.name, golden.spec) if common["limit"] is None or n < common["limit"]]
     if grown:  # these items extend the cached results of the earlier looks (in the key: other bits)
         settings["grown_from"] = grown
     return _with_offset(cfg, golden, settings)
+
+
+def serving_env() -> serving.ServingEnv:
+    """The serving environment `--backend vllm` runs in, or one line saying how to build it."""
+    found = serving.find()
+    if found is None:
+        raise InputError("--backend vllm needs the serving environment: run `quantgate serving setup`")
+    return found
 
 
 def _with_offset(cfg: EvaluateConfig, golden: GoldenSet, settings: dict[str, Any]) -> dict[str, Any]:
@@ -219,8 +229,8 @@ class Evaluator:
         out = Path(out)
         if out.exists() and not overwrite:
             raise OutputExistsError(f"{out} already exists (pass --overwrite to replace it)")
-        if cfg.backend is EvalBackend.vllm and importlib.util.find_spec("vllm") is None:
-            raise InputError("--backend vllm needs vllm installed (pip install vllm); the default is --backend hf")
+        if cfg.backend is EvalBackend.vllm:
+            serving_env()  # refused here, in one line, when the serving environment is not built
         home, identity = self.home, self.identity
         goldens = [golden_sets.load(spec, home) for spec in cfg.evalsets]
         baseline = load_results(baseline_results) if baseline_results is not None else None
@@ -417,7 +427,7 @@ class _LoadedModel:
     def lm(self, cfg: EvaluateConfig) -> Any:
         if self._lm is None:
             if cfg.backend is EvalBackend.vllm:
-                self._lm = lm_eval_tasks.vllm_model(self.model_dir, cfg.batch_size)
+                self._lm = lm_eval_tasks.served_model(self.model_dir, serving_env(), cfg.batch_size)
             else:
                 model, tokenizer = self.transformers()
                 self._lm = lm_eval_tasks.hf_model(model, tokenizer, cfg.batch_size)
@@ -485,7 +495,7 @@ def _run_text(cfg: EvaluateConfig, loaded: _LoadedModel, job: _SetJob, items: li
     model, tokenizer = loaded.transformers()
     side = None
     if job.baseline_topk is not None and baseline is not None:
-        side = _load_baseline_side(baseline, job.golden.spec, job.baseline_topk)
+        side = load_side(baseline, job.golden.spec, job.baseline_topk)
     positions = max_sequence_length(loaded.model_dir)
     max_tokens = min(cfg.max_tokens, positions) if positions else cfg.max_tokens
     run = text_eval.evaluate_text(
@@ -496,7 +506,9 @@ def _run_text(cfg: EvaluateConfig, loaded: _LoadedModel, job: _SetJob, items: li
             "token_values": getattr(run, "token_values", None) or {}, "lm_eval": None}
 
 
-def _load_baseline_side(baseline: EvaluationResults, spec: str, sha256: str) -> BaselineSide:
+def load_side(baseline: EvaluationResults, spec: str, sha256: str) -> BaselineSide:
+    """A text set's cached side of `baseline` (its tokens, top-k and, where kept, its output-layer inputs):
+    what a candidate is compared with, and what the serve check rebuilds the gated distributions from."""
     from safetensors.torch import load_file
 
     tensors = load_file(baseline.set_dir(spec) / TOPK_FILE)

@@ -4,8 +4,8 @@ model, and lm-eval's per-sample log becomes quantgate's per-item results."""
 
 from __future__ import annotations
 
-# lm_eval and datasets are imported where used: they take seconds to import, and writing a
-# task's YAML needs neither.
+# lm_eval, datasets and transformers are imported where used: they take seconds to import, and
+# writing a task's YAML needs none of them.
 import contextlib
 import functools
 import json
@@ -13,18 +13,23 @@ import logging
 import math
 import os
 import re
+import shutil
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+import serving
 from evalsets.config import Kind
 from evalsets.sets import GoldenSet
+from quantgate.core.artifacts import read_json
 from quantgate.core.errors import InputError
 from quantgate.core.metrics import METRICS
 from quantgate.core.models import quantgate_home
+from quantize.measure.bounds import kv_bytes_per_sequence, model_from_checkpoint
 
 TASK_FILE = "task.yaml"
 
@@ -148,13 +153,173 @@ def hf_model(model: Any, tokenizer: Any, batch_size: int) -> Any:
         return ProgressHFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size)
 
 
-def vllm_model(model_dir: Path, batch_size: int) -> Any:
-    try:
-        from lm_eval.models.vllm_causallms import VLLM
-    except ImportError as error:
-        raise InputError("--backend vllm needs vllm installed (pip install vllm)") from error
-    with _quiet_offline():
-        return VLLM(pretrained=str(model_dir), batch_size=batch_size, dtype="auto")
+def served_model(model_dir: Path, env: serving.ServingEnv, batch_size: int) -> Any:
+    """lm-eval's requests answered by vLLM in the serving environment (`serving.run`), tokenized
+    here exactly as lm-eval's HF backend tokenizes them (the checkpoint's own tokenizer, lm-eval's
+    context/continuation split, the same prefix token and left truncation), so that per-item
+    results compare with the HF backend's. All requests of one lm-eval call go to one worker run:
+    the engine starts once per call (a worker run costs ~20 s before it answers, on 2 CPU cores). vLLM schedules its own batches:
+    `batch_size` is only recorded."""
+    from lm_eval.api.model import TemplateLM
+    from lm_eval.models.utils import (
+        DEFAULT_MAX_LENGTH,
+        configure_pad_token,
+        handle_stop_sequences,
+        has_bos_prefix,
+        normalize_gen_kwargs,
+        postprocess_generated_text,
+        resolve_max_length,
+    )
+    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+
+    class ServedLM(TemplateLM):
+        # the Evaluator's progress hook: advanced once per worker run, by the requests it answered
+        on_rows: Callable[[int], None] = staticmethod(lambda rows: None)
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.model_dir, self.env, self.batch_size = model_dir, env, batch_size
+            config = AutoConfig.from_pretrained(model_dir)
+            self.tokenizer = configure_pad_token(AutoTokenizer.from_pretrained(model_dir), model_config=config)
+            self.max_length = resolve_max_length(config, self.tokenizer, default=DEFAULT_MAX_LENGTH)  # as HFLM.max_length
+            try:
+                eos = GenerationConfig.from_pretrained(model_dir).eos_token_id
+            except OSError:  # no generation_config.json: the tokenizer's eos alone
+                eos = None
+            self.stop_ids = {self.tokenizer.eos_token_id, *(eos if isinstance(eos, list) else [eos])} - {None}
+            self.served: dict[str, Any] = {}  # what the last worker run reported of the engine
+
+        @property
+        def eot_token_id(self) -> int:
+            return self.tokenizer.eos_token_id
+
+        @property
+        def prefix_token_id(self) -> int:
+            return self.tokenizer.bos_token_id if self.tokenizer.bos_token_id is not None else self.tokenizer.eos_token_id
+
+        def tok_encode(self, string: str, add_special_tokens: bool | None = None, left_truncate_len: int | None = None,
+                       **kwargs: Any) -> list[int]:
+            # HFLM.tok_encode with its default add_bos_token (None): the tokenizer's own special
+            # tokens, unless the text already starts with the prefix token
+            special = {} if add_special_tokens is None else {"add_special_tokens": add_special_tokens}
+            if add_special_tokens is None and has_bos_prefix(string, self.tokenizer.decode(self.prefix_token_id)):
+                special = {"add_special_tokens": False}
+            encoding = self.tokenizer.encode(string, **special)
+            return encoding[-left_truncate_len:] if left_truncate_len else encoding
+
+        def tok_decode(self, tokens: list[int], skip_special_tokens: bool = True) -> str:
+            return self.tokenizer.decode(tokens, skip_special_tokens=skip_special_tokens)
+
+        def loglikelihood(self, requests: Any, disable_tqdm: bool = False) -> Any:
+            return super().loglikelihood(requests, disable_tqdm=True)  # quantgate's bar, not lm-eval's
+
+        def _loglikelihood_tokens(self, requests: list[tuple[tuple[str, str], list[int], list[int]]],
+                                  disable_tqdm: bool = False) -> list[tuple[float, bool]]:
+            if not requests:
+                return []
+            pairs = scored_pairs([(context, continuation) for _, context, continuation in requests], self.max_length)
+            longest = max(len(context) + len(continuation) for context, continuation in pairs)
+            answers = self._serve([{"kind": "loglikelihood", "requests": pairs}], longest + 1)[0]["answers"]
+            results = [(float(total), bool(greedy)) for total, greedy in answers]
+            for (request, _, _), result in zip(requests, results, strict=True):
+                self.cache_hook.add_partial("loglikelihood", request, result)
+            self.on_rows(len(requests))
+            return results
+
+        def loglikelihood_rolling(self, requests: Any, disable_tqdm: bool = False) -> list[float]:
+            raise InputError("--backend vllm answers loglikelihood and greedy generate_until requests; a "
+                             "loglikelihood_rolling task needs --backend hf")
+
+        def generate_until(self, requests: Any, disable_tqdm: bool = False) -> list[str]:
+            """Greedy generation as HFLM.generate_until does it: the context left-truncated to leave room
+            for the new tokens, generation ended at an end-of-sequence token, the text cut at the
+            first stop sequence."""
+            if not requests:
+                return []
+            eos = self.tok_decode([self.eot_token_id], skip_special_tokens=False)
+            work: list[tuple[list[int], int, list[str]]] = []
+            for context, gen_kwargs in (request.args for request in requests):
+                settings = normalize_gen_kwargs(dict(gen_kwargs), 256)  # 256: HFLM.max_gen_toks
+                if settings.get("do_sample") or settings.get("temperature", 0.0) > 0:
+                    raise InputError("--backend vllm generates greedily only (a task asked for sampling)")
+                until, new_tokens = handle_stop_sequences(settings.get("until"), eos=eos), int(settings["max_gen_toks"])
+                if new_tokens >= self.max_length:
+                    raise InputError(f"a task asks for {new_tokens} new tokens; the model has {self.max_length} positions")
+                work.append((self._generation_prompt(context, self.max_length - new_tokens), new_tokens, until))
+            budgets = sorted({new_tokens for _, new_tokens, _ in work})  # one greedy task per token budget
+            tasks = [{"kind": "greedy", "max_tokens": budget, "prompts": [ids for ids, n, _ in work if n == budget]}
+                     for budget in budgets]
+            answered = self._serve(tasks, max(len(ids) + n for ids, n, _ in work))
+            continuations = {budget: iter(result["continuations"]) for budget, result in zip(budgets, answered, strict=True)}
+            texts = []
+            for (context, gen_kwargs), (_, budget, until) in zip((r.args for r in requests), work, strict=True):
+                tokens = list(next(continuations[budget]))
+                ends = [position for position, token in enumerate(tokens) if token in self.stop_ids]
+                text = self.tok_decode(tokens[: ends[0]] if ends else tokens)
+                texts.append(postprocess_generated_text(generation=text, stop=until, think_end_token=None))
+                self.cache_hook.add_partial("generate_until", (context, gen_kwargs), texts[-1])
+            self.on_rows(len(requests))
+            return texts
+
+        def _generation_prompt(self, context: str, room: int) -> list[int]:
+            # HFLM.tok_batch_encode's special-token rule, one context at a time (no padding)
+            special = {"add_special_tokens": False} if has_bos_prefix(context, self.tokenizer.bos_token) else {}
+            return self.tokenizer.encode(context, **special)[-room:]
+
+        def _serve(self, tasks: list[dict[str, Any]], longest: int) -> list[dict[str, Any]]:
+            request = {"model": str(self.model_dir), "engine": engine_settings(self.model_dir, longest), "tasks": tasks}
+            prompts = sum(len(task.get("requests", task.get("prompts", []))) for task in tasks)
+            work = Path(tempfile.mkdtemp(prefix="quantgate-vllm-eval-"))
+            try:
+                response = serving.run(self.env, request, work, timeout=ENGINE_START_S + prompts * longest / MIN_TOKENS_PER_S)
+            except serving.WorkerFailed as failure:  # the work directory stays, with the worker's log
+                raise serving.WorkerFailed(f"{self.env.label} on {self.model_dir}: {failure.reason} (log: {failure.log})",
+                                           failure.log, failure.phase) from failure
+            shutil.rmtree(work, ignore_errors=True)
+            self.served = {key: response.value.get(key) for key in ("vllm_version", "torch_version", "dtype", "quantization",
+                                                                    "device", "threads", "load_seconds")}
+            return list(response.value["results"])  # the tasks' answers, in their order
+
+        def get_model_info(self) -> dict[str, Any]:
+            return {"served_by": self.env.label, "engine": self.env.identity(), "served": self.served,
+                    "max_length": self.max_length}
+
+    return ServedLM()
+
+
+# Engine start plus scoring at no fewer than this many tokens a second bounds one worker run.
+ENGINE_START_S = 180.0
+MIN_TOKENS_PER_S = 20.0
+# The KV cache vLLM is given (on a CPU: bytes of memory), unless two sequences of the longest
+# prompt need more.
+KV_CACHE_BYTES = 256 * 2**20
+
+
+def scored_pairs(pairs: list[tuple[list[int], list[int]]], max_length: int) -> list[list[list[int]]]:
+    """(context, continuation) token ids as the worker scores them, left-truncated as HFLM does.
+
+    HFLM feeds `(context + continuation)[-(max_length + 1):][:-1]`: up to `max_length` positions,
+    the last continuation token scored from them. vLLM scores a token only as part of its prompt,
+    and a prompt plus the one token it must generate fits in the model's positions: a prompt holds
+    at most `max_length - 1` tokens. Where a request is longer, the context loses one or two more
+    tokens from the left than under HFLM (never the continuation: HFLM asserts it fits)."""
+    scored = []
+    for context, continuation in pairs:
+        if not context or not continuation or len(continuation) >= max_length:
+            raise InputError(f"a loglikelihood request with {len(context)} context and {len(continuation)} continuation tokens "
+                             f"cannot be scored in {max_length} positions")
+        keep = max_length - 1 - len(continuation)
+        scored.append([list(context[-keep:]) if len(context) > keep else list(context), list(continuation)])
+    return scored
+
+
+def engine_settings(model_dir: Path, longest: int) -> dict[str, int]:
+    """vLLM's engine for one run: positions for the longest prompt with what it generates (already
+    within the model's own), and a KV cache that holds at least two such sequences."""
+    shape = model_from_checkpoint(model_dir, read_json(model_dir / "config.json"), parameters=1)  # (parameters: unused here)
+    # 4 bytes an element: vLLM may compute (and cache) a 16-bit checkpoint in FP32 on a CPU
+    two = 2 * kv_bytes_per_sequence(shape.layers, shape.kv_heads, shape.head_dim, 4, longest)
+    return {"max_model_len": longest, "kv_cache_bytes": int(max(KV_CACHE_BYTES, two))}
 
 
 def requests_per_item(golden: GoldenSet, items: list[dict[str, Any]]) -> float:

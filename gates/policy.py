@@ -119,6 +119,31 @@ class MixedPrecision(Strict):
     rule: Literal["lowest-bits", "highest-bits"]
 
 
+class ByActivations(Strict):
+    """A margin for checkpoints whose activations stay 16-bit, and one for those that quantize
+    them: with quantized activations, BF16 and FP32 round a few activations to different integer
+    steps, so served and gated differ per token by far more than compute alone (docs/serving.md)."""
+
+    weight_only: float = Field(gt=0)
+    quantized_activations: float = Field(gt=0)
+
+    def for_record(self, quantized: bool) -> float:
+        return self.quantized_activations if quantized else self.weight_only
+
+
+class ServingGate(Strict):
+    """Served as gated (docs/serving.md, "The serving gate"): vLLM loads the checkpoint; its
+    log-probabilities of the gated tokens differ from the gated ones (mean and p99 |difference|)
+    by no more than the baseline's own served-vs-gated difference (BF16 vLLM against FP32
+    transformers: compute alone) plus a margin; and served, it is no worse than gated: its mean
+    NLL per token exceeds the gated one by no more than the baseline's own change plus a margin."""
+
+    require_loads: bool = True
+    mean_logprob_difference_margin: ByActivations
+    p99_logprob_difference_margin: ByActivations
+    nll_increase_margin: float = Field(gt=0, description="nats per token over the baseline's own served-vs-gated NLL change")
+
+
 class Policy(Strict):
     name: str
     version: str = Field(pattern=r"^v\d+$")
@@ -130,6 +155,8 @@ class Policy(Strict):
     integrity: IntegrityGate = IntegrityGate()
     # none: the policy gates no mixed-precision checkpoint (a plan with a search is refused)
     mixed_precision: MixedPrecision | None = None
+    # none: the policy does not ask that the checkpoint be served (no serve stage decides anything)
+    serving: ServingGate | None = None
 
 
 @dataclass(frozen=True)

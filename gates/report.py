@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, TypeGuard
 
 import evalsets
+from evalsets.served import served_summary
 from quantgate.core.artifacts import MANIFEST, atomic_directory, read_json
 from quantgate.core.errors import InputError
 from quantgate.core.ids import GateId, SetRef
@@ -100,6 +101,45 @@ def recommendation(rows: list[dict[str, Any]], profile: str) -> str | None:
     if not approved:
         return None
     return min(approved, key=lambda row: row["bounds"][profile]["batch1_ms"])["format"]
+
+
+def measured_recommendation(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """On the machine the serve stage ran on: the deployable format vLLM decodes fastest at batch 1
+    (measured tokens/s, median of runs), with the baseline's rate and the approved formats that
+    decode slower than it there; None without serve checks."""
+    def rate(row: dict[str, Any]) -> float | None:
+        serving = row.get("serving") or {}
+        entry = (serving.get("throughput") or {}).get("1") if serving.get("served") else None
+        return None if entry is None else float(entry["tokens_per_s"])
+
+    baseline = next((row for row in rows if row["verdict"] == "baseline"), None)
+    measured = [row for row in rows if deployable(row) and rate(row) is not None]
+    if not measured and (baseline is None or rate(baseline) is None):
+        return None
+    best = max(measured, key=lambda row: rate(row) or 0.0) if measured else None
+    base_rate = None if baseline is None else rate(baseline)
+    return {"format": None if best is None else best["format"], "tokens_per_s": None if best is None else rate(best),
+            "baseline_tokens_per_s": base_rate,
+            "slower_than_baseline": [row["format"] for row in measured if base_rate is not None and (rate(row) or 0.0) < base_rate],
+            "device": ((best or baseline or {}).get("serving") or {}).get("device")}
+
+
+def measured_sentence(report: dict[str, Any]) -> str | None:
+    """The recommendation for the machine the serve stage measured, from measured decode rates."""
+    choice = report.get("measured_recommendation")
+    if not choice:
+        return None
+    where = f"this machine ({choice.get('device') or '?'}, vLLM, measured)"
+    base = choice.get("baseline_tokens_per_s")
+    base_text = f"; the 16-bit baseline decodes at {base:.1f} tokens/s there" if base is not None else ""
+    if choice.get("format") is None:
+        return f"On {where}: no approved format was served{base_text}."
+    sentence = f"On {where}: {choice['format']}, the approved format vLLM decodes fastest at batch 1 ({choice['tokens_per_s']:.1f} tokens/s){base_text}."
+    slower = choice.get("slower_than_baseline") or []
+    if slower:
+        sentence += (f" {', '.join(slower)} {'decodes' if len(slower) == 1 else 'decode'} slower than the baseline here: "
+                     "fewer bytes do not pay where the kernels, not memory, bound a step.")
+    return sentence
 
 
 def pareto_front(points: list[tuple[float, float, str]], higher_is_better: bool = True) -> list[tuple[float, float, str]]:
@@ -398,7 +438,8 @@ def blocked_sentence(row: dict[str, Any]) -> str:
 
 
 def recommendation_sentences(report: dict[str, Any]) -> list[str]:
-    """Per hardware profile, the recommended format and why, one sentence each."""
+    """Per hardware profile, the recommended format and why, one sentence each; then this
+    machine's, from the serve stage's measured decode rates (where it ran)."""
     rows = {row["format"]: row for row in report["rows"]}
     sentences = []
     for profile, choice in report["recommendation"].items():
@@ -416,7 +457,65 @@ def recommendation_sentences(report: dict[str, Any]) -> list[str]:
                     f"checkpoints/{trial} approved on held-out items")
         sentences.append(f"On {profile}: {what}, the approved format with the lowest batch-1 decode bound "
                          f"({bound.get('batch1_ms', float('nan')):.3f} ms a step, a lower bound{size}).")
-    return sentences
+    measured = measured_sentence(report)
+    return sentences + ([measured] if measured else [])
+
+
+# ---- served in vLLM ---------------------------------------------------------------------------
+
+SERVING_HEADER = ["checkpoint", "served", "|logprob diff| mean / p99 (bound)", "KL served‖gated", "top-1", "greedy identical",
+                  "tokens/s b1 (bound)", "tokens/s b8 (bound)"]
+
+
+def _serving_bound(row: dict[str, Any], check: str) -> str:
+    gate = next((gate for gate in _gates(row) if gate.get("gate") == f"serving {check}"), None)
+    return f"{gate['limit']:.3f}" if gate and _finite(gate.get("limit")) and gate.get("outcome") != "not evaluated" else "–"
+
+
+def _rate(serving: dict[str, Any], batch: str) -> str:
+    entry = (serving.get("throughput") or {}).get(batch)
+    return "–" if entry is None else f"{entry['tokens_per_s']:.1f} ({entry['bound_tokens_per_s']:,.0f})"
+
+
+def serving_table(report: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """Per checkpoint the serve stage checked (the baseline, the formats, a search's held-out gate;
+    its trials are served only when chosen): served or not, the agreement with what was gated
+    against the serving gate's bounds, greedy continuations, measured decode tokens/s against the
+    bound at the measured copy bandwidth."""
+    rows = []
+    for row in report["rows"]:
+        serving = row.get("serving")
+        if not serving:
+            continue
+        name = display_name(row) if row["verdict"] != "baseline" else "baseline"
+        if not serving.get("served"):
+            rows.append([name, f"no: {serving.get('reason', '?')}", "–", "–", "–", "–", "–", "–"])
+            continue
+        agreement, greedy = serving.get("agreement"), serving.get("greedy")
+        if agreement:
+            bounds = [_serving_bound(row, "mean_logprob_difference"), _serving_bound(row, "p99_logprob_difference")]
+            bound = f" ({' / '.join(bounds)})" if row["verdict"] != "baseline" and bounds != ["–", "–"] else ""
+            cells = [f"{agreement['mean_abs_logprob_difference']:.3f} / {agreement['p99_abs_logprob_difference']:.3f}{bound}",
+                     f"{agreement['kl_served_gated_mean']:.4f}", f"{agreement['top1_agreement']:.3f}"]
+        else:
+            cells = ["not measured", "–", "–"]
+        greedy_cell = f"{greedy['identical']} of {greedy['prompts']}" if greedy else "–"
+        rows.append([name, f"yes ({serving.get('dtype')})", *cells, greedy_cell, _rate(serving, "1"), _rate(serving, "8")])
+    return SERVING_HEADER, rows
+
+
+def serving_note(report: dict[str, Any]) -> str:
+    """What the serving table's numbers are."""
+    bandwidth = next((row["serving"].get("bandwidth_bytes_per_s") for row in report["rows"]
+                      if row.get("serving") and row["serving"].get("bandwidth_bytes_per_s")), None)
+    engine = next((row["serving"].get("engine") for row in report["rows"] if row.get("serving") and row["serving"].get("engine")), None)
+    which = f"vLLM {engine['version']} ({engine['engine']})" if engine else "vLLM"
+    at = f" at the {bandwidth / 1e9:.1f} GB/s a tensor copy measured there" if bandwidth else ""
+    return (f"Each checkpoint served by {which} and compared with the evaluation its gate saw, token by token on the same "
+            "token ids: |served - gated| log-probability of each token (nats; the bounds in brackets are the serving gate's: "
+            "the baseline's own difference plus the policy's margin), KL(served‖gated) from the served top-k, top-1 agreement, "
+            "greedy continuations identical to the gated model's. Decode tokens/s are measured on the machine the run used "
+            f"(median of runs); the bound in brackets reads every stored byte once a step{at}, an upper bound.")
 
 
 def approved_sentence(report: dict[str, Any]) -> str:
@@ -870,6 +969,10 @@ def markdown(report: dict[str, Any]) -> str:
         shown = f"{choice} ({verdict_text(row)}: checkpoints/{row['search']['checkpoint']})" if row and search_role(row) else choice
         lines.append(f"- {profile}: {shown or 'none (no format approved)'}")
     lines += _markdown_search(report)
+    serving_header, serving_rows = serving_table(report)
+    if serving_rows:
+        lines += ["", "## Served in vLLM", "", serving_note(report), "", _md_row(serving_header), "|" + "---|" * len(serving_header)]
+        lines += [_md_row(cells) for cells in serving_rows]
     lines += ["", "## Candidates"]
     for row in report["rows"]:
         if row["verdict"] == "baseline":
@@ -1351,6 +1454,19 @@ def _search_section(report: dict[str, Any]) -> str:
     return "\n".join(parts)
 
 
+def _serving_section(report: dict[str, Any]) -> str:
+    """The serve stage's table (served, agreement, decode tokens/s), a failure's reason in red."""
+    header, rows = serving_table(report)
+    if not rows:
+        return ""
+    cells = [[html.escape(cell) for cell in row] for row in rows]
+    for row in cells:
+        if row[1].startswith("no"):
+            row[1] = f'<td style="color: {COLOURS[FAIL]}">{row[1]}</td>'
+    return "\n".join(['\n<h2 id="serving">Served in vLLM</h2>', _html_table(header, cells, table_id="served", numeric={2, 3, 4, 6, 7}),
+                      f'<p class="muted note">{html.escape(serving_note(report))}</p>'])
+
+
 def html_page(report: dict[str, Any]) -> str:
     profiles = [profile["name"] for profile in report["hardware"]]
     recommendations = "".join(f"<li>{html.escape(sentence)}</li>" for sentence in recommendation_sentences(report))
@@ -1383,7 +1499,7 @@ def html_page(report: dict[str, Any]) -> str:
 b1 ms: the decode-step lower bound at batch 1 (batch 32 in each candidate's section). items: golden-set items evaluated, per set
 as far as the format's looks went (the baseline: as deep as any format, paired item by item; see What was measured).</p>
 <h2>Size against {html.escape(report['plot']['y'])}</h2>
-{svg_plot(report)}{_plot_note(report)}{_search_section(report)}
+{svg_plot(report)}{_plot_note(report)}{_search_section(report)}{_serving_section(report)}
 <h2>Candidates</h2>
 <p class="muted">Each forest plot has one row per metric gate, each on its own scale: the gate's limit is the dark mark in the
 middle, the worse side is to the right (tinted), the line is the interval and the dot the estimate; green passed, red failed,
@@ -1399,7 +1515,8 @@ tails of the per-token KL of each text set, gated or not.</p>
 def write(report: dict[str, Any], out: Path, overwrite: bool = True) -> Path:
     """Write report.json, report.md and report.html into `out` atomically."""
     report = {**report, "schema_version": SCHEMA_VERSION,
-              "recommendation": {p["name"]: recommendation(report["rows"], p["name"]) for p in report["hardware"]}}
+              "recommendation": {p["name"]: recommendation(report["rows"], p["name"]) for p in report["hardware"]},
+              "measured_recommendation": measured_recommendation(report["rows"])}
     with atomic_directory(Path(out), overwrite=overwrite) as staging:
         (staging / "report.json").write_text(json.dumps(report, indent=2, sort_keys=True) + "\n", encoding="utf-8")
         (staging / "report.md").write_text(markdown(report), encoding="utf-8")
@@ -1456,6 +1573,9 @@ def _row(name: str, measured: dict[str, Any] | None, results: dict[str, Any] | N
         "tails": {} if verdict is None else dict(verdict.get("tails") or {}),
         # a search's trial or held-out gate: its role, split, items, mix (gates.report.build); None otherwise
         "search": None,
+        # its serve check (evalsets.served.served_summary): served by vLLM or not, the agreement with
+        # what was gated, decode tokens/s and the bound; None where the run had no serve stage (or a trial)
+        "serving": None if verdict is None else verdict.get("serving"),
     }
 
 
@@ -1511,6 +1631,8 @@ def build(run_dir: Path) -> dict[str, Any]:
     baseline_results = manifest(layout.results(BASELINE))
     baseline_measured = stored_value(layout.measure(BASELINE)) or {}
     rows = [_row("baseline", baseline_measured, baseline_results, None, columns)]
+    baseline_served = stored_value(layout.serve(BASELINE))
+    rows[0]["serving"] = served_summary(baseline_served) if baseline_served else None
     artifacts = {name: stored_value(layout.sequential(name)) for name in names}
     sequential = {name: _sequential(verdicts[name], artifacts[name]) for name in names}
     for name in names:

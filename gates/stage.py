@@ -13,10 +13,11 @@ import calibration
 import evalsets
 from calibration import CalibrationSet
 from evalsets import EvaluationResults, GoldenSet
+from evalsets.served import load_record
 from evalsets.sets import all_names, scored_metrics
 from gates import ledger as ledger_module
 from gates.policy import PRECISION_CLASSES, LoadedPolicy, load_policy, precision_class
-from gates.verdict import Records, Verdict, judge, tails
+from gates.verdict import Records, ServingEvidence, Verdict, judge, tails
 from quantgate.core.artifacts import MANIFEST, read_json, sha256_json
 from quantgate.core.errors import InputError
 from quantgate.core.ids import SetRef
@@ -159,9 +160,11 @@ def _checkpoint_manifest(checkpoint: Path | None) -> dict[str, Any] | None:
 
 def gate_results(baseline: Path, candidate: Path, policy_spec: str | Path, *, checkpoint: Path | None = None,
                  calibration_dir: Path | None = None, precision: str | None = None, ledger: Path | None = None,
-                 narrow_to: list[str] | None = None) -> dict[str, Any]:
+                 narrow_to: list[str] | None = None, served: Path | None = None, served_baseline: Path | None = None) -> dict[str, Any]:
     """The verdict record (as the pipeline writes it); appended to `ledger` when given. The
-    results are judged as they are (one look at the items they hold: a fixed-size test)."""
+    results are judged as they are (one look at the items they hold: a fixed-size test). A
+    policy that gates serving judges the serve records `served` (the candidate's) and
+    `served_baseline` (the baseline's: the bound's base); without them its serving gate blocks."""
     baseline_results = evalsets.load_results(baseline)
     candidate_results = evalsets.load_results(candidate)
     specs = list(baseline_results.manifest["sets"])
@@ -193,8 +196,10 @@ def gate_results(baseline: Path, candidate: Path, policy_spec: str | Path, *, ch
     overlap = overlap_summary(calibration.load(calibration_dir), [evalsets.load(spec) for spec in specs]) if calibration_dir is not None else None
 
     candidate_items = item_records(candidate_results)
+    records = [None if path is None else load_record(path) for path in (served, served_baseline)]
+    serving = ServingEvidence(*records) if policy.policy.serving is not None else None
     verdict = judge(item_records(baseline_results), candidate_items, policy, precision,
-                    measurement=measurement, smoke=(manifest or {}).get("smoke"), overlap=overlap)
+                    measurement=measurement, smoke=(manifest or {}).get("smoke"), overlap=overlap, serving=serving)
     record = verdict_record(fmt, verdict, precision=precision, policy=policy, checkpoint=checkpoint,
                             baseline_results=baseline_results, candidate_results=candidate_results)
     record["tails"] = tails(candidate_items, policy.policy.statistics)

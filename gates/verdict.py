@@ -16,7 +16,7 @@ from gates import stats
 from gates.policy import LoadedPolicy, MetricGate, Outcome, Statistics
 from gates.sequential import decide_at_look, detectable_regression
 from quantgate.core.errors import InputError
-from quantgate.core.ids import INTEGRITY, SIZE, GateId, SetRef
+from quantgate.core.ids import INTEGRITY, SERVING, SIZE, GateId, SetRef
 from quantgate.core.metrics import METRICS, Metric, Statistic
 from quantize.measure.causes import UNEXPLAINED_CAUSES
 
@@ -375,16 +375,90 @@ def integrity_gates(policy: LoadedPolicy, smoke: dict[str, Any] | None, overlap:
     return results
 
 
+# ---- the serving gates (docs/serving.md, "The serving gate") -----------------------------------
+
+@dataclass(frozen=True)
+class ServingEvidence:
+    """A candidate's serve record (evalsets.served) and the baseline's, whose served-vs-gated
+    difference (BF16-vs-FP32 compute alone) is the base of the bound. None: not checked."""
+
+    record: dict[str, Any] | None
+    reference: dict[str, Any] | None
+
+
+def _serving_undecided(check: str, limit: float, unit: str, reason: str) -> GateResult:
+    return GateResult(gate=str(GateId(SERVING, check)), outcome=Outcome.not_evaluated, estimate=None, low=None, high=None,
+                      limit=limit, unit=unit, reason=f"serving: {reason}", decided_by="not evaluated")
+
+
+def serving_gates(policy: LoadedPolicy, evidence: ServingEvidence) -> list[GateResult]:
+    """The policy's serving gates: the serving engine loads the checkpoint, and its per-token
+    log-probabilities of the gated tokens differ from the gated ones (mean and p99 |difference|)
+    by no more than the baseline's own served-vs-gated difference plus the policy's margins.
+    Fail closed: a check that was not made blocks, with why."""
+    rules = policy.policy.serving
+    if rules is None:
+        return []
+    record = evidence.record
+    if record is None:
+        return [_serving_undecided("loads", 1.0, "", "not checked (no serve record: run the serve stage, or "
+                                                     "`quantgate gate --served`)")]
+    if not record["served"]:
+        return [_single(SERVING, "loads", not rules.require_loads, value=0.0, limit=1.0, unit="", reason=f"serving: {record['reason']}")]
+    engine = record.get("engine", {})
+    results = [_single(SERVING, "loads", True, value=1.0, limit=1.0, unit="",
+                       reason=f"serving: vLLM {engine.get('version', '?')} ({engine.get('engine', '?')}) loads it "
+                              f"({record.get('dtype')} on {record.get('device')})")]
+    measured, base = record.get("agreement"), (evidence.reference or {}).get("agreement")
+    quantized = bool(record.get("quantized_activations"))
+    checks = [("mean_logprob_difference", "mean_abs_logprob_difference", rules.mean_logprob_difference_margin.for_record(quantized)),
+              ("p99_logprob_difference", "p99_abs_logprob_difference", rules.p99_logprob_difference_margin.for_record(quantized)),
+              ("nll_change", "nll_change", rules.nll_increase_margin)]
+    for check, key, margin in checks:
+        if measured is None:
+            results.append(_serving_undecided(check, margin, "nats", "agreement not measured (no gated text-set results "
+                                                                     "to compare with: the candidate was blocked before one)"))
+        elif base is None:
+            why = (evidence.reference or {}).get("reason") or "the baseline was not served"
+            results.append(_serving_undecided(check, margin, "nats", f"no bound: the baseline's served-vs-gated difference is unknown ({why})"))
+        else:
+            results.append(_serving_check(check, measured, base[key], margin, quantized))
+    return results
+
+
+def _serving_check(check: str, measured: dict[str, Any], floor: float, margin: float, quantized: bool) -> GateResult:
+    """One agreement gate: the measured value against the baseline's own (`floor`) plus `margin`."""
+    limit = floor + margin
+    where = f"{measured['positions']:,} tokens of {measured['evalset']}"
+    if check == "nll_change":
+        value = measured["nll_change"]
+        ok = value <= limit
+        reason = (f"serving: served NLL {measured['nll_served']:.4f} against gated {measured['nll_gated']:.4f} nats a token "
+                  f"({value:+.4f}, {where}), {'within' if ok else 'beyond'} the bound {limit:+.4f} (the baseline's own "
+                  f"{floor:+.4f} + {margin:g})")
+    else:
+        stat = check.split("_")[0]
+        value = measured[f"{stat}_abs_logprob_difference"]
+        ok = value <= limit
+        kind = "quantized activations" if quantized else "weight-only"
+        reason = (f"serving: served log-probs differ from gated by {value:.3f} nats a token ({stat} |difference|, {where}), "
+                  f"{'within' if ok else 'beyond'} the bound {limit:.3f} (the baseline's own {floor:.3f} + {margin:g}, {kind})")
+    return _single(SERVING, check, ok, value=value, limit=limit, unit="nats", reason=reason)
+
+
 def judge(baseline_items: dict[str, Records], candidate_items: dict[str, Records] | None, policy: LoadedPolicy,
           precision: str, *, measurement: dict[str, Any] | None = None, smoke: dict[str, Any] | None = None,
           overlap: dict[str, Any] | None = None, metric_gates: list[GateResult] | None = None,
-          allocation: dict[str, int] | None = None) -> Verdict:
-    """Every gate of the policy: integrity, size (when the candidate was measured), then the
-    metrics against the baseline: `metric_gates` where sequential evaluation decided them
-    already, else one look at the items the results hold. Approved only when every gate passes."""
+          allocation: dict[str, int] | None = None, serving: ServingEvidence | None = None) -> Verdict:
+    """Every gate of the policy: integrity, size (when the candidate was measured), serving
+    (unless `serving` is None: a search trial, judged on its split only, is served when chosen),
+    then the metrics against the baseline: `metric_gates` where sequential evaluation decided
+    them already, else one look at the items the results hold. Approved only when every gate passes."""
     results = integrity_gates(policy, smoke, overlap, candidate_items)
     if measurement is not None:
         results += size_gates(measurement, policy, allocation)
+    if serving is not None:
+        results += serving_gates(policy, serving)
     if metric_gates is not None:
         results += metric_gates
     elif candidate_items is not None:

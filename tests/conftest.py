@@ -8,6 +8,7 @@ import pytest
 
 import calibration
 import quantize
+import serving
 from quantgate.cli import main
 from quantgate.core.models import pull
 from tests.factories import build_tiny_llama
@@ -20,6 +21,27 @@ def isolated_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.
     monkeypatch.setenv("QUANTGATE_HOME", str(home))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     return home
+
+
+# Where this machine's serving environment (vLLM) is built: the real cache home's, found at import,
+# before `isolated_home` points QUANTGATE_HOME at a test's own (which never holds one).
+SERVING_ROOT = serving.environment.default_root()
+
+
+@pytest.fixture(scope="session")
+def serving_env() -> serving.ServingEnv:
+    """The serving environment, built at SERVING_ROOT first if it is missing (about two minutes and
+    a package registry, once per machine; `serving.setup` does nothing when it is built)."""
+    env, _ = serving.setup(root=SERVING_ROOT)
+    return env
+
+
+@pytest.fixture
+def served(serving_env: serving.ServingEnv, monkeypatch: pytest.MonkeyPatch) -> serving.ServingEnv:
+    """The serving environment, found by the code under test: $QUANTGATE_SERVING_PYTHON names its
+    python for this test (`serving.find` then ignores the test's empty QUANTGATE_HOME)."""
+    monkeypatch.setenv(serving.environment.PYTHON_ENV, str(serving_env.python))
+    return serving_env
 
 
 @pytest.fixture(scope="session")

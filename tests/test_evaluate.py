@@ -242,16 +242,21 @@ def test_evaluate_command_prints_one_line_per_set_and_refuses_an_existing_out(cl
     assert bad.code == 2 and "expected N or NAME=N" in bad.err
 
 
-def test_vllm_backend_without_vllm_is_refused_in_one_line(cli, tiny_model: Path, tmp_path: Path) -> None:
-    import importlib.util
-
+def test_vllm_backend_without_the_serving_environment_is_refused_in_one_line(
+        cli, tiny_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM runs in the serving environment: where none is built (this test's QUANTGATE_HOME holds
+    none, and no $QUANTGATE_SERVING_PYTHON names one), or the one named does not exist, one line
+    says so and nothing is written."""
+    from serving.environment import PYTHON_ENV
     from tests.helpers import assert_refused
 
-    if importlib.util.find_spec("vllm") is not None:
-        pytest.skip("vllm is installed here")
+    monkeypatch.delenv(PYTHON_ENV, raising=False)
     out = tmp_path / "results"
     result = cli("evaluate", "--model", tiny_model, "--evalset", "arc-easy", "--backend", "vllm", "--out", out)
-    assert_refused(result, "--backend vllm needs vllm installed", out)
+    assert_refused(result, "--backend vllm needs the serving environment: run `quantgate serving setup`", out)
+    monkeypatch.setenv(PYTHON_ENV, str(tmp_path / "nothing" / "python"))
+    result = cli("evaluate", "--model", tiny_model, "--evalset", "arc-easy", "--backend", "vllm", "--out", out)
+    assert_refused(result, f"${PYTHON_ENV} is {tmp_path / 'nothing' / 'python'}, which does not exist", out)
 
 
 def test_offsets_take_the_items_after_them_and_key_apart(tiny_model: Path, tmp_path: Path) -> None:

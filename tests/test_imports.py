@@ -28,6 +28,7 @@ LAYERS: dict[str, int] = {
     "calibration": 1,
     "quantize": 2,
     "quantize.measure": 2,
+    "serving": 2,
     "evalsets": 3,
     "gates": 4,
     "quantgate.pipeline": 5,

@@ -16,7 +16,7 @@ VALID = {"arc-easy": ["acc", "acc_norm"], "hellaswag": ["acc", "acc_norm"], "lam
 
 def test_default_policy_loads_with_its_hash() -> None:
     loaded = load_policy("default", VALID)
-    assert loaded.identity["name"] == "default" and loaded.identity["version"] == "v3"  # the newest
+    assert loaded.identity["name"] == "default" and loaded.identity["version"] == "v4"  # the newest
     assert len(loaded.sha256) == 64
     gate = loaded.policy.metrics["hellaswag"]["acc_norm"]
     assert gate.kind == "max_drop_points" and gate.threshold("8bit") == 1.0 and gate.threshold("4bit") > 1.0

@@ -425,12 +425,12 @@ def test_small_model_v2s_shipped_schedule_keeps_false_approval_near_the_one_side
 
 
 def test_the_demos_two_looks_keep_false_approval_under_five_percent() -> None:
-    """The demo's lambada@v1: small-model@v3's looks (v2's) under the plan's 240-item ceiling are 120
+    """The demo's lambada@v1: small-model@v4's looks (v2's) under the plan's 240-item ceiling are 120
     and 240, each at 97.5%, min_items 110; the same truth just past the bound. The rate stays
     under the nominal 5% (upper end of its Wilson interval), and is the fixed-size test's on all
     240 items at 95% to within a point: what it has above the one-sided 2.5% is the percentile
     bootstrap's shortfall at 120 and 240 items, which the fixed-size test shares, not the looks'."""
-    assert DEMO_PLAN.policy == "small-model@v3" and "lambada" in (DEMO_PLAN.narrow_policy or ["lambada"])
+    assert DEMO_PLAN.policy == "small-model@v4" and "lambada" in (DEMO_PLAN.narrow_policy or ["lambada"])
     assert schedule(DEMO_LAMBADA.looks, DEMO_LAMBADA.ceiling) == [120, 240] and DEMO_LAMBADA.min_items == 110
     assert SMALL_MODEL.metrics["lambada"]["acc"].threshold("8bit") == -LIMIT
     result = simulate(DEMO_LAMBADA)

@@ -173,7 +173,7 @@ def evaluate_command(
     baseline_results: Path | None = typer.Option(None, "--baseline-results", help="the baseline's results directory: KL divergence and top-1 agreement on text sets"),
     no_cache: bool = typer.Option(False, "--no-cache", help="recompute even if the cache holds these results"),
     batch_size: int = typer.Option(4, "--batch-size"),
-    backend: str = typer.Option("hf", "--backend", help="hf (transformers, FP32 on a CPU) or vllm (where installed)"),
+    backend: str = typer.Option("hf", "--backend", help="hf (transformers, FP32 on a CPU) or vllm (the serving environment: quantgate serving setup)"),
     max_tokens: int = typer.Option(512, "--max-tokens", help="text sets: tokens scored per item"),
     top_k: int = typer.Option(64, "--top-k", help="text sets: baseline log-probabilities cached per position"),
     device: str | None = typer.Option(None, "--device", help="cpu or cuda (default: cuda when available)"),

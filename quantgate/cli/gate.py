@@ -41,6 +41,9 @@ def gate_command(
     ledger_path: Path | None = typer.Option(None, "--ledger", help="append the verdict to this ledger"),
     narrow_policy: list[str] | None = typer.Option(None, "--narrow-policy", help="gate only this golden set of the policy "
                                                    "(repeat for each kept); the verdict records the policy as narrowed"),
+    served: Path | None = typer.Option(None, "--served", help="its serve record (quantgate serve-check --out DIR): for a policy that "
+                                       "gates serving"),
+    served_baseline: Path | None = typer.Option(None, "--served-baseline", help="the baseline's serve record: the serving gate's bound"),
     as_json: bool = typer.Option(False, "--json", help="print the verdict record as JSON"),
 ) -> None:
     """Gate one candidate against its baseline under a policy: exit 0 approved, 1 blocked, 2 bad input.
@@ -48,7 +51,8 @@ def gate_command(
     Example: quantgate gate --baseline run/baselines/fp8-e4m3 --candidate run/results/fp8-e4m3 --policy small-model --ledger ledger.jsonl
     """
     record = gate_results(baseline, candidate, policy, checkpoint=checkpoint, calibration_dir=calibration_dir,
-                          precision=precision, ledger=ledger_path, narrow_to=narrow_policy or None)
+                          precision=precision, ledger=ledger_path, narrow_to=narrow_policy or None, served=served,
+                          served_baseline=served_baseline)
     if as_json:
         print_json(record)
     else:  # plain lines, one a gate, so a CI log can be searched

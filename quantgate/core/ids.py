@@ -13,6 +13,7 @@ _SET = re.compile(r"^(?P<name>[a-z0-9][a-z0-9._-]*)(?:@v(?P<version>[1-9][0-9]*)
 # The scopes of the gates that are not a metric on a golden set.
 SIZE = "size"
 INTEGRITY = "integrity"
+SERVING = "serving"  # the serving engine loads the checkpoint and computes what was gated
 
 
 @dataclass(frozen=True, order=True)
@@ -46,10 +47,10 @@ class SetRef:
 
 @dataclass(frozen=True)
 class GateId:
-    """One gate of a verdict: a metric on a golden set, or a named size or integrity check
-    (`scope` is then SIZE or INTEGRITY)."""
+    """One gate of a verdict: a metric on a golden set, or a named size, integrity or serving
+    check (`scope` is then SIZE, INTEGRITY or SERVING)."""
 
-    scope: str  # "arc-easy@v1", "size", "integrity"
+    scope: str  # "arc-easy@v1", "size", "integrity", "serving"
     check: str  # "acc", "bits_per_weight", "loads"
 
     @classmethod
@@ -61,8 +62,8 @@ class GateId:
 
     @property
     def on_golden_set(self) -> bool:
-        """A metric gate (its scope a golden set), not a size or integrity check."""
-        return self.scope not in (SIZE, INTEGRITY)
+        """A metric gate (its scope a golden set), not a size, integrity or serving check."""
+        return self.scope not in (SIZE, INTEGRITY, SERVING)
 
     @property
     def golden_set(self) -> SetRef | None:

@@ -12,6 +12,8 @@ that writes it and the report that reads it.
     looks/                   the results of each look (set at N items), baseline and formats
     sensitivity/             per-layer sensitivity scores (a plan with a search)
     search.json              the mixed-precision search: trials, allocations, the held-out verdict
+    serve/<name>.json        the serve check: vLLM loads it, agrees with what was gated, decode tokens/s
+    serve/<name>/            the serve check's request, response and vLLM's log
     verdicts/<format>.json   every gate, its numbers, the verdict and its reasons
     stages/<stage>.json      keys of the directory artifacts
     report/                  report.md, report.json, report.html
@@ -77,6 +79,14 @@ class RunDir:
     def search_file(self) -> Path:
         """The search's record: its space, each trial's budget, allocation and verdict, the choice."""
         return self.root / "search.json"
+
+    def serve(self, name: str) -> Path:
+        """The serve check of the baseline (`BASELINE`) or of a checkpoint (a verdict's name)."""
+        return self.root / "serve" / f"{name}.json"
+
+    def serve_work(self, name: str) -> Path:
+        """The serve check's request, vLLM's response and its log."""
+        return self.root / "serve" / name
 
     def verdict(self, fmt: str) -> Path:
         return self.root / "verdicts" / f"{fmt}.json"

@@ -60,8 +60,16 @@ def sequential_key(plan: ResolvedPlan, checkpoint_sha: str, *, precision: str, b
     return sha256_json(key)
 
 
+def serve_key(plan: ResolvedPlan, *, checkpoint: dict[str, str], results: str | None) -> str:
+    """A serve check: the checkpoint's identity, the sha256 of the results manifest its gate saw
+    (None: none to compare with), the serve settings and the serving engine's identity."""
+    assert plan.serve_cfg is not None and plan.serving_env is not None
+    return sha256_json({"stage": "serve", "checkpoint": checkpoint, "results": results, "config": plan.serve_cfg.model_dump(mode="json"),
+                        "engine": plan.serving_env.identity(), "quantgate": plan.version, "libraries": library_versions()})
+
+
 def gate_key(plan: ResolvedPlan, *, precision: str, evidence: str, measure: str, overlap: str, results: list[str],
-             allocation: dict[str, int] | None = None) -> str:
+             allocation: dict[str, int] | None = None, serve: list[str | None] | None = None) -> str:
     """A verdict: the policy, the precision class, the key of the looks, the sha256s of the
     candidate's and the paired baseline's results manifests, and the keys of the measurement and
     the overlap."""
@@ -69,6 +77,8 @@ def gate_key(plan: ResolvedPlan, *, precision: str, evidence: str, measure: str,
            "results": results, "measure": measure, "overlap": overlap, "quantgate": plan.version}
     if allocation is not None:  # a search trial: the bytes its size gate holds it to
         key["allocation"] = allocation
+    if serve is not None:  # the keys of its serve check and the baseline's (absent without a serve stage)
+        key["serve"] = serve
     return sha256_json(key)
 
 

@@ -15,6 +15,7 @@ from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
+from evalsets.served import ServeCheckConfig
 from quantgate.core.artifacts import read_yaml, sha256_json
 from quantgate.core.errors import InputError, did_you_mean
 from quantgate.core.validation import Problem, Strict, validated
@@ -94,6 +95,11 @@ class SearchPlan(Strict):
         return value
 
 
+class ServingPlan(ServeCheckConfig):
+    """The serve stage (docs/serving.md): each checkpoint (and the baseline) served in vLLM and
+    compared with what its gate saw; every field a setting of the serve check."""
+
+
 class ReportPlan(Strict):
     plot_metric: str | None = Field(default=None, description="'SET METRIC' on the plot's y axis (default: the first text-set KL)")
 
@@ -113,6 +119,8 @@ class RunPlan(Strict):
     ledger: str | None = Field(default=None, description="default: <out>/ledger.jsonl")
     report: ReportPlan = ReportPlan()
     search: SearchPlan | None = Field(default=None, description="a gated mixed-precision search (docs/search.md)")
+    # the serve stage's settings; a policy with a serving gate serves with the defaults when absent
+    serving: ServingPlan | None = Field(default=None, description="the serve stage: vLLM loads and agrees (docs/serving.md)")
     allow_pickle: bool = False
 
     @field_validator("schema_version")

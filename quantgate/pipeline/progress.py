@@ -12,7 +12,7 @@ from quantgate.core.stagecache import Status
 # Relative cost of each stage kind, for the run's time estimate (measured on the demo: quantizing
 # a format and evaluating a model take minutes, the rest seconds).
 STAGE_WEIGHT = {"calibration": 1.0, "overlap": 0.2, "measure": 0.1, "quantize": 10.0, "evaluate": 8.0, "gate": 0.2, "report": 0.2,
-                "sensitivity": 2.0}
+                "sensitivity": 2.0, "serve": 3.0}
 _COLOUR = {"done": "green", "reused": "cyan", "failed": "red", "skipped": "yellow"}
 
 

@@ -5,7 +5,7 @@ in a plan is acted on before all of it has resolved (`resolve_plan`)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -13,7 +13,9 @@ from typing import Any
 import calibration
 import evalsets
 import quantize
+import serving
 from evalsets.evaluate import IDENTITY_KEYS, model_identity
+from evalsets.served import ServeCheckConfig
 from gates.policy import LoadedPolicy, mixed_precision_class
 from gates.sequential import schedule
 from gates.stage import load_gate_policy
@@ -65,6 +67,9 @@ class ResolvedPlan:
     version: str  # of quantgate
     holdout: Split | None = None  # a plan with a search: the items its chosen trial is gated on
     search_looks: Mapping[str, tuple[int, ...]] | None = None  # a plan with a search: its trials' looks
+    # the serve stage: its settings and the serving environment (None: no serve stage)
+    serve_cfg: ServeCheckConfig | None = None
+    serving_env: serving.ServingEnv | None = None
 
     @property
     def set_specs(self) -> list[str]:
@@ -212,7 +217,28 @@ def resolve_plan(loaded: LoadedPlan, show_progress: bool = True) -> ResolvedPlan
         identity=model_identity(model_dir), version=metadata.version("quantgate"), holdout=holdout, search_looks=search_looks)
     if plan.search is not None:
         check_budget(resolved)
-    return resolved
+    return _with_serving(resolved)
+
+
+def _with_serving(resolved: ResolvedPlan) -> ResolvedPlan:
+    """The serve stage where the plan asks for it (`serving:`) or the policy gates it (then with
+    the default settings); its environment must be built, and the text set it compares on is
+    among the plan's sets."""
+    plan, gated = resolved.plan, resolved.policy.policy.serving is not None
+    if plan.serving is None and not gated:
+        return resolved
+    cfg = ServeCheckConfig(**(plan.serving.model_dump() if plan.serving is not None else {}))
+    texts = [spec for spec, golden in resolved.goldens.items() if golden.kind is evalsets.Kind.text]
+    if not texts:
+        raise InputError("plan: the serve stage compares per-token log-probabilities on a text set, and the plan evaluates none")
+    if cfg.evalset is not None and not any(spec == cfg.evalset or spec.split("@")[0] == cfg.evalset for spec in texts):
+        raise InputError(f"plan: serving.evalset {cfg.evalset} is not among the plan's text sets ({', '.join(texts)})")
+    why = f"the policy {resolved.policy.label} gates serving" if gated else "the plan has a serving section"
+    try:
+        env = serving.require()
+    except InputError as error:
+        raise InputError(f"plan: {why}, but {error}") from error
+    return replace(resolved, serve_cfg=cfg, serving_env=env)
 
 
 def _per_set(limits: Mapping[str, int], spec: str, name: str, default: int) -> int:

@@ -1,7 +1,7 @@
 """`quantgate run PLAN.yaml`: every stage for one model, resumable.
 
-resolve plan -> calibrate (and the overlap with the golden sets) -> baseline (measure, evaluate)
--> per format: quantize, measure and bound, evaluate, gate (and the ledger) -> report.
+resolve plan -> calibrate (and the overlap with the golden sets) -> baseline (measure, evaluate,
+serve) -> per format: quantize, measure and bound, evaluate, serve, gate (and the ledger) -> report.
 
 Every stage's artifact is keyed by the hashes of its inputs (`keys`) and goes through the stage
 cache (`quantgate.core.stagecache`): a stage is skipped when its key matches and its artifact
@@ -21,11 +21,14 @@ from typing import Any
 import calibration
 import evalsets
 import quantize
+from evalsets.evaluate import IDENTITY_KEYS, model_identity
+from evalsets.served import check as serve_check
+from evalsets.served import compares, served_summary
 from gates.policy import Outcome, mixed_precision_class, precision_class
 from gates.report import build as build_report
 from gates.report import write as write_report
 from gates.stage import item_records, overlap_summary, record_verdict, verdict_record
-from gates.verdict import GateResult, blocked_verdict, integrity_gates, judge, size_gates, tails
+from gates.verdict import GateResult, ServingEvidence, blocked_verdict, integrity_gates, judge, size_gates, tails
 from quantgate.core.artifacts import MANIFEST, read_json, sha256_file, sha256_json, verify_files, write_json
 from quantgate.core.console import stderr
 from quantgate.core.errors import InputError
@@ -46,6 +49,7 @@ from quantize.measure import measure_and_bound
 from quantize.presets import get_preset
 
 PER_FORMAT = ("quantize", "measure", "evaluate", "gate")
+SEARCH = "search"  # the split a search's trials are judged on: they are served only when chosen
 
 
 @dataclass
@@ -85,11 +89,21 @@ class _Overlap:
 
 
 @dataclass(frozen=True)
+class _Served:
+    """A serve check's record (evalsets.served) and its key."""
+
+    record: dict[str, Any]
+    key: str
+
+
+@dataclass(frozen=True)
 class _Baseline:
     """The baseline at every set's first look: what the report's baseline row and the record of a
-    format blocked before any evaluation name (each look pairs its own baseline results)."""
+    format blocked before any evaluation name (each look pairs its own baseline results), and its
+    serve check: the base of every serving gate's bound (None: no serve stage)."""
 
     results: evalsets.EvaluationResults
+    served: _Served | None = None
 
 
 @dataclass(frozen=True)
@@ -158,11 +172,14 @@ class Pipeline:
         """Every check before any work: the plan, resolved."""
         return resolve_plan(self.loaded, self.show_progress)
 
-    def planned_stages(self) -> list[str]:
+    def planned_stages(self, resolved: ResolvedPlan) -> list[str]:
         search = self.plan.search
-        # a search: its sensitivity, at most max_trials trials, the held-out measure (reused), evaluation and gate
-        searched = ["sensitivity", *PER_FORMAT * search.max_trials, "measure", "evaluate", "gate"] if search else []
-        return ["calibration", "overlap", "measure", "evaluate", *PER_FORMAT * len(self.plan.formats), *searched, "report"]
+        served = ["serve"] if resolved.serve_cfg is not None else []
+        # a search: its sensitivity, at most max_trials trials (not served), the held-out measure
+        # (reused), evaluation, serve and gate
+        searched = ["sensitivity", *PER_FORMAT * search.max_trials, "measure", "evaluate", *served, "gate"] if search else []
+        per_format = [*PER_FORMAT[:3], *served, PER_FORMAT[3]]
+        return ["calibration", "overlap", "measure", "evaluate", *served, *per_format * len(self.plan.formats), *searched, "report"]
 
     def run(self) -> RunResult:
         resolved = self.preflight()
@@ -178,7 +195,7 @@ class _Run:
         self.pipeline = pipeline
         self.plan = plan
         self.dir = pipeline.run_dir
-        self.log = StageLog(pipeline.planned_stages(), pipeline.show_progress)
+        self.log = StageLog(pipeline.planned_stages(plan), pipeline.show_progress)
         self.cache = StageCache(self.dir, self.log)
         self.evaluators: dict[str, evalsets.Evaluator] = {}
         self.started = time.perf_counter()
@@ -252,7 +269,7 @@ class _Run:
             produce=lambda: self.evaluator(BASELINE).run(plan.first_look_cfg, results_dir, overwrite=True))
         results = evaluated.value
         assert results is not None  # no failure is caught: a value or an exception
-        return _Baseline(results)
+        return _Baseline(results, self.serve(BASELINE, plan.model_dir, results))
 
     def report(self) -> None:
         """The report of the run directory; its report.json carries the key of its data."""
@@ -281,7 +298,26 @@ class _Run:
         measured, measure_key = self.measure(candidate)
         evidence = self.evaluate_sequentially(candidate, measured=measured, measure_key=measure_key, overlap=overlap)
         self.evaluators.pop(candidate.fmt, None)  # its model is not needed again for now
-        return self.gate(candidate, measured=measured, measure_key=measure_key, evidence=evidence, baseline=baseline, overlap=overlap)
+        trial = candidate.split is not None and candidate.split.name == SEARCH
+        served = None if trial else self.serve(candidate.name, candidate.checkpoint, evidence.results)
+        return self.gate(candidate, measured=measured, measure_key=measure_key, evidence=evidence, baseline=baseline, overlap=overlap,
+                         served=served)
+
+    def serve(self, name: str, model: Path, results: evalsets.EvaluationResults | None) -> _Served | None:
+        """The serve check of `name` (BASELINE or a verdict's name) against the results its gate
+        saw (none holding the text set: load and throughput only); None without a serve stage."""
+        plan = self.plan
+        if plan.serve_cfg is None or plan.serving_env is None:
+            return None
+        cfg, env = plan.serve_cfg, plan.serving_env
+        compared = results if results is not None and compares(results, cfg.evalset) else None
+        identity = model_identity(model)
+        key = keys.serve_key(plan, checkpoint={item: identity[item] for item in IDENTITY_KEYS},
+                             results=sha256_file(compared.path / MANIFEST) if compared is not None else None)
+        record = self.cache.json(kind="serve", label=f"serve {name}", path=self.dir.serve(name), key=key,
+                                 produce=lambda: serve_check(model, compared, cfg, env, self.dir.serve_work(name)))
+        self.log.amend_last(_served_summary(record), done=False)
+        return _Served(record, key)
 
     def quantize(self, fmt: str, calibration_set: calibration.CalibrationSet) -> _Candidate:
         plan, checkpoint = self.plan, self.dir.checkpoint(fmt)
@@ -372,28 +408,35 @@ class _Run:
             return None
 
     def gate(self, candidate: _Candidate, *, measured: dict[str, Any], measure_key: str, evidence: _Evidence,
-             baseline: _Baseline, overlap: _Overlap) -> dict[str, Any]:
+             baseline: _Baseline, overlap: _Overlap, served: _Served | None = None) -> dict[str, Any]:
         """The verdict record, appended to the ledger unless the ledger holds it already."""
         plan, fmt = self.plan, candidate.name
+        # the policy's serving gates judge every candidate but a search trial (served when chosen)
+        gates_serving = plan.policy.policy.serving is not None and not (candidate.split is not None and candidate.split.name == SEARCH)
+        reference = baseline.served
+        serve_keys = [served.key if served else None, reference.key if reference else None] if plan.serve_cfg is not None else None
         key = keys.gate_key(plan, precision=candidate.precision, evidence=evidence.key, measure=measure_key, overlap=overlap.key,
                             results=[sha256_file(results.path / MANIFEST) for results in (evidence.results, evidence.baseline) if results],
-                            allocation=candidate.allocation)
+                            allocation=candidate.allocation, serve=serve_keys)
 
         def verdict() -> dict[str, Any]:
             manifest = candidate.manifest
             metric_gates = [GateResult.from_dict(entry) for entry in evidence.value["gates"]]
             candidate_items = item_records(evidence.results) if evidence.results else None
+            serving = ServingEvidence(served.record if served else None, reference.record if reference else None) \
+                if gates_serving else None
             judged = judge({}, candidate_items, plan.policy, candidate.precision, measurement=measured["measurement"],
                            smoke=manifest.get("smoke"), overlap=overlap.summary, metric_gates=metric_gates,
-                           allocation=candidate.allocation)
+                           allocation=candidate.allocation, serving=serving)
             # the weight files' sha256s from the checkpoint's manifest, which the quantize stage
             # just wrote or verified against the bytes: not hashed a third time
             record = verdict_record(fmt, judged, precision=candidate.precision, policy=plan.policy, checkpoint=candidate.checkpoint,
                                     baseline_results=evidence.baseline or baseline.results, candidate_results=evidence.results,
                                     weights=weight_file_hashes(manifest["files"]))
             summary = sequential_summary(evidence.value)
+            served_part = {"serving": served_summary(served.record)} if served else {}
             return _with_split({**record, "sequential": summary, "not_evaluated": summary["not_evaluated"],
-                                "tails": tails(candidate_items or {}, plan.policy.policy.statistics)}, candidate)
+                                "tails": tails(candidate_items or {}, plan.policy.policy.statistics), **served_part}, candidate)
 
         record = self.cache.json(kind="gate", label=f"gate {fmt}", path=self.dir.verdict(fmt), key=key, produce=verdict)
         appended = record_verdict(self.pipeline.ledger, record)
@@ -483,6 +526,19 @@ class _Run:
             "seconds": seconds,
             "quantgate_version": plan.version,
         }
+
+
+def _served_summary(record: dict[str, Any]) -> str:
+    """One line for the stage log: 'served: |logprob diff| 0.043 mean, 36.6 tokens/s at batch 1'."""
+    if not record["served"]:
+        return f"not served: {record['reason']}"
+    parts = []
+    if "agreement" in record:
+        parts.append(f"|logprob diff| {record['agreement']['mean_abs_logprob_difference']:.3f} mean")
+    first = next(iter(record["throughput"]["batches"].items()), None)
+    if first is not None:
+        parts.append(f"{first[1]['tokens_per_s']:.1f} tokens/s at batch {first[0]}")
+    return "served: " + ", ".join(parts)
 
 
 def _with_split(record: dict[str, Any], candidate: _Candidate) -> dict[str, Any]:

@@ -1,0 +1,307 @@
+"""The serve check: does the serving engine load a checkpoint and compute what was gated?
+
+The gate judged a checkpoint as transformers runs it (FP32 on a CPU, weights decompressed);
+production runs it in vLLM, with other kernels. Given the checkpoint and the evaluation results
+its gate saw, vLLM (serving/, in its own environment) scores the same token ids of the results'
+text set, and the two are compared position by position:
+
+- the log-probability of each scored token, served against gated: mean, p99 and max |difference|
+  (nats); the gated side is rebuilt exactly from the results' cached output-layer inputs;
+- KL(served || gated) from the served top-k (agreement.kl_from_topk: a lower bound, the mass
+  outside the served top-k counted at the gated side's least probable top-k token's odds);
+- top-1 agreement, served against gated;
+- greedy continuations of a fixed prompt set (each of the first items' first tokens), served
+  against the gated model's own (transformers, FP32), token by token;
+- decode throughput (tokens/s at each batch size, median of runs) next to the memory-bandwidth
+  bound at this machine's measured copy bandwidth.
+
+The record is plain JSON (docs/serving.md, "The serve record"); gates/verdict.py judges it.
+"""
+
+from __future__ import annotations
+
+# torch and transformers are imported where used: they take seconds to import, and the CLI
+# (and a cache hit) needs neither.
+import statistics
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field
+
+import serving
+from evalsets import agreement
+from evalsets.evaluate import TOPK_FILE, EvaluationResults, load_side, model_identity
+from evalsets.sets import SetRef
+from evalsets.text_eval import head_logits, prefix_token
+from quantgate.core.errors import InputError
+from quantgate.core.headers import read_checkpoint
+from quantgate.core.models import max_sequence_length
+from quantgate.core.validation import Strict
+from quantize.measure.accounting import measure
+from quantize.measure.bounds import kv_bytes_per_sequence, memory_time, model_from_checkpoint
+from quantize.measure.measurement import Measurement
+
+SCHEMA_VERSION = 1
+MIB = 2**20
+BOUND_NOTE = ("an upper bound on tokens/s: every stored tensor byte read once a step at the copy bandwidth measured "
+              "here; this CPU's peak FLOP/s is not known, so compute is not bounded")
+
+
+class ServeCheckConfig(Strict):
+    """What the serve check asks of vLLM (all in the serve stage's cache key)."""
+
+    evalset: str | None = Field(default=None, description="the text set compared; default: the results' only text set")
+    items: int = Field(default=16, gt=0, description="the first N items of the results' text set")
+    top_k: int = Field(default=20, gt=0, le=100, description="served log-probs kept per position, for the KL estimate")
+    greedy_prompts: int = Field(default=8, ge=0, description="prompts: the first tokens of the first items")
+    prompt_tokens: int = Field(default=16, gt=0)
+    greedy_tokens: int = Field(default=16, gt=0)
+    batch_sizes: tuple[int, ...] = Field(default=(1, 8), min_length=1)
+    decode_tokens: int = Field(default=32, gt=0, description="new tokens per timed decode run")
+    runs: int = Field(default=3, gt=0, description="timed decode runs per batch size (the median is reported)")
+    kv_cache_mib: int = Field(default=512, gt=0, description="vLLM's KV cache (on a CPU: bytes of memory)")
+    bandwidth_mib: int = Field(default=256, gt=0, description="the copy that measures memory bandwidth")
+    timeout_s: float = Field(default=900, gt=0)
+
+
+def text_spec(results: EvaluationResults, wanted: str | None) -> str:
+    """The text set of `results` to compare on: `wanted` (NAME or NAME@vN) or the only one."""
+    texts = [spec for spec in results.manifest["sets"] if (results.set_dir(spec) / TOPK_FILE).is_file()]
+    if wanted is not None:
+        ref = SetRef.parse(wanted)
+        matching = [spec for spec in texts if spec == wanted or SetRef.parse(spec).name == ref.name]
+        if not matching:
+            raise InputError(f"results in {results.path} hold no text set {wanted}; text sets there: {', '.join(texts) or 'none'}")
+        return matching[0]
+    if not texts:
+        raise InputError(f"results in {results.path} hold no text set (the serve check compares per-token log-probabilities)")
+    return texts[0]
+
+
+def compares(results: EvaluationResults, wanted: str | None) -> bool:
+    """Whether `results` hold a text set the serve check can compare on."""
+    try:
+        text_spec(results, wanted)
+    except InputError:
+        return False
+    return True
+
+
+SERVE_FILE = "serve.json"
+
+
+def load_record(path: Path) -> dict[str, Any]:
+    """A serve record: `quantgate serve-check`'s output directory or its serve.json, or a run's
+    serve/<name>.json (the stage cache's {"key", "value"})."""
+    from quantgate.core.artifacts import read_json
+
+    file = path / SERVE_FILE if path.is_dir() else path
+    if not file.is_file():
+        raise InputError(f"{path} is no serve record (quantgate serve-check's output or a run's serve/<name>.json)")
+    try:
+        value = read_json(file)
+    except ValueError as error:
+        raise InputError(f"{file} is not JSON: {error}") from error
+    if isinstance(value, dict) and "key" in value and isinstance(value.get("value"), dict):
+        value = value["value"]
+    if not isinstance(value, dict) or "served" not in value or "engine" not in value:
+        raise InputError(f"{file} is no serve record (it has no `served` and `engine`)")
+    return value
+
+
+def quantized_activations(checkpoint: Path) -> bool:
+    """Whether any layer of the checkpoint quantizes its input activations (W8A8, FP8): its served
+    and gated numbers then differ by more than compute precision (docs/serving.md)."""
+    config = read_checkpoint(checkpoint).config or {}
+    groups = (config.get("quantization_config") or {}).get("config_groups") or {}
+    return any(isinstance(group, dict) and group.get("input_activations") for group in groups.values())
+
+
+def check(checkpoint: Path, results: EvaluationResults | None, cfg: ServeCheckConfig, env: serving.ServingEnv,
+          work: Path) -> dict[str, Any]:
+    """Serve `checkpoint` in vLLM and compare it with `results` (the evaluation its gate saw; None:
+    load and throughput only). Never raises for what vLLM does: a checkpoint it cannot load or
+    serve gives a record with `served: false` and the reason."""
+    gated = _Gated(checkpoint, results, cfg) if results is not None else None
+    prompts = gated.greedy_prompts() if gated else []
+    request = {"model": str(checkpoint.absolute()),
+               "engine": {"max_model_len": gated.max_model_len() if gated else 512, "kv_cache_bytes": cfg.kv_cache_mib * MIB},
+               "tasks": _tasks(cfg, gated, prompts)}
+    record: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "engine": env.identity(), "checkpoint": str(checkpoint),
+                              "settings": cfg.model_dump(mode="json"), "quantized_activations": quantized_activations(checkpoint)}
+    if gated is not None:
+        record["gated"] = gated.describe()
+    try:
+        response = serving.run(env, request, work, cfg.timeout_s)
+    except serving.WorkerFailed as failure:
+        cannot = "cannot load it" if failure.phase in (None, "import", "load") else f"failed at {failure.phase}"
+        return {**record, "served": False, "reason": f"{env.label} {cannot}: {failure.reason}", "log": str(failure.log)}
+    answer = response.value
+    record.update(served=True, log=str(response.log), dtype=answer.get("dtype"), device=answer.get("device"),
+                  threads=answer.get("threads"), load_seconds=answer.get("load_seconds"), seconds=answer.get("seconds"))
+    if gated is not None:
+        record["agreement"] = gated.compare(response.result("prompt_logprobs")["prompts"])
+        if prompts:
+            record["greedy"] = gated.compare_greedy(prompts, response.result("greedy")["continuations"])
+    bandwidth = response.result("bandwidth")
+    record["throughput"] = throughput(response.result("throughput")["batches"], bandwidth, checkpoint, cfg)
+    return record
+
+
+def served_summary(record: dict[str, Any]) -> dict[str, Any]:
+    """What a verdict record keeps of its serve check: served or not (and why), the agreement,
+    greedy matches and decode tokens/s against the bound; the whole record is serve/<name>.json."""
+    keep = ("served", "reason", "engine", "dtype", "device", "quantized_activations", "greedy")
+    summary = {key: record[key] for key in keep if key in record}
+    if "agreement" in record:
+        summary["agreement"] = {key: value for key, value in record["agreement"].items() if key != "per_item"}
+    if "throughput" in record:
+        summary["throughput"] = {batch: {"tokens_per_s": entry["tokens_per_s"], "bound_tokens_per_s": entry["bound_tokens_per_s"]}
+                                 for batch, entry in record["throughput"]["batches"].items()}
+        summary["bandwidth_bytes_per_s"] = record["throughput"]["bandwidth_bytes_per_s"]
+    return summary
+
+
+def _tasks(cfg: ServeCheckConfig, gated: _Gated | None, prompts: list[list[int]]) -> list[dict[str, Any]]:
+    tasks: list[dict[str, Any]] = [{"kind": "bandwidth", "bytes": cfg.bandwidth_mib * MIB, "runs": 5}]
+    if gated is not None:
+        tasks.append({"kind": "prompt_logprobs", "prompts": gated.prompts(), "top_k": cfg.top_k})
+        if prompts:
+            tasks.append({"kind": "greedy", "prompts": prompts, "max_tokens": cfg.greedy_tokens})
+    decode_prompt = prompts[0] if prompts else [0] * cfg.prompt_tokens
+    tasks.append({"kind": "throughput", "prompt": decode_prompt, "batch_sizes": list(cfg.batch_sizes),
+                  "tokens": cfg.decode_tokens, "runs": cfg.runs})
+    return tasks
+
+
+def throughput(batches: dict[str, Any], bandwidth: dict[str, Any], checkpoint: Path, cfg: ServeCheckConfig) -> dict[str, Any]:
+    """Measured decode tokens/s per batch size (median of the runs) and the bound beside it."""
+    measured = measure(checkpoint)
+    shape = _shape(checkpoint, measured)
+    per_second = float(bandwidth["bytes_per_second"])
+    table = {}
+    for batch, entry in batches.items():
+        median = statistics.median(entry["seconds"])
+        kv = kv_bytes_per_sequence(shape["layers"], shape["kv_heads"], shape["head_dim"], 2.0, int(entry["prompt_tokens"]))
+        step = memory_time(measured.tensor_bytes, int(batch), kv, per_second)
+        table[batch] = {"tokens_per_s": entry["generated_tokens"] / median, "seconds": entry["seconds"],
+                        "median_seconds": median, "generated_tokens": entry["generated_tokens"],
+                        "bound_tokens_per_s": int(batch) / step}
+    return {"batches": table, "bandwidth_bytes_per_s": per_second, "tensor_bytes": measured.tensor_bytes,
+            "decode_tokens": cfg.decode_tokens, "bound": BOUND_NOTE}
+
+
+def _shape(checkpoint: Path, measured: Measurement) -> dict[str, int]:
+    shape = model_from_checkpoint(checkpoint, read_checkpoint(checkpoint).config, measured.parameters)
+    return {"layers": shape.layers, "kv_heads": shape.kv_heads, "head_dim": shape.head_dim}
+
+
+class _Gated:
+    """The gated side: the results' text set (its first `items` items) and the checkpoint itself."""
+
+    def __init__(self, checkpoint: Path, results: EvaluationResults, cfg: ServeCheckConfig) -> None:
+        from transformers import AutoTokenizer
+
+        self.checkpoint, self.results, self.cfg = checkpoint, results, cfg
+        self.spec = text_spec(results, cfg.evalset)
+        self.side = load_side(results, self.spec, "")
+        if not self.side.exact:
+            raise InputError(f"results in {results.path} hold {self.spec} in top-k mode (no output-layer inputs): the serve "
+                             "check needs the exact cache the evaluator keeps for a model whose head it can rebuild")
+        self.count = min(cfg.items, len(self.side.item_tokens))
+        self.starts = [0]
+        for tokens in self.side.item_tokens[: self.count]:
+            self.starts.append(self.starts[-1] + tokens)
+        self.prefix = prefix_token(AutoTokenizer.from_pretrained(checkpoint))
+        # the model's positions bound a prompt: the prefix, the scored tokens and one generated token
+        self.positions = max_sequence_length(checkpoint)
+        self.limit = None if self.positions is None else self.positions - 2
+
+    def describe(self) -> dict[str, Any]:
+        identity = model_identity(self.checkpoint)
+        recorded = self.results.manifest["model"]
+        return {"results": str(self.results.path), "evalset": self.spec, "items": self.count, "tokens": self.starts[-1],
+                "weights_match": all(identity[key] == recorded.get(key) for key in ("weights_sha256", "config_sha256"))}
+
+    def ids(self, index: int) -> list[int]:
+        return [int(token) for token in self.side.token_ids[self.starts[index] : self.starts[index + 1]].tolist()]
+
+    def scored(self, index: int) -> list[int]:
+        """Item `index`'s tokens the served model scores: all, unless the model's positions end first
+        (the evaluator scores an item of exactly max positions tokens; vLLM needs two more slots)."""
+        return self.ids(index)[: self.limit]
+
+    def prompts(self) -> list[list[int]]:
+        return [[self.prefix, *self.scored(index)] for index in range(self.count)]
+
+    def greedy_prompts(self) -> list[list[int]]:
+        long_enough = [index for index in range(self.count) if len(self.ids(index)) >= self.cfg.prompt_tokens]
+        return [[self.prefix, *self.ids(index)[: self.cfg.prompt_tokens]] for index in long_enough[: self.cfg.greedy_prompts]]
+
+    def max_model_len(self) -> int:
+        longest = max(len(prompt) for prompt in self.prompts())
+        wanted = max(longest + 1, self.cfg.prompt_tokens + 1 + max(self.cfg.greedy_tokens, self.cfg.decode_tokens))
+        return wanted if self.positions is None else min(wanted, self.positions)
+
+    def logprobs(self, index: int) -> Any:
+        """The gated model's log-probabilities at item `index`'s positions, rebuilt from its head."""
+        import torch
+
+        span = slice(self.starts[index], self.starts[index + 1])
+        side = self.side
+        return torch.log_softmax(head_logits(side.head_inputs[span], side.head_weight, side.head_bias), dim=-1)
+
+    def compare(self, served: list[dict[str, Any]]) -> dict[str, Any]:
+        """Served against gated, position by position over the compared items."""
+        import torch
+
+        differences, kls, top1, items = [], [], [], []
+        for index, item in enumerate(served):
+            targets = torch.tensor(self.scored(index))
+            gated = self.logprobs(index)[: len(targets)]
+            token = torch.tensor([value if value is not None else float("-inf") for value in item["token_logprobs"]]).double()
+            gated_token = gated.gather(-1, targets[:, None])[:, 0].double()
+            differences.append((token - gated_token).abs())
+            items.append({"tokens": len(targets), "nll_served": float(-token.sum()), "nll_gated": float(-gated_token.sum())})
+            ids = torch.tensor(item["top_ids"], dtype=torch.int64)
+            values = torch.tensor([[v if v is not None else float("-inf") for v in row] for row in item["top_logprobs"]])
+            residual = (1.0 - values.double().exp().sum(-1)).clamp(min=0.0)
+            kls.append(agreement.kl_from_topk(ids, values, residual, gated))
+            top1.append(ids[:, 0] == gated.argmax(-1))
+        difference = torch.cat(differences).numpy()
+        kl = torch.cat(kls).double()
+        tokens = sum(item["tokens"] for item in items)
+        served_nll, gated_nll = (sum(item[key] for item in items) / tokens for key in ("nll_served", "nll_gated"))
+        return {"positions": int(difference.size), "items": len(served), "evalset": self.spec,
+                # the quality served against the quality gated: mean NLL per token on the same tokens
+                "nll_served": served_nll, "nll_gated": gated_nll, "nll_change": served_nll - gated_nll, "per_item": items,
+                "mean_abs_logprob_difference": float(difference.mean()),
+                "p99_abs_logprob_difference": agreement.quantile(difference, 0.99),
+                "max_abs_logprob_difference": float(difference.max()),
+                "kl_served_gated_mean": float(kl.mean()), "kl_served_gated_p99": agreement.quantile(kl.numpy(), 0.99),
+                "top1_agreement": float(torch.cat(top1).double().mean())}
+
+    def compare_greedy(self, prompts: list[list[int]], served: list[list[int]]) -> dict[str, Any]:
+        gated = self.greedy(prompts)
+        matched = [next((step for step, (a, b) in enumerate(zip(one, other, strict=False)) if a != b), min(len(one), len(other)))
+                   for one, other in zip(served, gated, strict=True)]
+        tokens = self.cfg.greedy_tokens
+        return {"prompts": len(prompts), "tokens": tokens, "identical": sum(count == tokens for count in matched),
+                "matched_tokens": matched, "mean_matched_fraction": sum(matched) / (tokens * len(matched))}
+
+    def greedy(self, prompts: list[list[int]]) -> list[list[int]]:
+        """The gated model's greedy continuations (transformers, FP32, as the evaluator loads it;
+        end-of-sequence ignored, as the served side is asked to)."""
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(self.checkpoint, dtype=torch.float32).eval()
+        with torch.no_grad():
+            ids = torch.tensor(prompts)
+            past, step_input, out = None, ids, []
+            for _ in range(self.cfg.greedy_tokens):
+                output = model(input_ids=step_input, past_key_values=past, use_cache=True)
+                past = output.past_key_values
+                step_input = output.logits[:, -1].argmax(-1, keepdim=True)
+                out.append(step_input)
+        return torch.cat(out, dim=-1).tolist()

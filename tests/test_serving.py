@@ -1,0 +1,194 @@
+"""The serve check (evalsets.served) and the serving gate, on a tiny quantized checkpoint served by
+vLLM's CPU build in the serving environment, inside a loopback-only network namespace
+(serving.launch): it is served and agrees; one layer's scales perturbed after the gated
+evaluation is caught by the agreement check; a config vLLM cannot load is blocked with vLLM's reason.
+
+The environment's set-up and the launcher's namespace are checked without vLLM first."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+import evalsets
+import quantize
+import serving
+from evalsets.served import ServeCheckConfig, check
+from gates.policy import Outcome, load_policy
+from gates.verdict import ServingEvidence, judge, serving_gates
+from quantgate.core.errors import InputError
+from serving import environment, launch
+
+# few items and tokens: the checks, not the timings, are under test here
+CFG = ServeCheckConfig(items=6, greedy_prompts=2, prompt_tokens=8, greedy_tokens=4, batch_sizes=(1, 2), decode_tokens=4, runs=1,
+                       kv_cache_mib=64, bandwidth_mib=16)
+SERVING_POLICY = "small-model@v4"
+
+
+# --- the environment and the launcher, without vLLM ------------------------------------------------
+
+
+def test_an_unbuilt_environment_is_not_found_and_require_says_how_to_build_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(environment.PYTHON_ENV, raising=False)
+    assert serving.find(tmp_path / "nothing") is None
+    with pytest.raises(InputError) as error:  # exit 2
+        serving.require(tmp_path / "nothing")
+    assert "quantgate serving setup" in str(error.value)
+    # a half-built environment (no stamp) is not taken for a built one
+    (tmp_path / "half" / "bin").mkdir(parents=True)
+    (tmp_path / "half" / "bin" / "python").touch()
+    assert serving.find(tmp_path / "half") is None
+
+
+def test_a_named_python_without_vllm_is_refused_in_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(environment.PYTHON_ENV, shutil.which("python3") or "python3")
+    with pytest.raises(Exception, match=r"cannot import vllm"):
+        serving.find()
+    monkeypatch.setenv(environment.PYTHON_ENV, str(tmp_path / "no-python"))
+    with pytest.raises(Exception, match=r"does not exist"):
+        serving.find()
+
+
+def test_the_worker_runs_where_only_loopback_is_up() -> None:
+    prefix = launch.loopback_prefix()
+    if not prefix:
+        pytest.skip("this process cannot make a network namespace (not root, or no unshare/ip)")
+    links = subprocess.run([*prefix, "ip", "-o", "link"], capture_output=True, text=True, check=True).stdout
+    names = [line.split(":")[1].strip() for line in links.splitlines()]
+    assert names == ["lo"]
+    up = subprocess.run([*prefix, "ip", "-o", "addr"], capture_output=True, text=True, check=True).stdout
+    assert "127.0.0.1" in up and all(" lo " in f" {line} " for line in up.splitlines())
+
+
+def test_a_worker_that_fails_gives_its_reason_and_phase(served: serving.ServingEnv, tmp_path: Path) -> None:
+    with pytest.raises(serving.WorkerFailed) as failure:
+        serving.run(served, {"model": str(tmp_path / "missing"), "engine": {"max_model_len": 64, "kv_cache_bytes": 2**24},
+                             "tasks": [{"kind": "greedy", "prompts": [[1, 2]], "max_tokens": 1}]}, tmp_path / "work", timeout=300)
+    assert failure.value.phase == "load" and failure.value.reason
+    assert (tmp_path / "work" / launch.LOG).is_file()
+
+
+# --- served as gated -----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def gated(quant_model: Path, quant_calibration: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The tiny model and its gptq-int4 checkpoint, each evaluated on wiki-text (its first items)
+    as a gate would see them: the checkpoint against the baseline's results."""
+    root = tmp_path_factory.mktemp("served")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("QUANTGATE_HOME", str(tmp_path_factory.mktemp("served-home")))
+        checkpoint = root / "gptq-int4"
+        quantize.run(quantize.QuantizeConfig(format="gptq-int4"), quant_model, quant_calibration, checkpoint)
+        cfg = evalsets.EvaluateConfig(evalsets=("wiki-text",), limit=CFG.items)
+        evalsets.Evaluator(quant_model).run(cfg, root / "baseline-results")
+        evalsets.Evaluator(checkpoint).run(cfg, root / "results", baseline_results=root / "baseline-results")
+    return {"baseline": quant_model, "checkpoint": checkpoint, "baseline-results": root / "baseline-results", "results": root / "results"}
+
+
+@pytest.fixture(scope="module")
+def reference(gated: dict[str, Path], serving_env: serving.ServingEnv, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """The baseline's serve record: its served-vs-gated difference is the bound's base."""
+    return check(gated["baseline"], evalsets.load_results(gated["baseline-results"]), CFG, serving_env,
+                 tmp_path_factory.mktemp("serve-baseline"))
+
+
+def _gates(record: dict, reference: dict) -> dict[str, dict]:
+    policy = load_policy(SERVING_POLICY)
+    return {gate.gate: gate for gate in serving_gates(policy, ServingEvidence(record, reference))}
+
+
+def test_a_tiny_checkpoint_is_served_and_agrees_with_what_was_gated(gated: dict[str, Path], reference: dict,
+                                                                     serving_env: serving.ServingEnv, tmp_path: Path) -> None:
+    record = check(gated["checkpoint"], evalsets.load_results(gated["results"]), CFG, serving_env, tmp_path)
+    assert record["served"] and record["engine"] == serving_env.identity()
+    agreement = record["agreement"]
+    assert agreement["items"] == CFG.items and agreement["positions"] > 100 and record["gated"]["weights_match"]
+    assert 0 <= agreement["mean_abs_logprob_difference"] <= agreement["p99_abs_logprob_difference"] <= agreement["max_abs_logprob_difference"]
+    assert agreement["top1_agreement"] > 0.9 and 0 <= agreement["kl_served_gated_mean"] < 0.05
+    greedy = record["greedy"]
+    assert greedy["prompts"] == CFG.greedy_prompts and len(greedy["matched_tokens"]) == CFG.greedy_prompts
+    for batch in ("1", "2"):
+        entry = record["throughput"]["batches"][batch]
+        assert entry["tokens_per_s"] > 0 and entry["bound_tokens_per_s"] > entry["tokens_per_s"]
+        assert len(entry["seconds"]) == CFG.runs
+    gates = _gates(record, reference)
+    assert {name: gate.outcome for name, gate in gates.items()} == {
+        "serving loads": Outcome.passed, "serving mean_logprob_difference": Outcome.passed, "serving p99_logprob_difference": Outcome.passed,
+        "serving nll_change": Outcome.passed}
+    assert not record["quantized_activations"] and "weight-only" in gates["serving mean_logprob_difference"].reason
+    assert abs(agreement["nll_change"]) < 0.02 and len(agreement["per_item"]) == CFG.items
+    assert "within the bound" in gates["serving mean_logprob_difference"].reason
+
+
+def _perturb_scales(checkpoint: Path, out: Path, layer: str, factor: float) -> Path:
+    """A copy of `checkpoint` with one layer's weight scales multiplied by `factor`."""
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(checkpoint, out)
+    path = out / "model.safetensors"
+    tensors = load_file(path)
+    name = f"{layer}.weight_scale"
+    assert name in tensors, sorted(tensors)[:8]
+    tensors[name] = tensors[name] * factor
+    save_file(tensors, path, metadata={"format": "pt"})
+    return out
+
+
+def test_scales_perturbed_after_the_gated_evaluation_are_caught_by_the_agreement_check(
+        gated: dict[str, Path], reference: dict, serving_env: serving.ServingEnv, tmp_path: Path) -> None:
+    changed = _perturb_scales(gated["checkpoint"], tmp_path / "perturbed", "model.layers.0.mlp.down_proj", 1.5)
+    record = check(changed, evalsets.load_results(gated["results"]), CFG, serving_env, tmp_path / "work")
+    assert record["served"] and not record["gated"]["weights_match"]
+    gates = _gates(record, reference)
+    assert gates["serving loads"].outcome is Outcome.passed
+    caught = [gate for gate in gates.values() if gate.outcome is Outcome.failed]
+    assert caught, {name: gate.reason for name, gate in gates.items()}
+    assert all("beyond the bound" in gate.reason for gate in caught)
+    assert any("served log-probs differ from gated by" in gate.reason for gate in caught)
+
+
+def test_a_checkpoint_vllm_cannot_load_is_blocked_by_the_serving_gate_with_the_reason(
+        gated: dict[str, Path], reference: dict, serving_env: serving.ServingEnv, tmp_path: Path) -> None:
+    broken = Path(shutil.copytree(gated["checkpoint"], tmp_path / "broken"))
+    config = json.loads((broken / "config.json").read_text())
+    config["quantization_config"]["config_groups"]["group_0"]["weights"]["num_bits"] = 3  # no kernel, no format for it
+    (broken / "config.json").write_text(json.dumps(config))
+    record = check(broken, evalsets.load_results(gated["results"]), CFG, serving_env, tmp_path / "work")
+    assert not record["served"]
+    assert record["reason"].startswith(f"vLLM {serving_env.version} ({serving_env.engine}) cannot load it: ")
+    verdict = judge({}, None, load_policy(SERVING_POLICY), "4bit", serving=ServingEvidence(record, reference))
+    assert not verdict.approved
+    assert any(reason == f"serving: {record['reason']}" for reason in verdict.reasons)
+
+
+def test_serve_check_command_writes_the_record_and_exits_1_when_not_served(cli, gated: dict[str, Path], served: serving.ServingEnv,
+                                                                           tmp_path: Path) -> None:
+    out = tmp_path / "serve"
+    result = cli("serve-check", gated["checkpoint"], "--results", gated["results"], "--out", out, "--items", "4",
+                 "--batch-sizes", "1", "--decode-tokens", "4", "--runs", "1")
+    assert result.code == 0, result.err
+    record = json.loads((out / "serve.json").read_text())
+    assert record["served"] and Path(record["log"]).is_file() and Path(record["log"]).is_relative_to(out)
+    assert "agreement with the gated results" in result.out and "decode at batch 1" in result.out
+    broken = Path(shutil.copytree(gated["checkpoint"], tmp_path / "broken"))
+    (broken / "config.json").write_text(json.dumps({**json.loads((broken / "config.json").read_text()), "architectures": ["NoSuchModel"]}))
+    result = cli("serve-check", broken, "--out", tmp_path / "serve-broken", "--batch-sizes", "1", "--decode-tokens", "2", "--runs", "1")
+    assert result.code == 1 and "not served: vLLM" in result.out
+    # bad input: exit 2, one line, nothing written
+    result = cli("serve-check", gated["checkpoint"], "--out", tmp_path / "bad", "--batch-sizes", "0")
+    assert result.code == 2 and not (tmp_path / "bad").exists()
+
+
+def test_the_serving_policies_are_v3_plus_the_serving_gate() -> None:
+    for name in ("small-model", "default"):
+        v3, v4 = (yaml.safe_load((Path(__file__).parent.parent / "gates" / "policies" / name / f"{version}.yaml").read_text())
+                  for version in ("v3", "v4"))
+        serving_rules = v4.pop("serving")
+        assert {**v4, "version": "v3"} == v3
+        assert serving_rules["require_loads"] is True
