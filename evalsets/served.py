@@ -79,12 +79,16 @@ def text_spec(results: EvaluationResults, wanted: str | None) -> str:
 
 
 def compares(results: EvaluationResults, wanted: str | None) -> bool:
-    """Whether `results` hold a text set the serve check can compare on."""
+    """Whether `results` hold a text set the serve check can compare on: with the output layer's
+    inputs cached (the evaluator's exact mode), so the gated distributions can be rebuilt."""
+    from safetensors import safe_open
+
     try:
-        text_spec(results, wanted)
+        spec = text_spec(results, wanted)
     except InputError:
         return False
-    return True
+    with safe_open(str(results.set_dir(spec) / TOPK_FILE), framework="numpy") as cached:
+        return "head_inputs" in set(cached.keys())
 
 
 SERVE_FILE = "serve.json"
@@ -124,8 +128,11 @@ def check(checkpoint: Path, results: EvaluationResults | None, cfg: ServeCheckCo
     serve gives a record with `served: false` and the reason."""
     gated = _Gated(checkpoint, results, cfg) if results is not None else None
     prompts = gated.greedy_prompts() if gated else []
+    positions = max_sequence_length(checkpoint)
+    alone = cfg.prompt_tokens + 1 + cfg.decode_tokens  # throughput only: its prompt and new tokens
     request = {"model": str(checkpoint.absolute()),
-               "engine": {"max_model_len": gated.max_model_len() if gated else 512, "kv_cache_bytes": cfg.kv_cache_mib * MIB},
+               "engine": {"max_model_len": gated.max_model_len() if gated else min(alone, positions or alone),
+                          "kv_cache_bytes": cfg.kv_cache_mib * MIB},
                "tasks": _tasks(cfg, gated, prompts)}
     record: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "engine": env.identity(), "checkpoint": str(checkpoint),
                               "settings": cfg.model_dump(mode="json"), "quantized_activations": quantized_activations(checkpoint)}

@@ -118,9 +118,9 @@ def measured_recommendation(rows: list[dict[str, Any]]) -> dict[str, Any] | None
         return None
     best = max(measured, key=lambda row: rate(row) or 0.0) if measured else None
     base_rate = None if baseline is None else rate(baseline)
-    return {"format": None if best is None else best["format"], "tokens_per_s": None if best is None else rate(best),
+    return {"format": None if best is None else display_name(best), "tokens_per_s": None if best is None else rate(best),
             "baseline_tokens_per_s": base_rate,
-            "slower_than_baseline": [row["format"] for row in measured if base_rate is not None and (rate(row) or 0.0) < base_rate],
+            "slower_than_baseline": [display_name(row) for row in measured if base_rate is not None and (rate(row) or 0.0) < base_rate],
             "device": ((best or baseline or {}).get("serving") or {}).get("device")}
 
 

@@ -81,10 +81,11 @@ def throughput(llm: Any, task: dict[str, Any]) -> dict[str, Any]:
 
     tokens, prompt = int(task["tokens"]), list(task["prompt"])
     params = SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True)
+    vocab = llm.llm_engine.model_config.get_vocab_size()
     measured = {}
     for batch in task["batch_sizes"]:
         # distinct prompts (the last token varied), so no prefix cache makes one request free
-        prompts = [TokensPrompt(prompt_token_ids=[*prompt[:-1], prompt[-1] + index]) for index in range(int(batch))]
+        prompts = [TokensPrompt(prompt_token_ids=[*prompt[:-1], (prompt[-1] + index) % vocab]) for index in range(int(batch))]
         llm.generate(prompts, params, use_tqdm=False)  # warm-up, untimed
         seconds = []
         for _ in range(int(task["runs"])):

@@ -103,9 +103,15 @@ def _gates(record: dict, reference: dict) -> dict[str, dict]:
     return {gate.gate: gate for gate in serving_gates(policy, ServingEvidence(record, reference))}
 
 
-def test_a_tiny_checkpoint_is_served_and_agrees_with_what_was_gated(gated: dict[str, Path], reference: dict,
-                                                                     serving_env: serving.ServingEnv, tmp_path: Path) -> None:
-    record = check(gated["checkpoint"], evalsets.load_results(gated["results"]), CFG, serving_env, tmp_path)
+@pytest.fixture(scope="module")
+def candidate(gated: dict[str, Path], serving_env: serving.ServingEnv, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """The checkpoint's serve record against the results its gate saw."""
+    return check(gated["checkpoint"], evalsets.load_results(gated["results"]), CFG, serving_env, tmp_path_factory.mktemp("serve-candidate"))
+
+
+def test_a_tiny_checkpoint_is_served_and_agrees_with_what_was_gated(candidate: dict, reference: dict,
+                                                                     serving_env: serving.ServingEnv) -> None:
+    record = candidate
     assert record["served"] and record["engine"] == serving_env.identity()
     agreement = record["agreement"]
     assert agreement["items"] == CFG.items and agreement["positions"] > 100 and record["gated"]["weights_match"]
@@ -183,6 +189,23 @@ def test_serve_check_command_writes_the_record_and_exits_1_when_not_served(cli, 
     # bad input: exit 2, one line, nothing written
     result = cli("serve-check", gated["checkpoint"], "--out", tmp_path / "bad", "--batch-sizes", "0")
     assert result.code == 2 and not (tmp_path / "bad").exists()
+
+
+def test_gate_command_judges_serve_records_and_blocks_without_them(cli, gated: dict[str, Path], candidate: dict, reference: dict,
+                                                                   tmp_path: Path) -> None:
+    (tmp_path / "candidate.json").write_text(json.dumps(candidate))
+    (tmp_path / "baseline.json").write_text(json.dumps(reference))
+    common = ("gate", "--baseline", gated["baseline-results"], "--candidate", gated["results"], "--checkpoint", gated["checkpoint"],
+              "--policy", SERVING_POLICY, "--narrow-policy", "wiki-text", "--json")
+    judged = json.loads(cli(*common, "--served", tmp_path / "candidate.json", "--served-baseline", tmp_path / "baseline.json").out)
+    gates = {gate["gate"]: gate["outcome"] for gate in judged["gates"]}
+    assert {gates[f"serving {check}"] for check in ("loads", "mean_logprob_difference", "p99_logprob_difference", "nll_change")} == {"pass"}
+    unserved = cli(*common)
+    record = json.loads(unserved.out)
+    assert unserved.code == 1 and record["verdict"] == "blocked"
+    assert any(reason.startswith("serving: not checked") for reason in record["reasons"])
+    bad = cli(*common, "--served", tmp_path / "nothing.json")
+    assert bad.code == 2 and "no serve record" in bad.err
 
 
 def test_the_serving_policies_are_v3_plus_the_serving_gate() -> None:

@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from gates.report import build, deployable, recommendation, verdict_text, write
+from gates.report import build, deployable, measured_recommendation, measured_sentence, recommendation, verdict_text, write
 from quantgate.core.artifacts import sha256_json
 from quantgate.pipeline import runner as pipeline
 from quantgate.pipeline.plan import load_plan
@@ -58,7 +58,10 @@ def _run_plan(spec: str, out: Path | None, quiet: bool = False) -> None:
 
 def _print_summary(data: dict[str, Any], result: Any = None) -> None:
     table = Table(title=f"quantgate: {Path(data['model']).name} under policy {data['policy']['name']}@{data['policy']['version']}")
-    for column in ("format", "MB", "x baseline", "bits/weight", "KL", data["plot"]["y"] or "metric", "verdict", "reasons"):
+    served = any(row.get("serving") for row in data["rows"])
+    columns = ["format", "MB", "x baseline", "bits/weight", "KL", data["plot"]["y"] or "metric"]
+    columns += ["served: |logprob diff|, tokens/s b1"] if served else []
+    for column in [*columns, "verdict", "reasons"]:
         table.add_column(column, overflow="fold")
     for row in data["rows"]:
         shown = row["metrics"].get(data["plot"]["y"] or "", {}).get("value")
@@ -67,24 +70,40 @@ def _print_summary(data: dict[str, Any], result: Any = None) -> None:
         colour = "green" if deployable(row) else "red" if row["verdict"] == "blocked" else "yellow"
         verdict = f"[{colour}]{text}[/{colour}]" if row["verdict"] in ("approved", "blocked") else text
         reasons = row["reasons"]
-        table.add_row(
-            row["format"], f"{row['bytes'] / 1e6:.1f}" if row["bytes"] else "-",
-            f"{row['ratio_to_baseline']:.3f}" if row["ratio_to_baseline"] else "-",
-            f"{row['bits_per_weight_layers']:.3f}" if row["bits_per_weight_layers"] else "-",
-            f"{row['kl_divergence']:.4f}" if row["kl_divergence"] is not None else "-",
-            f"{shown:.4f}" if isinstance(shown, float) else "-", verdict,
-            "; ".join(reasons[:2]) + (f"; and {len(reasons) - 2} more" if len(reasons) > 2 else ""))
+        cells = [row["format"], f"{row['bytes'] / 1e6:.1f}" if row["bytes"] else "-",
+                 f"{row['ratio_to_baseline']:.3f}" if row["ratio_to_baseline"] else "-",
+                 f"{row['bits_per_weight_layers']:.3f}" if row["bits_per_weight_layers"] else "-",
+                 f"{row['kl_divergence']:.4f}" if row["kl_divergence"] is not None else "-",
+                 f"{shown:.4f}" if isinstance(shown, float) else "-"]
+        cells += [_served_cell(row.get("serving"))] if served else []
+        table.add_row(*cells, verdict, "; ".join(reasons[:2]) + (f"; and {len(reasons) - 2} more" if len(reasons) > 2 else ""))
     console = Console(width=max(Console().width, 160))
     console.print(table)
     for profile in data["hardware"]:
         choice = recommendation(data["rows"], profile["name"])
         console.print(f"recommended on {profile['name']}: {choice or 'none (no format approved)'}")
+    measured = measured_sentence(data | {"measured_recommendation": measured_recommendation(data["rows"])})
+    if measured:
+        console.print(measured)
     if data.get("search"):
         console.print(f"search: {data['search'].get('conclusion')}")
     if result is not None:
         redone = len(result.redone)
         console.print(f"run directory {result.out} ({redone} of {len(result.stages)} stages run, {len(result.stages) - redone} reused) "
                       f"in {result.seconds:.0f} s; report {result.out / 'report' / 'report.html'}; ledger {data.get('ledger')}")
+
+
+def _served_cell(serving: dict[str, Any] | None) -> str:
+    """'yes: 0.043 nats, 47.7 tok/s', 'no: <reason>', or '-' (not served: a trial, or no serve stage)."""
+    if not serving:
+        return "-"
+    if not serving.get("served"):
+        return f"no: {serving.get('reason', '?')}"
+    agreement = serving.get("agreement")
+    rate = (serving.get("throughput") or {}).get("1")
+    parts = [f"{agreement['mean_abs_logprob_difference']:.3f} nats" if agreement else "not compared",
+             f"{rate['tokens_per_s']:.1f} tok/s" if rate else "no rate"]
+    return "yes: " + ", ".join(parts)
 
 
 @commands.command("report")
