@@ -305,7 +305,7 @@ def scored_pairs(pairs: list[tuple[list[int], list[int]]], max_length: int) -> l
     tokens from the left than under HFLM (never the continuation: HFLM asserts it fits)."""
     scored = []
     for context, continuation in pairs:
-        if not context or not continuation or len(continuation) >= max_length:
+        if not context or not continuation or len(continuation) >= max_length - 1:  # at least one context token fits
             raise InputError(f"a loglikelihood request with {len(context)} context and {len(continuation)} continuation tokens "
                              f"cannot be scored in {max_length} positions")
         keep = max_length - 1 - len(continuation)

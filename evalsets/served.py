@@ -7,8 +7,9 @@ text set, and the two are compared position by position:
 
 - the log-probability of each scored token, served against gated: mean, p99 and max |difference|
   (nats); the gated side is rebuilt exactly from the results' cached output-layer inputs;
-- KL(served || gated) from the served top-k (agreement.kl_from_topk: a lower bound, the mass
-  outside the served top-k counted at the gated side's least probable top-k token's odds);
+- KL(served || gated) from the served top-k (agreement.kl_from_topk: the KL of the two coarsened
+  to the top-k and one bucket for the mass outside them, a lower bound on the whole KL);
+- the mean NLL per token, served against gated (served, is it as good as what was gated?);
 - top-1 agreement, served against gated;
 - greedy continuations of a fixed prompt set (each of the first items' first tokens), served
   against the gated model's own (transformers, FP32), token by token;
@@ -16,12 +17,17 @@ text set, and the two are compared position by position:
   bound at this machine's measured copy bandwidth.
 
 The record is plain JSON (docs/serving.md, "The serve record"); gates/verdict.py judges it.
+A checkpoint vLLM cannot load or serve is a record (`served: false`, the reason), which blocks;
+a serving environment that cannot import vLLM, or a worker that runs past its time, is an error
+(nothing is recorded: the next run tries again).
 """
 
 from __future__ import annotations
 
 # torch and transformers are imported where used: they take seconds to import, and the CLI
 # (and a cache hit) needs neither.
+import os
+import platform
 import statistics
 from pathlib import Path
 from typing import Any
@@ -33,6 +39,7 @@ from evalsets import agreement
 from evalsets.evaluate import TOPK_FILE, EvaluationResults, load_side, model_identity
 from evalsets.sets import SetRef
 from evalsets.text_eval import head_logits, prefix_token
+from quantgate.core.artifacts import MANIFEST, read_json, sha256_file
 from quantgate.core.errors import InputError
 from quantgate.core.headers import read_checkpoint
 from quantgate.core.models import max_sequence_length
@@ -42,6 +49,8 @@ from quantize.measure.bounds import kv_bytes_per_sequence, memory_time, model_fr
 from quantize.measure.measurement import Measurement
 
 SCHEMA_VERSION = 1
+# Bump when a change to the serve check or the worker changes a number: cached serve records are redone.
+SERVE_CHECK_VERSION = 1
 MIB = 2**20
 BOUND_NOTE = ("an upper bound on tokens/s: every stored tensor byte read once a step at the copy bandwidth measured "
               "here; this CPU's peak FLOP/s is not known, so compute is not bounded")
@@ -69,7 +78,7 @@ def text_spec(results: EvaluationResults, wanted: str | None) -> str:
     texts = [spec for spec in results.manifest["sets"] if (results.set_dir(spec) / TOPK_FILE).is_file()]
     if wanted is not None:
         ref = SetRef.parse(wanted)
-        matching = [spec for spec in texts if spec == wanted or SetRef.parse(spec).name == ref.name]
+        matching = [spec for spec in texts if ref.matches(SetRef.parse(spec))]
         if not matching:
             raise InputError(f"results in {results.path} hold no text set {wanted}; text sets there: {', '.join(texts) or 'none'}")
         return matching[0]
@@ -78,17 +87,33 @@ def text_spec(results: EvaluationResults, wanted: str | None) -> str:
     return texts[0]
 
 
-def compares(results: EvaluationResults, wanted: str | None) -> bool:
-    """Whether `results` hold a text set the serve check can compare on: with the output layer's
-    inputs cached (the evaluator's exact mode), so the gated distributions can be rebuilt."""
+def not_comparable(results: EvaluationResults | None, wanted: str | None) -> str | None:
+    """Why `results` give the serve check nothing to compare with, or None when they do: a text set
+    with the output layer's inputs cached (the evaluator's exact mode), so the gated
+    distributions can be rebuilt."""
     from safetensors import safe_open
 
+    if results is None:
+        return "no gated results (the candidate was blocked before any evaluation)"
     try:
         spec = text_spec(results, wanted)
     except InputError:
-        return False
+        return f"its gated results hold no text set{f' {wanted}' if wanted else ''} (blocked before one was evaluated)"
     with safe_open(str(results.set_dir(spec) / TOPK_FILE), framework="numpy") as cached:
-        return "head_inputs" in set(cached.keys())
+        if "head_inputs" not in set(cached.keys()):
+            return (f"its gated results hold {spec} in top-k mode (the model's output layer could not be rebuilt), "
+                    "so the gated distributions are unknown")
+    return None
+
+
+def machine() -> dict[str, Any]:
+    """The machine a decode rate is measured on (in the serve stage's key)."""
+    model = platform.processor() or platform.machine()
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        model = next((line.split(":", 1)[1].strip() for line in cpuinfo.read_text(errors="replace").splitlines()
+                      if line.startswith("model name")), model)
+    return {"cpu": model, "cores": os.cpu_count(), "system": platform.system()}
 
 
 SERVE_FILE = "serve.json"
@@ -97,8 +122,6 @@ SERVE_FILE = "serve.json"
 def load_record(path: Path) -> dict[str, Any]:
     """A serve record: `quantgate serve-check`'s output directory or its serve.json, or a run's
     serve/<name>.json (the stage cache's {"key", "value"})."""
-    from quantgate.core.artifacts import read_json
-
     file = path / SERVE_FILE if path.is_dir() else path
     if not file.is_file():
         raise InputError(f"{path} is no serve record (quantgate serve-check's output or a run's serve/<name>.json)")
@@ -123,10 +146,12 @@ def quantized_activations(checkpoint: Path) -> bool:
 
 def check(checkpoint: Path, results: EvaluationResults | None, cfg: ServeCheckConfig, env: serving.ServingEnv,
           work: Path) -> dict[str, Any]:
-    """Serve `checkpoint` in vLLM and compare it with `results` (the evaluation its gate saw; None:
-    load and throughput only). Never raises for what vLLM does: a checkpoint it cannot load or
-    serve gives a record with `served: false` and the reason."""
-    gated = _Gated(checkpoint, results, cfg) if results is not None else None
+    """Serve `checkpoint` in vLLM and compare it with `results` (the evaluation its gate saw; None,
+    or results with no comparable text set: load and throughput only, `not_compared` says why). A
+    checkpoint vLLM cannot load or serve gives a record with `served: false` and the reason; an
+    environment that cannot import vLLM, or a timeout, raises ServingError."""
+    missing = not_comparable(results, cfg.evalset)
+    gated = _Gated(checkpoint, results, cfg) if results is not None and missing is None else None
     prompts = gated.greedy_prompts() if gated else []
     positions = max_sequence_length(checkpoint)
     alone = cfg.prompt_tokens + 1 + cfg.decode_tokens  # throughput only: its prompt and new tokens
@@ -135,17 +160,23 @@ def check(checkpoint: Path, results: EvaluationResults | None, cfg: ServeCheckCo
                           "kv_cache_bytes": cfg.kv_cache_mib * MIB},
                "tasks": _tasks(cfg, gated, prompts)}
     record: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "engine": env.identity(), "checkpoint": str(checkpoint),
-                              "settings": cfg.model_dump(mode="json"), "quantized_activations": quantized_activations(checkpoint)}
+                              "settings": cfg.model_dump(mode="json"), "quantized_activations": quantized_activations(checkpoint),
+                              "machine": machine(), "serve_check_version": SERVE_CHECK_VERSION}
     if gated is not None:
         record["gated"] = gated.describe()
+    else:
+        record["not_compared"] = missing
     try:
         response = serving.run(env, request, work, cfg.timeout_s)
     except serving.WorkerFailed as failure:
-        cannot = "cannot load it" if failure.phase in (None, "import", "load") else f"failed at {failure.phase}"
+        if failure.timed_out or failure.phase == "import":  # the environment's or the machine's fault, maybe passing
+            raise serving.ServingError(f"{failure.reason} (serving {checkpoint}; log {failure.log})") from failure
+        cannot = "cannot load it" if failure.phase in (None, "load") else f"failed at {failure.phase}"
         return {**record, "served": False, "reason": f"{env.label} {cannot}: {failure.reason}", "log": str(failure.log)}
     answer = response.value
-    record.update(served=True, log=str(response.log), dtype=answer.get("dtype"), device=answer.get("device"),
-                  threads=answer.get("threads"), load_seconds=answer.get("load_seconds"), seconds=answer.get("seconds"))
+    record.update(served=True, log=str(response.log), isolated=response.isolated, dtype=answer.get("dtype"),
+                  device=answer.get("device"), threads=answer.get("threads"), load_seconds=answer.get("load_seconds"),
+                  seconds=answer.get("seconds"))
     if gated is not None:
         record["agreement"] = gated.compare(response.result("prompt_logprobs")["prompts"])
         if prompts:
@@ -188,10 +219,13 @@ def throughput(batches: dict[str, Any], bandwidth: dict[str, Any], checkpoint: P
     per_second = float(bandwidth["bytes_per_second"])
     table = {}
     for batch, entry in batches.items():
-        median = statistics.median(entry["seconds"])
+        median, first = statistics.median(entry["seconds"]), statistics.median(entry["first_token_seconds"])
         kv = kv_bytes_per_sequence(shape["layers"], shape["kv_heads"], shape["head_dim"], 2.0, int(entry["prompt_tokens"]))
         step = memory_time(measured.tensor_bytes, int(batch), kv, per_second)
-        table[batch] = {"tokens_per_s": entry["generated_tokens"] / median, "seconds": entry["seconds"],
+        # decode alone: the tokens after each sequence's first, over the time after the first step
+        decoded = entry["generated_tokens"] - int(batch)
+        rate = decoded / (median - first) if median > first and decoded > 0 else entry["generated_tokens"] / median
+        table[batch] = {"tokens_per_s": rate, "seconds": entry["seconds"], "first_token_seconds": entry["first_token_seconds"],
                         "median_seconds": median, "generated_tokens": entry["generated_tokens"],
                         "bound_tokens_per_s": int(batch) / step}
     return {"batches": table, "bandwidth_bytes_per_s": per_second, "tensor_bytes": measured.tensor_bytes,
@@ -227,7 +261,8 @@ class _Gated:
     def describe(self) -> dict[str, Any]:
         identity = model_identity(self.checkpoint)
         recorded = self.results.manifest["model"]
-        return {"results": str(self.results.path), "evalset": self.spec, "items": self.count, "tokens": self.starts[-1],
+        return {"results": str(self.results.path), "results_sha256": sha256_file(self.results.path / MANIFEST),
+                "evalset": self.spec, "items": self.count, "tokens": self.starts[-1], "weights_sha256": identity["weights_sha256"],
                 "weights_match": all(identity[key] == recorded.get(key) for key in ("weights_sha256", "config_sha256"))}
 
     def ids(self, index: int) -> list[int]:

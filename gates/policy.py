@@ -139,6 +139,9 @@ class ServingGate(Strict):
     NLL per token exceeds the gated one by no more than the baseline's own change plus a margin."""
 
     require_loads: bool = True
+    # the baseline's own served-vs-gated mean |difference| at most this: above it, vLLM computes even
+    # the 16-bit model otherwise than transformers, and no bound built on it means anything
+    max_baseline_mean_logprob_difference: float = Field(gt=0)
     mean_logprob_difference_margin: ByActivations
     p99_logprob_difference_margin: ByActivations
     nll_increase_margin: float = Field(gt=0, description="nats per token over the baseline's own served-vs-gated NLL change")

@@ -18,7 +18,7 @@ from evalsets.sets import all_names, scored_metrics
 from gates import ledger as ledger_module
 from gates.policy import PRECISION_CLASSES, LoadedPolicy, load_policy, precision_class
 from gates.verdict import Records, ServingEvidence, Verdict, judge, tails
-from quantgate.core.artifacts import MANIFEST, read_json, sha256_json
+from quantgate.core.artifacts import MANIFEST, read_json, sha256_file, sha256_json
 from quantgate.core.errors import InputError
 from quantgate.core.ids import SetRef
 from quantgate.core.metrics import GATEABLE
@@ -158,6 +158,17 @@ def _checkpoint_manifest(checkpoint: Path | None) -> dict[str, Any] | None:
     return manifest if manifest.get("kind") == "quantized-checkpoint" else None
 
 
+def _check_serve_records(served: dict[str, Any] | None, reference: dict[str, Any] | None, candidate: EvaluationResults,
+                         baseline: EvaluationResults) -> None:
+    """`--served` must be the serve record of these candidate results (compared on them), and
+    `--served-baseline` one of the baseline model these baseline results were computed on."""
+    if served is not None and served.get("gated") and served["gated"].get("results_sha256") != sha256_file(candidate.path / MANIFEST):
+        raise InputError(f"--served: that serve record compared other results ({served['gated'].get('results')}), not {candidate.path}")
+    if reference is not None and reference.get("gated") and \
+            reference["gated"].get("weights_sha256") != baseline.manifest["model"].get("weights_sha256"):
+        raise InputError("--served-baseline: that serve record is of another model than the baseline these results were computed on")
+
+
 def gate_results(baseline: Path, candidate: Path, policy_spec: str | Path, *, checkpoint: Path | None = None,
                  calibration_dir: Path | None = None, precision: str | None = None, ledger: Path | None = None,
                  narrow_to: list[str] | None = None, served: Path | None = None, served_baseline: Path | None = None) -> dict[str, Any]:
@@ -197,6 +208,7 @@ def gate_results(baseline: Path, candidate: Path, policy_spec: str | Path, *, ch
 
     candidate_items = item_records(candidate_results)
     records = [None if path is None else load_record(path) for path in (served, served_baseline)]
+    _check_serve_records(records[0], records[1], candidate_results, baseline_results)
     serving = ServingEvidence(*records) if policy.policy.serving is not None else None
     verdict = judge(item_records(baseline_results), candidate_items, policy, precision,
                     measurement=measurement, smoke=(manifest or {}).get("smoke"), overlap=overlap, serving=serving)

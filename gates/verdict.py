@@ -409,21 +409,45 @@ def serving_gates(policy: LoadedPolicy, evidence: ServingEvidence) -> list[GateR
     results = [_single(SERVING, "loads", True, value=1.0, limit=1.0, unit="",
                        reason=f"serving: vLLM {engine.get('version', '?')} ({engine.get('engine', '?')}) loads it "
                               f"({record.get('dtype')} on {record.get('device')})")]
-    measured, base = record.get("agreement"), (evidence.reference or {}).get("agreement")
+    gated = record.get("gated") or {}
+    if gated.get("weights_match") is False:
+        results.append(_single(SERVING, "weights", False, value=0.0, limit=1.0, unit="",
+                               reason="serving: the served checkpoint's weights or config are not those its gated results "
+                                      f"were computed on ({gated.get('results')})"))
+    measured, base = record.get("agreement"), _reference(record, evidence.reference, rules.max_baseline_mean_logprob_difference)
     quantized = bool(record.get("quantized_activations"))
     checks = [("mean_logprob_difference", "mean_abs_logprob_difference", rules.mean_logprob_difference_margin.for_record(quantized)),
               ("p99_logprob_difference", "p99_abs_logprob_difference", rules.p99_logprob_difference_margin.for_record(quantized)),
               ("nll_change", "nll_change", rules.nll_increase_margin)]
     for check, key, margin in checks:
         if measured is None:
-            results.append(_serving_undecided(check, margin, "nats", "agreement not measured (no gated text-set results "
-                                                                     "to compare with: the candidate was blocked before one)"))
-        elif base is None:
-            why = (evidence.reference or {}).get("reason") or "the baseline was not served"
-            results.append(_serving_undecided(check, margin, "nats", f"no bound: the baseline's served-vs-gated difference is unknown ({why})"))
+            why = record.get("not_compared") or "no gated text-set results to compare with"
+            results.append(_serving_undecided(check, margin, "nats", f"agreement not measured: {why}"))
+        elif isinstance(base, str):
+            results.append(_serving_undecided(check, margin, "nats", f"no bound: {base}"))
         else:
             results.append(_serving_check(check, measured, base[key], margin, quantized))
     return results
+
+
+def _reference(record: dict[str, Any], reference: dict[str, Any] | None, ceiling: float) -> dict[str, Any] | str:
+    """The baseline's agreement, the base of every bound; or why there is none: the baseline not
+    served or not compared, served by another engine or compared on another text set than the
+    candidate, or itself served otherwise than gated (above `ceiling`)."""
+    if reference is None or not reference.get("served"):
+        return f"the baseline was not served ({(reference or {}).get('reason') or 'no serve record of it'})"
+    base: dict[str, Any] | None = reference.get("agreement")
+    measured = record.get("agreement") or {}
+    if base is None:
+        return f"the baseline's served-vs-gated difference is unknown ({reference.get('not_compared') or 'not compared'})"
+    if reference.get("engine") != record.get("engine"):
+        return f"the baseline was served by {reference.get('engine')}, the candidate by {record.get('engine')}"
+    if base.get("evalset") != measured.get("evalset", base.get("evalset")):
+        return f"the baseline was compared on {base.get('evalset')}, the candidate on {measured.get('evalset')}"
+    if not base["mean_abs_logprob_difference"] <= ceiling:
+        return (f"the baseline itself is served otherwise than gated (mean |difference| {base['mean_abs_logprob_difference']:.3f} "
+                f"nats a token, above {ceiling:g}): no bound built on it means anything")
+    return base
 
 
 def _serving_check(check: str, measured: dict[str, Any], floor: float, margin: float, quantized: bool) -> GateResult:

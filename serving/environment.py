@@ -139,9 +139,11 @@ def setup(root: Path | None = None, kind: str | None = None, log: Callable[[str]
         torch_version = _run([str(_python_of(building)), "-c", "import torch; print(torch.__version__)"], "torch check").strip()
         write_json(building / STAMP, {"engine": engine, "version": version, "torch": torch_version, "kind": kind,
                                       "removed": list(NOT_LOADABLE), "build_seconds": round(time.perf_counter() - started, 1)})
-        if root.exists():  # a half-removed earlier build: replaced
-            shutil.rmtree(root)
-        building.rename(root)
+        if find(root) is None:  # another clone may have finished its build meanwhile: then it is used
+            shutil.rmtree(root, ignore_errors=True)  # a half-removed earlier build
+            building.rename(root)
+        else:
+            shutil.rmtree(building, ignore_errors=True)
     except BaseException:
         shutil.rmtree(building, ignore_errors=True)
         raise

@@ -43,17 +43,19 @@ DROPPED = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")
 class WorkerFailed(ServingError):
     """vLLM could not do what the request asked: `reason` is its one line."""
 
-    def __init__(self, reason: str, log: Path, phase: str | None = None) -> None:
+    def __init__(self, reason: str, log: Path, phase: str | None = None, *, timed_out: bool = False) -> None:
         super().__init__(reason)
         self.reason = reason
         self.log = log
-        self.phase = phase  # "import", "load", a task's kind; None when the worker said nothing
+        self.phase = phase  # "import", "load", a task's kind; None when the worker said nothing (it died)
+        self.timed_out = timed_out
 
 
 @dataclass(frozen=True)
 class Response:
     value: dict[str, Any]
     log: Path
+    isolated: bool = False  # run inside a loopback-only network namespace
 
     def result(self, kind: str) -> dict[str, Any]:
         return next(result for result in self.value["results"] if result["kind"] == kind)
@@ -81,18 +83,20 @@ def run(env: ServingEnv, request: dict[str, Any], work: Path, timeout: float) ->
     write_json(request_path, {"protocol": PROTOCOL, **request})
     response_path.unlink(missing_ok=True)
     environment = {key: value for key, value in os.environ.items() if key not in DROPPED} | WORKER_ENV
-    command = [*loopback_prefix(), str(env.python), str(WORKER), str(request_path), str(response_path)]
+    prefix = loopback_prefix()
+    command = [*prefix, str(env.python), str(WORKER), str(request_path), str(response_path)]
     with open(log, "wb") as stream:
         try:
             finished = subprocess.run(command, stdout=stream, stderr=subprocess.STDOUT, env=environment, timeout=timeout,
                                       cwd=work)
         except subprocess.TimeoutExpired as error:
-            raise WorkerFailed(f"{env.label} did not finish within {timeout:.0f} s (log {log})", log) from error
+            raise WorkerFailed(f"{env.label} did not finish within {timeout:.0f} s", log, timed_out=True) from error
     answer = read_json(response_path) if response_path.is_file() else None
     if finished.returncode != 0 or answer is None or "error" in answer:
-        reason = (answer or {}).get("error") or _last_line(log) or f"exit status {finished.returncode}"
+        died = f"the worker died (exit status {finished.returncode})" if answer is None else None
+        reason = (answer or {}).get("error") or died or _last_line(log)
         raise WorkerFailed(reason, log, (answer or {}).get("phase"))
-    return Response(answer, log)
+    return Response(answer, log, bool(prefix))
 
 
 def _last_line(log: Path) -> str:

@@ -88,18 +88,21 @@ def test_damaged_cache_is_rebuilt(pulled, tmp_path: Path, monkeypatch: pytest.Mo
     assert rebuilt.manifest["files"]["tokenizer.json"] == pulled.manifest["files"]["tokenizer.json"]
 
 
-def test_demo_command_runs_the_embedded_plan_which_passes_its_checks(pulled, cli, tmp_path: Path,
+def test_demo_command_runs_the_embedded_plan_which_passes_its_checks(pulled, cli, served, tmp_path: Path,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    """The whole demo takes about 15 minutes (make demo); here the embedded plan goes through
-    every check a run makes before its first stage, against the real demo model."""
+    """The whole demo takes about 20 minutes (make demo); here the embedded plan goes through
+    every check a run makes before its first stage, against the real demo model and the serving
+    environment its policy's serving gate needs."""
     monkeypatch.setenv("QUANTGATE_HOME", str(pulled.path.parent.parent))
 
     def checked_only(self):
         resolved = self.preflight()
-        raise InputError(f"checked {self.plan.model} {','.join(self.plan.formats)} {resolved.policy.policy.name} into {self.out}")
+        raise InputError(f"checked {self.plan.model} {','.join(self.plan.formats)} {resolved.policy.policy.name} into {self.out}; "
+                         f"served by {resolved.serving_env.label if resolved.serving_env else None}")
 
     monkeypatch.setattr(pipeline.Pipeline, "run", checked_only)
     result = cli("demo", "--out", tmp_path / "run")
     assert result.code == 2
-    assert f"checked smollm2-135m gptq-int4,smoothquant-w8a8,fp8-e4m3 small-model into {tmp_path / 'run'}" in result.err
+    assert (f"checked smollm2-135m gptq-int4,smoothquant-w8a8,fp8-e4m3 small-model into {tmp_path / 'run'}; "
+            f"served by {served.label}") in result.err
     assert not (tmp_path / "run").exists()

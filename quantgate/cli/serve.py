@@ -11,7 +11,7 @@ import typer
 
 import evalsets
 import serving
-from evalsets.served import SERVE_FILE, ServeCheckConfig, check
+from evalsets.served import SERVE_FILE, ServeCheckConfig, check, not_comparable
 from quantgate.cli.options import config
 from quantgate.core.artifacts import atomic_directory, write_json
 from quantgate.core.errors import InputError
@@ -80,6 +80,8 @@ def serve_check_command(
     sizes = _batch_sizes(batch_sizes)
     cfg = config(ServeCheckConfig, evalset=evalset, items=items, batch_sizes=sizes, decode_tokens=decode_tokens, runs=runs)
     loaded = evalsets.load_results(results) if results is not None else None
+    if loaded is not None and (why := not_comparable(loaded, evalset)) is not None:
+        raise InputError(f"--results {results}: nothing to compare with: {why}")
     env = serving.require()
     with atomic_directory(out, overwrite=overwrite) as staging:
         record = check(model, loaded, cfg, env, staging / "worker")

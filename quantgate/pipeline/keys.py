@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from evalsets.evaluate import EVALUATOR_VERSION
+from evalsets.served import SERVE_CHECK_VERSION, machine
 from quantgate.core.artifacts import library_versions, sha256_json
 from quantgate.pipeline.resolve import ResolvedPlan
 
@@ -62,10 +63,12 @@ def sequential_key(plan: ResolvedPlan, checkpoint_sha: str, *, precision: str, b
 
 def serve_key(plan: ResolvedPlan, *, checkpoint: dict[str, str], results: str | None) -> str:
     """A serve check: the checkpoint's identity, the sha256 of the results manifest its gate saw
-    (None: none to compare with), the serve settings and the serving engine's identity."""
+    (None: none to compare with), the serve settings, the serving engine's identity, the serve
+    check's version and the machine (its decode rates are this machine's)."""
     assert plan.serve_cfg is not None and plan.serving_env is not None
     return sha256_json({"stage": "serve", "checkpoint": checkpoint, "results": results, "config": plan.serve_cfg.model_dump(mode="json"),
-                        "engine": plan.serving_env.identity(), "quantgate": plan.version, "libraries": library_versions()})
+                        "engine": plan.serving_env.identity(), "version": SERVE_CHECK_VERSION, "machine": machine(),
+                        "quantgate": plan.version, "libraries": library_versions()})
 
 
 def gate_key(plan: ResolvedPlan, *, precision: str, evidence: str, measure: str, overlap: str, results: list[str],
@@ -77,7 +80,7 @@ def gate_key(plan: ResolvedPlan, *, precision: str, evidence: str, measure: str,
            "results": results, "measure": measure, "overlap": overlap, "quantgate": plan.version}
     if allocation is not None:  # a search trial: the bytes its size gate holds it to
         key["allocation"] = allocation
-    if serve is not None:  # the keys of its serve check and the baseline's (absent without a serve stage)
+    if serve is not None:  # the sha256s of its serve record and the baseline's (absent without a serve stage)
         key["serve"] = serve
     return sha256_json(key)
 

@@ -23,7 +23,7 @@ import evalsets
 import quantize
 from evalsets.evaluate import IDENTITY_KEYS, model_identity
 from evalsets.served import check as serve_check
-from evalsets.served import compares, served_summary
+from evalsets.served import served_summary
 from gates.policy import Outcome, mixed_precision_class, precision_class
 from gates.report import build as build_report
 from gates.report import write as write_report
@@ -310,12 +310,11 @@ class _Run:
         if plan.serve_cfg is None or plan.serving_env is None:
             return None
         cfg, env = plan.serve_cfg, plan.serving_env
-        compared = results if results is not None and compares(results, cfg.evalset) else None
         identity = model_identity(model)
         key = keys.serve_key(plan, checkpoint={item: identity[item] for item in IDENTITY_KEYS},
-                             results=sha256_file(compared.path / MANIFEST) if compared is not None else None)
+                             results=sha256_file(results.path / MANIFEST) if results is not None else None)
         record = self.cache.json(kind="serve", label=f"serve {name}", path=self.dir.serve(name), key=key,
-                                 produce=lambda: serve_check(model, compared, cfg, env, self.dir.serve_work(name)))
+                                 produce=lambda: serve_check(model, results, cfg, env, self.dir.serve_work(name)))
         self.log.amend_last(_served_summary(record), done=False)
         return _Served(record, key)
 
@@ -414,7 +413,8 @@ class _Run:
         # the policy's serving gates judge every candidate but a search trial (served when chosen)
         gates_serving = plan.policy.policy.serving is not None and not (candidate.split is not None and candidate.split.name == SEARCH)
         reference = baseline.served
-        serve_keys = [served.key if served else None, reference.key if reference else None] if plan.serve_cfg is not None else None
+        # the serve records themselves (a record made again under the same key may differ)
+        serve_keys = [sha256_json(part.record) if part else None for part in (served, reference)] if plan.serve_cfg is not None else None
         key = keys.gate_key(plan, precision=candidate.precision, evidence=evidence.key, measure=measure_key, overlap=overlap.key,
                             results=[sha256_file(results.path / MANIFEST) for results in (evidence.results, evidence.baseline) if results],
                             allocation=candidate.allocation, serve=serve_keys)
