@@ -478,8 +478,8 @@ def _rate(serving: dict[str, Any], batch: str) -> str:
 
 
 def serving_table(report: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
-    """Per checkpoint the serve stage checked (the baseline, the formats, a search's held-out gate;
-    its trials are served only when chosen): served or not, the agreement with what was gated
+    """Per checkpoint the serve stage checked (the baseline, the formats, a search's trials and its
+    held-out gate): served or not, the agreement with what was gated
     against the serving gate's bounds, greedy continuations, measured decode tokens/s against the
     bound at the measured copy bandwidth."""
     rows = []
@@ -1574,7 +1574,7 @@ def _row(name: str, measured: dict[str, Any] | None, results: dict[str, Any] | N
         # a search's trial or held-out gate: its role, split, items, mix (gates.report.build); None otherwise
         "search": None,
         # its serve check (evalsets.served.served_summary): served by vLLM or not, the agreement with
-        # what was gated, decode tokens/s and the bound; None where the run had no serve stage (or a trial)
+        # what was gated, decode tokens/s and the bound; None where the run had no serve stage
         "serving": None if verdict is None else verdict.get("serving"),
     }
 

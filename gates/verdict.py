@@ -474,15 +474,13 @@ def judge(baseline_items: dict[str, Records], candidate_items: dict[str, Records
           precision: str, *, measurement: dict[str, Any] | None = None, smoke: dict[str, Any] | None = None,
           overlap: dict[str, Any] | None = None, metric_gates: list[GateResult] | None = None,
           allocation: dict[str, int] | None = None, serving: ServingEvidence | None = None) -> Verdict:
-    """Every gate of the policy: integrity, size (when the candidate was measured), serving
-    (unless `serving` is None: a search trial, judged on its split only, is served when chosen),
-    then the metrics against the baseline: `metric_gates` where sequential evaluation decided
+    """Every gate of the policy: integrity, size (when the candidate was measured), serving (where
+    the policy gates it; with no `serving` evidence its gate blocks: not checked), then the metrics against the baseline: `metric_gates` where sequential evaluation decided
     them already, else one look at the items the results hold. Approved only when every gate passes."""
     results = integrity_gates(policy, smoke, overlap, candidate_items)
     if measurement is not None:
         results += size_gates(measurement, policy, allocation)
-    if serving is not None:
-        results += serving_gates(policy, serving)
+    results += serving_gates(policy, serving or ServingEvidence(None, None))
     if metric_gates is not None:
         results += metric_gates
     elif candidate_items is not None:

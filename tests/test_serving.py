@@ -113,6 +113,7 @@ def test_a_tiny_checkpoint_is_served_and_agrees_with_what_was_gated(candidate: d
                                                                      serving_env: serving.ServingEnv) -> None:
     record = candidate
     assert record["served"] and record["engine"] == serving_env.identity()
+    assert record["isolated"] is bool(launch.loopback_prefix())  # in a loopback-only namespace wherever one can be made
     agreement = record["agreement"]
     assert agreement["items"] == CFG.items and agreement["positions"] > 100 and record["gated"]["weights_match"]
     assert 0 <= agreement["mean_abs_logprob_difference"] <= agreement["p99_abs_logprob_difference"] <= agreement["max_abs_logprob_difference"]

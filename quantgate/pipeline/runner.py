@@ -49,7 +49,6 @@ from quantize.measure import measure_and_bound
 from quantize.presets import get_preset
 
 PER_FORMAT = ("quantize", "measure", "evaluate", "gate")
-SEARCH = "search"  # the split a search's trials are judged on: they are served only when chosen
 
 
 @dataclass
@@ -175,10 +174,9 @@ class Pipeline:
     def planned_stages(self, resolved: ResolvedPlan) -> list[str]:
         search = self.plan.search
         served = ["serve"] if resolved.serve_cfg is not None else []
-        # a search: its sensitivity, at most max_trials trials (not served), the held-out measure
-        # (reused), evaluation, serve and gate
-        searched = ["sensitivity", *PER_FORMAT * search.max_trials, "measure", "evaluate", *served, "gate"] if search else []
         per_format = [*PER_FORMAT[:3], *served, PER_FORMAT[3]]
+        # a search: its sensitivity, at most max_trials trials, the held-out measure (reused), evaluation, serve and gate
+        searched = ["sensitivity", *per_format * search.max_trials, "measure", "evaluate", *served, "gate"] if search else []
         return ["calibration", "overlap", "measure", "evaluate", *served, *per_format * len(self.plan.formats), *searched, "report"]
 
     def run(self) -> RunResult:
@@ -298,8 +296,7 @@ class _Run:
         measured, measure_key = self.measure(candidate)
         evidence = self.evaluate_sequentially(candidate, measured=measured, measure_key=measure_key, overlap=overlap)
         self.evaluators.pop(candidate.fmt, None)  # its model is not needed again for now
-        trial = candidate.split is not None and candidate.split.name == SEARCH
-        served = None if trial else self.serve(candidate.name, candidate.checkpoint, evidence.results)
+        served = self.serve(candidate.name, candidate.checkpoint, evidence.results)
         return self.gate(candidate, measured=measured, measure_key=measure_key, evidence=evidence, baseline=baseline, overlap=overlap,
                          served=served)
 
@@ -410,8 +407,9 @@ class _Run:
              baseline: _Baseline, overlap: _Overlap, served: _Served | None = None) -> dict[str, Any]:
         """The verdict record, appended to the ledger unless the ledger holds it already."""
         plan, fmt = self.plan, candidate.name
-        # the policy's serving gates judge every candidate but a search trial (served when chosen)
-        gates_serving = plan.policy.policy.serving is not None and not (candidate.split is not None and candidate.split.name == SEARCH)
+        # the policy's serving gates judge every candidate, a search's trials included: a trial vLLM
+        # cannot serve as gated is no solution, and is blocked on the search split
+        gates_serving = plan.policy.policy.serving is not None
         reference = baseline.served
         # the serve records themselves (a record made again under the same key may differ)
         serve_keys = [sha256_json(part.record) if part else None for part in (served, reference)] if plan.serve_cfg is not None else None
