@@ -506,11 +506,13 @@ def serving_table(report: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
 
 def serving_note(report: dict[str, Any]) -> str:
     """What the serving table's numbers are."""
-    bandwidth = next((row["serving"].get("bandwidth_bytes_per_s") for row in report["rows"]
-                      if row.get("serving") and row["serving"].get("bandwidth_bytes_per_s")), None)
+    measured = [row["serving"]["bandwidth_bytes_per_s"] / 1e9 for row in report["rows"]
+                if row.get("serving") and row["serving"].get("bandwidth_bytes_per_s")]
     engine = next((row["serving"].get("engine") for row in report["rows"] if row.get("serving") and row["serving"].get("engine")), None)
     which = f"vLLM {engine['version']} ({engine['engine']})" if engine else "vLLM"
-    at = f" at the {bandwidth / 1e9:.1f} GB/s a tensor copy measured there" if bandwidth else ""
+    span = f"{min(measured):.1f}" if measured and max(measured) - min(measured) < 0.05 else \
+        f"{min(measured):.1f}-{max(measured):.1f}" if measured else ""
+    at = f" at the copy bandwidth each checkpoint's worker measured ({span} GB/s)" if measured else ""
     return (f"Each checkpoint served by {which} and compared with the evaluation its gate saw, token by token on the same "
             "token ids: |served - gated| log-probability of each token (nats; the bounds in brackets are the serving gate's: "
             "the baseline's own difference plus the policy's margin), KL(served‖gated) from the served top-k, top-1 agreement, "
