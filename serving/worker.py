@@ -159,23 +159,20 @@ def serve(request: dict[str, Any]) -> dict[str, Any]:
     import vllm
 
     response: dict[str, Any] = {"protocol": PROTOCOL, "vllm_version": vllm.__version__, "torch_version": torch.__version__}
-    results = [bandwidth(task) for task in request["tasks"] if task["kind"] == "bandwidth"]
-    model_tasks = [task for task in request["tasks"] if task["kind"] != "bandwidth"]
-    if model_tasks:
+    llm = None
+    if any(task["kind"] != "bandwidth" for task in request["tasks"]):  # the engine only where a task needs it
         _phase[0] = "load"
         llm = engine(request)
         response["load_seconds"] = time.perf_counter() - started
         config = llm.llm_engine.model_config
         response.update(dtype=str(config.dtype).removeprefix("torch."), quantization=config.quantization,
                         device=_device(), threads=torch.get_num_threads())
-        results = []
-        for task in request["tasks"]:
-            task_started = time.perf_counter()
-            _phase[0] = task["kind"]
-            answer = bandwidth(task) if task["kind"] == "bandwidth" else TASKS[task["kind"]](llm, task)
-            results.append({"kind": task["kind"], "seconds": time.perf_counter() - task_started, **answer})
-    else:
-        results = [{"kind": "bandwidth", **result} for result in results]
+    results = []
+    for task in request["tasks"]:
+        task_started = time.perf_counter()
+        _phase[0] = task["kind"]
+        answer = bandwidth(task) if task["kind"] == "bandwidth" else TASKS[task["kind"]](llm, task)
+        results.append({"kind": task["kind"], "seconds": time.perf_counter() - task_started, **answer})
     response["results"] = results
     response["seconds"] = time.perf_counter() - started
     return response

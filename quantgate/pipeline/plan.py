@@ -95,11 +95,6 @@ class SearchPlan(Strict):
         return value
 
 
-class ServingPlan(ServeCheckConfig):
-    """The serve stage (docs/serving.md): each checkpoint (and the baseline) served in vLLM and
-    compared with what its gate saw; every field a setting of the serve check."""
-
-
 class ReportPlan(Strict):
     plot_metric: str | None = Field(default=None, description="'SET METRIC' on the plot's y axis (default: the first text-set KL)")
 
@@ -120,7 +115,7 @@ class RunPlan(Strict):
     report: ReportPlan = ReportPlan()
     search: SearchPlan | None = Field(default=None, description="a gated mixed-precision search (docs/search.md)")
     # the serve stage's settings; a policy with a serving gate serves with the defaults when absent
-    serving: ServingPlan | None = Field(default=None, description="the serve stage: vLLM loads and agrees (docs/serving.md)")
+    serving: ServeCheckConfig | None = Field(default=None, description="the serve stage: vLLM loads and agrees (docs/serving.md)")
     allow_pickle: bool = False
 
     @field_validator("schema_version")

@@ -227,7 +227,7 @@ def _with_serving(resolved: ResolvedPlan) -> ResolvedPlan:
     plan, gated = resolved.plan, resolved.policy.policy.serving is not None
     if plan.serving is None and not gated:
         return resolved
-    cfg = ServeCheckConfig(**(plan.serving.model_dump() if plan.serving is not None else {}))
+    cfg = plan.serving or ServeCheckConfig()
     texts = [spec for spec, golden in resolved.goldens.items() if golden.kind is evalsets.Kind.text]
     if not texts:
         raise InputError("plan: the serve stage compares per-token log-probabilities on a text set, and the plan evaluates none")
