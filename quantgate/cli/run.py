@@ -11,8 +11,9 @@ from rich.table import Table
 
 from gates.report import build, deployable, measured_recommendation, measured_sentence, recommendation, verdict_text, write
 from quantgate.core.artifacts import sha256_json
+from quantgate.core.errors import Interrupted
 from quantgate.pipeline import runner as pipeline
-from quantgate.pipeline.plan import load_plan
+from quantgate.pipeline.plan import load_plan, with_executor
 
 # This module's commands; quantgate.cli.app.COMMANDS names each, so `quantgate --help` need not import it.
 commands = typer.Typer(add_completion=False)
@@ -37,6 +38,9 @@ def run_command(
     plan: str = typer.Argument(..., help="a plan YAML file (see quantgate/pipeline/plans/demo.yaml), or 'demo'"),
     out: Path | None = typer.Option(None, "--out", help="run directory (default: the plan's `out`)"),
     quiet: bool = typer.Option(False, "--quiet", help="no stage lines, only the summary"),
+    executor: str | None = typer.Option(None, "--executor", help="where the stages run: local or ray (default: the plan's `executor`)"),
+    address: str | None = typer.Option(None, "--address", help="the Ray cluster: auto, HOST:PORT of its head, or ray://HOST:10001 "
+                                       "(implies --executor ray; none: a Ray of this machine's own)"),
 ) -> None:
     """Run every stage for one model: calibrate, quantize each format, measure and bound,
     evaluate the baseline and each candidate, gate, append to the ledger, write the report.
@@ -45,13 +49,21 @@ def run_command(
     only what is missing. Exit 0 if every format is approved, 1 if any is blocked, 2 on bad
     input or configuration.
 
-    Example: quantgate run my-plan.yaml
+    With --executor ray each format's quantization, evaluation and serve check is a Ray task,
+    side by side on the cluster (docs/scale-out.md); `out` must be on storage every node sees.
+
+    Example: quantgate run my-plan.yaml --executor ray --address 10.0.0.1:6379
     """
-    _run_plan(plan, out, quiet)
+    loaded = load_plan(plan)
+    _run_plan(plan, out, quiet, loaded=with_executor(loaded, executor, address) if executor or address else loaded)
 
 
-def _run_plan(spec: str, out: Path | None, quiet: bool = False) -> None:
-    result = pipeline.run(load_plan(spec), out, show_progress=not quiet)
+def _run_plan(spec: str, out: Path | None, quiet: bool = False, loaded: Any = None) -> None:
+    try:
+        result = pipeline.run(loaded or load_plan(spec), out, show_progress=not quiet)
+    except KeyboardInterrupt:  # typer would exit 130 without a word
+        raise Interrupted("interrupted: the run's tasks were cancelled and every artifact written so far is whole; "
+                          "the same command resumes where it stopped") from None
     _print_summary(build(result.out), result)
     raise typer.Exit(result.exit_code)
 

@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 import resource
 import shutil
 import sys
@@ -100,7 +101,7 @@ def atomic_file(path: Path, *, durable: bool = False) -> Iterator[BinaryIO]:
     fsync before the rename (a record whose loss a crash must not cause, the ledger)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.partial-", dir=path.parent)
     try:
         with os.fdopen(handle, "wb") as stream:
             yield stream
@@ -177,6 +178,28 @@ def atomic_directory(final: Path, overwrite: bool = False) -> Iterator[Path]:
             with contextlib.suppress(OSError):
                 directory.rmdir()
         raise
+
+
+# What atomic_file and atomic_directory leave when their process is killed mid-write: a staging
+# sibling (`.NAME.partial-XXXX`) or a replaced artifact not yet removed (`.NAME.old-XXXX`).
+_TEMPORARY = re.compile(r"^\..+\.(partial|old)-[A-Za-z0-9_]+$")
+
+
+def remove_temporaries(root: Path) -> list[Path]:
+    """Remove every staging or retired sibling under `root` that a killed writer left behind.
+    Only for a directory no writer is using now (a run directory under its lock, after its
+    tasks ended). Returns what was removed."""
+    found = [path for path in Path(root).rglob(".*") if _TEMPORARY.match(path.name)]
+    removed = []
+    for path in sorted(found, key=lambda item: len(item.parts)):  # outermost first; inner ones go with it
+        if not path.exists() and not path.is_symlink():
+            continue
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+        removed.append(path)
+    return removed
 
 
 def library_versions() -> dict[str, str | None]:

@@ -28,6 +28,12 @@ class OutputExistsError(InputError):
     """The output path exists and would be replaced without --overwrite."""
 
 
+class Interrupted(QuantgateError):
+    """Ctrl-C: the work stopped, and what was written so far is whole (exit 130, as a shell's)."""
+
+    exit_code = 130
+
+
 class IntegrityError(QuantgateError):
     """An artifact's files do not match the hashes in its manifest."""
 

@@ -54,6 +54,11 @@ def set_order(plan: ResolvedPlan) -> list[str]:
     return sorted(plan.set_specs, key=lambda spec: (_KIND_ORDER.get(plan.goldens[spec].kind, 9), plan.set_specs.index(spec)))
 
 
+def gated_sets(plan: ResolvedPlan) -> list[str]:
+    """The plan's sets some gate of its policy looks at, in the order they are visited."""
+    return [spec for spec in set_order(plan) if _policy_gates(plan.policy, spec)]
+
+
 def _policy_gates(policy: LoadedPolicy, spec: str) -> dict[str, MetricGate]:
     ref = SetRef.parse(spec)
     return {metric: gate for key, gates in policy.policy.metrics.items() if SetRef.parse(key).matches(ref)
@@ -83,7 +88,7 @@ class Looks:
         """Look at the candidate `fmt` set by set, round by round; `blocked_before`: a size or
         integrity gate that already blocks it (then nothing is evaluated)."""
         plan, policy = self.plan, self.plan.policy
-        order = [spec for spec in set_order(plan) if _policy_gates(policy, spec)]
+        order = gated_sets(plan)
         ungated = [spec for spec in set_order(plan) if spec not in order]
         open_gates = {spec: dict(_policy_gates(policy, spec)) for spec in order}
         decided: dict[str, GateResult] = {}

@@ -8,7 +8,7 @@ hardware YAML) resolve against the directory quantgate runs in, as command-line 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal, get_args
@@ -95,6 +95,37 @@ class SearchPlan(Strict):
         return value
 
 
+# The stage kinds a plan's `resources:` can name: each is one Ray task a unit (docs/scale-out.md).
+STAGE_KINDS = ("calibration", "overlap", "measure", "evaluate", "quantize", "sensitivity", "serve")
+StageKind = Literal["calibration", "overlap", "measure", "evaluate", "quantize", "sensitivity", "serve"]
+
+
+class ExecutorPlan(Strict):
+    """Where the stages run: `local` (this process, one after another) or `ray` (each unit a Ray
+    task; without an address a Ray of this machine's own is started, as on a laptop)."""
+
+    kind: Literal["local", "ray"] = "local"
+    # `auto` (the cluster this machine belongs to), `HOST:PORT` of a head node, or `ray://HOST:10001`
+    address: str | None = None
+    # how often Ray runs a task again whose worker died (killed, out of memory, its node lost);
+    # an error the task raises itself is never retried: the same inputs give the same error
+    max_retries: int = Field(default=2, ge=0, le=10)
+
+    @model_validator(mode="after")
+    def _address_needs_ray(self) -> ExecutorPlan:
+        if self.address is not None and self.kind != "ray":
+            raise ValueError(f"an address is for the ray executor; this plan's executor is {self.kind}")
+        return self
+
+
+class StageResources(Strict):
+    """What one task of a stage kind asks of the cluster (the local executor ignores it)."""
+
+    cpus: float = Field(default=1, ge=0, description="CPUs; torch runs this many threads in the task (at least one)")
+    gpus: float = Field(default=0, ge=0, description="GPUs (a fraction shares one)")
+    memory_gib: float | None = Field(default=None, gt=0, description="memory Ray reserves for the task, GiB")
+
+
 class ReportPlan(Strict):
     plot_metric: str | None = Field(default=None, description="'SET METRIC' on the plot's y axis (default: the first text-set KL)")
 
@@ -116,7 +147,16 @@ class RunPlan(Strict):
     search: SearchPlan | None = Field(default=None, description="a gated mixed-precision search (docs/search.md)")
     # the serve stage's settings; a policy with a serving gate serves with the defaults when absent
     serving: ServeCheckConfig | None = Field(default=None, description="the serve stage: vLLM loads and agrees (docs/serving.md)")
+    # where the stages run (docs/scale-out.md): `local`, `ray`, or {kind: ray, address: ..., max_retries: ...}
+    executor: ExecutorPlan = ExecutorPlan()
+    # per stage kind, what each of its tasks asks of a Ray cluster
+    resources: dict[StageKind, StageResources] = Field(default_factory=dict)
     allow_pickle: bool = False
+
+    @field_validator("executor", mode="before")
+    @classmethod
+    def _executor_by_name(cls, value: Any) -> Any:
+        return {"kind": value} if isinstance(value, str) else value
 
     @field_validator("schema_version")
     @classmethod
@@ -174,8 +214,12 @@ def _section(path: tuple[str | int, ...]) -> type[BaseModel] | None:
     report), or None when it is inside a mapping of free values (quantize options)."""
     section: type[BaseModel] | None = RunPlan
     for part in path[:-1]:
-        field = section.model_fields.get(str(part)) if section is not None else None
-        annotation = field.annotation if field is not None else None
+        if section is None:
+            break
+        field = section.model_fields.get(str(part))
+        if field is None:  # a key of a mapping of sections (`resources: {quantize: ...}`): its value's model
+            continue
+        annotation = field.annotation
         # an optional section (`search: SearchPlan | None`): its model
         candidates = [annotation, *get_args(annotation)]
         section = next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
@@ -202,6 +246,18 @@ def from_mapping(raw: Any, where: str = "(mapping)", base: Path | None = None, p
     except InputError as error:  # an unknown format from get_preset, raised inside a validator
         raise PlanError(f"plan {where}: {error}") from error
     return LoadedPlan(plan, path, (base or Path.cwd()).resolve())
+
+
+def with_executor(loaded: LoadedPlan, kind: str | None, address: str | None) -> LoadedPlan:
+    """The plan with its executor overridden from the command line (`--executor`, `--address`):
+    an address alone means the ray executor; the plan's max_retries stay."""
+    current = loaded.plan.executor
+    chosen = kind or ("ray" if address else current.kind)
+    values = {"kind": chosen, "address": address if address is not None else (current.address if chosen == current.kind else None),
+              "max_retries": current.max_retries}
+    executor = validated(ExecutorPlan, values, error=InputError,
+                         names={"kind": "--executor", "address": "--address"}, what="invalid option")
+    return replace(loaded, plan=loaded.plan.model_copy(update={"executor": executor}))
 
 
 def load_plan(spec: str | Path) -> LoadedPlan:

@@ -3,7 +3,9 @@ elapsed time and an estimate of what is left, and the list of stage statuses run
 
 from __future__ import annotations
 
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from quantgate.core.console import stderr
@@ -22,6 +24,7 @@ class StageStatus:
     status: str  # "done", "reused", "failed" or "skipped"
     seconds: float
     detail: str = ""
+    where: str = ""  # the node it ran on (a Ray task), empty when it ran in the driver
 
 
 def clock(seconds: float) -> str:
@@ -61,28 +64,38 @@ class Progress:
         if self.show:
             colour = _COLOUR[status.status]
             detail = f"  {status.detail}" if status.detail else ""
-            stderr.print(f"      [{colour}]{status.status}[/{colour}] in {status.seconds:.1f} s{detail}", highlight=False)
+            where = f" on {status.where}" if status.where else ""
+            stderr.print(f"      [{colour}]{status.status}[/{colour}] {status.stage} in {status.seconds:.1f} s{where}{detail}",
+                         highlight=False)
 
 
 class StageLog:
-    """The stage cache's reporter for a run: shows each stage's line and keeps its status."""
+    """The stage cache's reporter for a run: shows each stage's line and keeps its status. Stages
+    of several formats may run at once (a concurrent executor): each line names its stage, and
+    `where(label)` says where a stage's task ran."""
 
-    def __init__(self, planned: list[str], show: bool) -> None:
+    def __init__(self, planned: list[str], show: bool, where: Callable[[str], str] | None = None) -> None:
         self.progress = Progress(planned, show)
         self.stages: list[StageStatus] = []
+        self.where = where or (lambda label: "")
+        self.lock = threading.Lock()
 
     def begin(self, label: str) -> None:
-        self.progress.begin(label)
+        with self.lock:
+            self.progress.begin(label)
 
     def end(self, kind: str, label: str, status: Status, seconds: float, detail: str = "") -> None:
-        entry = StageStatus(label, status, seconds, detail)
-        self.stages.append(entry)
-        self.progress.end(kind, entry)
+        with self.lock:
+            entry = StageStatus(label, status, seconds, detail, self.where(label) if status == "done" else "")
+            self.stages.append(entry)
+            self.progress.end(kind, entry)
 
-    def amend_last(self, detail: str, done: bool) -> None:
-        """Add what a stage did after its line was shown (the gate's ledger append) to its status;
-        `done`: it changed something, so a reused stage counts as done."""
-        last = self.stages[-1]
-        last.detail = detail
-        if last.status == "reused" and done:
-            last.status = "done"
+    def amend(self, label: str, detail: str, done: bool) -> None:
+        """Add what a stage did after its line was shown (the gate's ledger append) to the status
+        of its latest stage of this label; `done`: it changed something, so a reused stage counts
+        as done."""
+        with self.lock:
+            entry = next(stage for stage in reversed(self.stages) if stage.stage == label)
+            entry.detail = detail
+            if entry.status == "reused" and done:
+                entry.status = "done"

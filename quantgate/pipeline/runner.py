@@ -12,9 +12,10 @@ lands is `quantgate.core.rundir`.
 
 from __future__ import annotations
 
-import shutil
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -29,15 +30,17 @@ from gates.report import build as build_report
 from gates.report import write as write_report
 from gates.stage import item_records, overlap_summary, record_verdict, verdict_record
 from gates.verdict import GateResult, ServingEvidence, blocked_verdict, integrity_gates, judge, size_gates, tails
-from quantgate.core.artifacts import MANIFEST, read_json, sha256_file, sha256_json, verify_files, write_json
+from quantgate.core.artifacts import MANIFEST, read_json, remove_temporaries, sha256_file, sha256_json, verify_files, write_json
 from quantgate.core.console import stderr
 from quantgate.core.errors import InputError
 from quantgate.core.models import weight_file_hashes
 from quantgate.core.rundir import BASELINE, RUN_KIND, RunDir
 from quantgate.core.stagecache import Cached, StageCache
-from quantgate.pipeline import keys
+from quantgate.pipeline import executor as executors
+from quantgate.pipeline import keys, units
+from quantgate.pipeline.executor import Executor, TaskLost
 from quantgate.pipeline.lock import RunLock
-from quantgate.pipeline.looks import Looks
+from quantgate.pipeline.looks import gated_sets
 from quantgate.pipeline.plan import LoadedPlan
 from quantgate.pipeline.progress import StageLog, StageStatus
 from quantgate.pipeline.resolve import ResolvedPlan, Split, resolve_plan
@@ -155,6 +158,19 @@ class _Candidate:
         return self.quantized.value
 
 
+@dataclass(frozen=True)
+class _Prepared:
+    """A candidate made ready for its gate: measured, evaluated and served (what runs side by side
+    under a concurrent executor); `lost`: a task of it that the cluster lost for good."""
+
+    candidate: _Candidate
+    measured: dict[str, Any] | None = None
+    measure_key: str = ""
+    evidence: _Evidence | None = None
+    served: _Served | None = None
+    lost: str | None = None
+
+
 class Pipeline:
     """One run of a plan into its output directory. `run()` returns the verdicts; nothing in the
     plan is acted on before `preflight()` has checked all of it."""
@@ -181,21 +197,45 @@ class Pipeline:
 
     def run(self) -> RunResult:
         resolved = self.preflight()
-        self.out.mkdir(parents=True, exist_ok=True)
-        with RunLock(self.run_dir.lock):
-            return _Run(self, resolved).chain()
+        executor = executors.make(self.plan.executor, self.plan.resources)
+        try:
+            created = not self.out.exists()
+            self.out.mkdir(parents=True, exist_ok=True)
+            try:
+                executor.check_shared(self.out, self.shared_paths(resolved))
+            except InputError:
+                if created:
+                    self.out.rmdir()  # made for this run only: nothing of it is left
+                raise
+            with RunLock(self.run_dir.lock):
+                try:
+                    return _Run(self, resolved, executor).chain()
+                except KeyboardInterrupt:
+                    executor.cancel()  # no task of this run writes after this
+                    raise
+                finally:
+                    remove_temporaries(self.out)  # what a killed task or an interrupted write left half-made
+        finally:
+            executor.close()
+
+    @staticmethod
+    def shared_paths(resolved: ResolvedPlan) -> list[Path]:
+        """What every worker must see besides the run directory: the model and the serving environment."""
+        env = resolved.serving_env
+        return [resolved.model_dir, *([Path(env.python)] if env is not None else [])]
 
 
 class _Run:
     """The chain of stages of one run, each through the stage cache."""
 
-    def __init__(self, pipeline: Pipeline, plan: ResolvedPlan) -> None:
+    def __init__(self, pipeline: Pipeline, plan: ResolvedPlan, executor: Executor) -> None:
         self.pipeline = pipeline
         self.plan = plan
         self.dir = pipeline.run_dir
-        self.log = StageLog(pipeline.planned_stages(plan), pipeline.show_progress)
+        self.executor = executor
+        self.call = executor.call
+        self.log = StageLog(pipeline.planned_stages(plan), pipeline.show_progress, executor.where)
         self.cache = StageCache(self.dir, self.log)
-        self.evaluators: dict[str, evalsets.Evaluator] = {}
         self.started = time.perf_counter()
 
     def chain(self) -> RunResult:
@@ -203,11 +243,10 @@ class _Run:
         calibration_set = self.calibrate()
         overlap = self.overlap(calibration_set)
         baseline = self.baseline()
-        verdicts: dict[str, dict[str, Any]] = {}
-        for fmt in self.plan.plan.formats:
-            verdicts[fmt] = self.candidate(fmt, calibration_set, baseline, overlap)
+        verdicts = self.formats(calibration_set, baseline, overlap)
         if self.plan.plan.search is not None:
             verdicts.update(self.search(calibration_set, baseline, overlap, verdicts))
+        units.forget()  # the models this process kept for the run
         write_json(self.dir.run_file, self.manifest(status="finished", verdicts=verdicts))
         self.report()
         result = RunResult(self.dir.root, verdicts, self.log.stages, self.dir.report, time.perf_counter() - self.started)
@@ -219,7 +258,7 @@ class _Run:
     def calibrate(self) -> calibration.CalibrationSet:
         """calibration.run reuses the set itself when its inputs' key matches."""
         begun = self.cache.begin("calibration")
-        made = calibration.run(self.plan.calibration_cfg, self.dir.calibration, overwrite=True)
+        made = self.call("calibration", "calibration", partial(calibration.run, self.plan.calibration_cfg, self.dir.calibration, overwrite=True))
         self.cache.finish("calibration", "calibration", "reused" if made.reused else "done", begun,
                           f"{made.samples} x {made.input_ids.shape[1]} tokens, fingerprint {made.fingerprint[:12]}")
         return made
@@ -227,44 +266,19 @@ class _Run:
     def overlap(self, calibration_set: calibration.CalibrationSet) -> _Overlap:
         key = keys.overlap_key(self.plan, calibration_set.fingerprint)
         summary = self.cache.json(kind="overlap", label="overlap of calibration and golden sets", path=self.dir.overlap, key=key,
-                                  produce=lambda: overlap_summary(calibration_set, list(self.plan.goldens.values())))
+                                  produce=lambda: self.call("overlap", "overlap", partial(overlap_summary, calibration_set,
+                                                                                    list(self.plan.goldens.values()))))
         return _Overlap(summary, key)
-
-    def evaluator(self, name: str) -> evalsets.Evaluator:
-        """The evaluator of the baseline or of a format's checkpoint, kept for the run: a model
-        is loaded once however many looks ask for it (and not at all when they hit the cache)."""
-        if name not in self.evaluators:
-            model = self.plan.model_dir if name == BASELINE else self.dir.checkpoint(name)
-            self.evaluators[name] = evalsets.Evaluator(model, allow_pickle=self.plan.plan.allow_pickle)
-        return self.evaluators[name]
-
-    def evaluate(self, name: str, items: dict[str, int], out: Path, baseline: Path | None,
-                 split: Split | None = None) -> evalsets.EvaluationResults:
-        """`name` (BASELINE or a format) on the sets in `items` at their first N items (of `split`,
-        default the plan's own), into `out`; results already there for exactly these settings are
-        used as they are."""
-        cfg = self.plan.look_cfg(items, split)
-        if baseline is None and out.is_dir():
-            try:
-                existing = evalsets.load_results(out)
-            except InputError:  # damaged, or not results: made again
-                existing = None
-            # reused only when every set was made under the same cache key: the same model,
-            # settings, device, evaluator version and libraries
-            if existing is not None and {spec: entry["cache_key"] for spec, entry in existing.manifest["sets"].items()} \
-                    == self.evaluator(name).cache_keys(cfg):
-                return existing
-        return self.evaluator(name).run(cfg, out, baseline_results=baseline, overwrite=True)
 
     def baseline(self) -> _Baseline:
         plan = self.plan
         self.cache.json(kind="measure", label="measure baseline", path=self.dir.measure(BASELINE), key=keys.baseline_measure_key(plan),
-                        produce=lambda: measure_and_bound(plan.model_dir, None, plan.profiles))
+                        produce=lambda: self.call("measure", "measure baseline", partial(measure_and_bound, plan.model_dir, None, plan.profiles)))
         results_dir = self.dir.results(BASELINE)
         evaluated = self.cache.directory(
             kind="evaluate", name="evaluate-baseline", label="evaluate baseline", key=keys.baseline_evaluate_key(plan),
             artifact=results_dir, load=evalsets.load_results,
-            produce=lambda: self.evaluator(BASELINE).run(plan.first_look_cfg, results_dir, overwrite=True))
+            produce=lambda: self.call("evaluate", "evaluate baseline", partial(units.evaluate_baseline, plan, results_dir)))
         results = evaluated.value
         assert results is not None  # no failure is caught: a value or an exception
         return _Baseline(results, self.serve(BASELINE, plan.model_dir, results))
@@ -283,22 +297,62 @@ class _Run:
 
     # ---- per format -------------------------------------------------------------------------
 
-    def candidate(self, fmt: str, calibration_set: calibration.CalibrationSet, baseline: _Baseline,
-                  overlap: _Overlap) -> dict[str, Any]:
-        """One format from quantization to its verdict record."""
-        return self.judge(self.quantize(fmt, calibration_set), baseline, overlap)
+    def formats(self, calibration_set: calibration.CalibrationSet, baseline: _Baseline, overlap: _Overlap) -> dict[str, dict[str, Any]]:
+        """Each format from quantization to its verdict record. Under a concurrent executor the
+        formats are quantized, measured, evaluated and served side by side (the baseline's looks
+        first, which they all read); their gates, and so the ledger, follow in the plan's order."""
+        formats = self.plan.plan.formats
+        if not self.executor.concurrent or len(formats) == 1:
+            return {fmt: self.conclude(self.prepare(fmt, calibration_set, overlap), baseline, overlap) for fmt in formats}
+        self.baseline_looks()
+        with ThreadPoolExecutor(max_workers=len(formats), thread_name_prefix="quantgate-format") as pool:
+            try:
+                prepared = {fmt: pool.submit(self.prepare, fmt, calibration_set, overlap) for fmt in formats}
+                return {fmt: self.conclude(prepared[fmt].result(), baseline, overlap) for fmt in formats}
+            except BaseException:
+                self.executor.cancel()  # Ctrl-C or an error: the other formats' tasks stop too
+                raise
+
+    def baseline_looks(self) -> None:
+        """The baseline at each look a format can ask for, a task per set, before the formats run
+        side by side (quantgate.pipeline.units.baseline_looks); each look is kept in the run
+        directory and reused, so nothing here is made twice."""
+        specs = [*gated_sets(self.plan), *(spec for spec in self.plan.set_specs if spec not in gated_sets(self.plan))]
+        with ThreadPoolExecutor(max_workers=len(specs), thread_name_prefix="quantgate-looks") as pool:
+            for made in [pool.submit(self.call, "evaluate", f"baseline looks {spec}", partial(units.baseline_looks, self.plan, self.dir, spec))
+                         for spec in specs]:
+                made.result()
+
+    def prepare(self, fmt: str, calibration_set: calibration.CalibrationSet, overlap: _Overlap) -> _Prepared:
+        """One format quantized, measured, evaluated and served: what its gate needs."""
+        return self.examine(self.quantize(fmt, calibration_set), overlap)
 
     def judge(self, candidate: _Candidate, baseline: _Baseline, overlap: _Overlap) -> dict[str, Any]:
         """A quantized checkpoint (a format's or a search trial's), measured, evaluated on its
         split and gated: its verdict record."""
-        if candidate.quantized.value is None:  # it failed its own checks
-            return self.blocked(candidate, baseline)
-        measured, measure_key = self.measure(candidate)
-        evidence = self.evaluate_sequentially(candidate, measured=measured, measure_key=measure_key, overlap=overlap)
-        self.evaluators.pop(candidate.fmt, None)  # its model is not needed again for now
-        served = self.serve(candidate.name, candidate.checkpoint, evidence.results)
-        return self.gate(candidate, measured=measured, measure_key=measure_key, evidence=evidence, baseline=baseline, overlap=overlap,
-                         served=served)
+        return self.conclude(self.examine(candidate, overlap), baseline, overlap)
+
+    def examine(self, candidate: _Candidate, overlap: _Overlap) -> _Prepared:
+        """A checkpoint measured, evaluated on its split and served; a task of it the cluster lost
+        for good leaves it `lost` (blocked with the reason; nothing of it is cached as a failure)."""
+        if candidate.quantized.value is None:  # it failed its own checks, or its quantization was lost
+            return _Prepared(candidate, lost=candidate.quantized.record.get("lost"))
+        try:
+            measured, measure_key = self.measure(candidate)
+            evidence = self.evaluate_sequentially(candidate, measured=measured, measure_key=measure_key, overlap=overlap)
+            served = self.serve(candidate.name, candidate.checkpoint, evidence.results)
+        except TaskLost as lost:
+            self.log.end(lost.kind, lost.label, "failed", 0.0, str(lost))
+            return _Prepared(candidate, lost=str(lost))
+        return _Prepared(candidate, measured, measure_key, evidence, served)
+
+    def conclude(self, prepared: _Prepared, baseline: _Baseline, overlap: _Overlap) -> dict[str, Any]:
+        """The verdict on a prepared candidate: its gates (and the ledger), or blocked for what
+        stopped it before them."""
+        if prepared.evidence is None or prepared.measured is None:
+            return self.blocked(prepared.candidate, baseline, prepared.lost)
+        return self.gate(prepared.candidate, measured=prepared.measured, measure_key=prepared.measure_key, evidence=prepared.evidence,
+                         baseline=baseline, overlap=overlap, served=prepared.served)
 
     def serve(self, name: str, model: Path, results: evalsets.EvaluationResults | None) -> _Served | None:
         """The serve check of `name` (BASELINE or a verdict's name) against the results its gate
@@ -311,29 +365,39 @@ class _Run:
         key = keys.serve_key(plan, checkpoint={item: identity[item] for item in IDENTITY_KEYS},
                              results=sha256_file(results.path / MANIFEST) if results is not None else None)
         record = self.cache.json(kind="serve", label=f"serve {name}", path=self.dir.serve(name), key=key,
-                                 produce=lambda: serve_check(model, results, cfg, env, self.dir.serve_work(name)))
-        self.log.amend_last(_served_summary(record), done=False)
+                                 produce=lambda: self.call("serve", f"serve {name}", partial(serve_check, model, results, cfg, env,
+                                                                                   work=self.dir.serve_work(name))))
+        self.log.amend(f"serve {name}", _served_summary(record), done=False)
         return _Served(record, key)
 
     def quantize(self, fmt: str, calibration_set: calibration.CalibrationSet) -> _Candidate:
         plan, checkpoint = self.plan, self.dir.checkpoint(fmt)
         key = keys.quantize_key(plan, fmt, calibration_set.fingerprint)
-        quantized = self.cache.directory(
-            kind="quantize", name=f"quantize-{fmt}", label=f"quantize {fmt}", key=key, artifact=checkpoint,
-            load=_verified_checkpoint,
-            produce=lambda: quantize.run(plan.quantize_cfgs[fmt], plan.model_dir, calibration_set.path, checkpoint,
-                                         overwrite=True, allow_pickle=plan.plan.allow_pickle).manifest,
-            # the checkpoint failed its own checks (no load, NaN/Inf logits): the format is
-            # blocked for it, and the same inputs give the same failure next time
-            failures=(QuantizationFailed,))
+        label = f"quantize {fmt}"
+        try:
+            quantized = self.cache.directory(
+                kind="quantize", name=f"quantize-{fmt}", label=label, key=key, artifact=checkpoint, load=_verified_checkpoint,
+                produce=lambda: self.call("quantize", label, partial(units.quantize_format, plan, fmt, calibration_set.path, checkpoint)),
+                # the checkpoint failed its own checks (no load, NaN/Inf logits): the format is
+                # blocked for it, and the same inputs give the same failure next time
+                failures=(QuantizationFailed,))
+        except TaskLost as lost:
+            quantized = self.lost(label, lost)
         return _Candidate(fmt, precision_class(get_preset(fmt)), checkpoint, key, quantized)
 
-    def blocked(self, candidate: _Candidate, baseline: _Baseline) -> dict[str, Any]:
-        """The verdict on a checkpoint that failed its own checks: nothing to measure or deploy."""
-        fmt, failure = candidate.name, candidate.quantized.failed or ""
+    def lost(self, label: str, lost: TaskLost) -> Cached[dict[str, Any]]:
+        """A quantization the cluster lost for good: no checkpoint, and no record of it on disk
+        (not the inputs' fault: the next run quantizes again)."""
+        self.log.end(lost.kind, label, "failed", 0.0, str(lost))
+        return Cached(None, {"failed": str(lost), "lost": str(lost)})
+
+    def blocked(self, candidate: _Candidate, baseline: _Baseline, lost: str | None = None) -> dict[str, Any]:
+        """The verdict on a checkpoint that failed its own checks (nothing to measure or deploy),
+        or one whose task the cluster lost for good."""
+        fmt, failure = candidate.name, lost or candidate.quantized.failed or ""
         for kind in ("measure", "evaluate"):
             begun = self.cache.begin(f"{kind} {fmt}")
-            self.cache.finish(kind, f"{kind} {fmt}", "skipped", begun, "no checkpoint")
+            self.cache.finish(kind, f"{kind} {fmt}", "skipped", begun, "lost on the cluster" if lost else "no checkpoint")
         return self.cache.json(
             kind="gate", label=f"gate {fmt}", path=self.dir.verdict(fmt), key=keys.blocked_gate_key(self.plan, candidate.quantize_key, failure),
             produce=lambda: _with_split(verdict_record(fmt, blocked_verdict(failure), precision=candidate.precision, policy=self.plan.policy,
@@ -343,8 +407,10 @@ class _Run:
     def measure(self, candidate: _Candidate) -> tuple[dict[str, Any], str]:
         """The checkpoint's byte accounting and decode bounds, and the key they were made with."""
         key = keys.measure_key(self.plan, candidate.quantized.manifest_sha256)
-        measured = self.cache.json(kind="measure", label=f"measure {candidate.fmt}", path=self.dir.measure(candidate.fmt), key=key,
-                                   produce=lambda: measure_and_bound(candidate.checkpoint, self.plan.model_dir, self.plan.profiles))
+        label = f"measure {candidate.fmt}"
+        measured = self.cache.json(kind="measure", label=label, path=self.dir.measure(candidate.fmt), key=key,
+                                   produce=lambda: self.call("measure", label, partial(measure_and_bound, candidate.checkpoint, self.plan.model_dir,
+                                                                                     self.plan.profiles)))
         return measured, key
 
     def pre_gates(self, candidate: _Candidate, measured: dict[str, Any], overlap: _Overlap) -> str | None:
@@ -359,29 +425,17 @@ class _Run:
                               overlap: _Overlap) -> _Evidence:
         """The candidate's looks (quantgate.pipeline.looks), then its results and the baseline's on
         the same items, published for the gate and the report."""
-        plan, fmt, name, split = self.plan, candidate.fmt, candidate.name, candidate.split
+        plan, name = self.plan, candidate.name
         blocked_before = self.pre_gates(candidate, measured, overlap)
         key = keys.sequential_key(plan, candidate.quantized.manifest_sha256, precision=candidate.precision,
                                   blocked_before=blocked_before, split=candidate.split_key)
-        path = self.dir.sequential(name)
-
-        def produce() -> dict[str, Any]:
-            outcome = Looks(plan, self.dir, self.evaluate, split).run(fmt, candidate.precision, blocked_before)
-            evaluated = {spec: items for spec, items in outcome.depths.items() if items}
-            if evaluated:
-                paired = self.evaluate(BASELINE, evaluated, self.dir.paired_baseline(name), None, split)
-                self.evaluate(fmt, evaluated, self.dir.results(name), paired.path, split)
-            else:  # blocked before a single item: no results of its own
-                shutil.rmtree(self.dir.results(name), ignore_errors=True)
-            return {**outcome.as_dict(), "looks": (split or plan.own_split).looks_json,
-                    "offsets": dict(split.offsets) if split else {},
-                    "error_control": plan.policy.policy.sequential.error_control,
-                    "confidence": plan.policy.policy.statistics.confidence}
-
+        path, label = self.dir.sequential(name), f"evaluate {name}"
+        unit = {"fmt": candidate.fmt, "name": name, "precision": candidate.precision, "blocked_before": blocked_before}
         published = self._published(path, name, key)
         if published is None:
             path.unlink(missing_ok=True)  # its results went missing or were damaged: looked at again (cached items)
-        value = self.cache.json(kind="evaluate", label=f"evaluate {name}", path=path, key=key, produce=produce)
+        value = self.cache.json(kind="evaluate", label=label, path=path, key=key,
+                                produce=lambda: self.call("evaluate", label, partial(units.sequential, plan, self.dir, unit, candidate.split)))
         if not any(value["depths"].values()):
             return _Evidence(value, key, None, None)
         if published is None or not published:  # just made: loaded (and verified) once, here
@@ -437,8 +491,9 @@ class _Run:
                                 "tails": tails(candidate_items or {}, plan.policy.policy.statistics), **served_part}, candidate)
 
         record = self.cache.json(kind="gate", label=f"gate {fmt}", path=self.dir.verdict(fmt), key=key, produce=verdict)
-        appended = record_verdict(self.pipeline.ledger, record)
-        self.log.amend_last(f"{record['verdict']}; ledger {'appended' if appended else 'already holds this verdict'}", done=appended)
+        appended = record_verdict(self.pipeline.ledger, record)  # the driver: the ledger's only writer
+        self.log.amend(f"gate {fmt}", f"{record['verdict']}; ledger {'appended' if appended else 'already holds this verdict'}",
+                       done=appended)
         return record
 
     # ---- the mixed-precision search ---------------------------------------------------------
@@ -479,8 +534,8 @@ class _Run:
         made = self.cache.directory(
             kind="sensitivity", name="sensitivity", label="sensitivity", key=keys.sensitivity_key(plan, cfg, calibration_set.fingerprint),
             artifact=out, load=sensitivity.load,
-            produce=lambda: sensitivity.run(cfg, plan.model_dir, calibration_set.path, out, overwrite=True,
-                                            allow_pickle=plan.plan.allow_pickle))
+            produce=lambda: self.call("sensitivity", "sensitivity", partial(sensitivity.run, cfg, plan.model_dir, calibration_set.path, out,
+                                                                      overwrite=True, allow_pickle=plan.plan.allow_pickle)))
         assert made.value is not None
         return made.value
 
@@ -489,12 +544,14 @@ class _Run:
         """A search trial's mixed checkpoint, judged on the search split and held to `layer_bytes`."""
         plan, checkpoint = self.plan, self.dir.checkpoint(name)
         key = keys.trial_quantize_key(plan, cfg, calibration_set.fingerprint)
-        quantized = self.cache.directory(
-            kind="quantize", name=f"quantize-{name}", label=f"quantize {name}", key=key, artifact=checkpoint,
-            load=_verified_checkpoint,
-            produce=lambda: quantize.run_mixed(cfg, plan.model_dir, calibration_set.path, checkpoint,
-                                               overwrite=True, allow_pickle=plan.plan.allow_pickle).manifest,
-            failures=(QuantizationFailed,))
+        label = f"quantize {name}"
+        try:
+            quantized = self.cache.directory(
+                kind="quantize", name=f"quantize-{name}", label=label, key=key, artifact=checkpoint, load=_verified_checkpoint,
+                produce=lambda: self.call("quantize", label, partial(units.quantize_trial, plan, cfg, calibration_set.path, checkpoint)),
+                failures=(QuantizationFailed,))
+        except TaskLost as lost:
+            quantized = self.lost(label, lost)
         bits = {int(get_preset(fmt).weights["num_bits"]) for fmt in cfg.formats}
         precision = mixed_precision_class(plan.policy, bits)
         return _Candidate(name, precision, checkpoint, key, quantized, split=plan.search_split, allocation=layer_bytes)

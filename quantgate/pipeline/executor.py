@@ -1,0 +1,285 @@
+"""Where a run's stage work executes (the plan's `executor:`, `quantgate run --executor`).
+
+`LocalExecutor`: in this process, one unit after another, as quantgate always ran. `RayExecutor`:
+each unit a Ray task (the functions of quantgate.pipeline.units) with the resources the plan asks
+for its stage kind; the driver (this process) keeps the order, the stage cache and the ledger.
+Ray retries a task whose worker died (`max_retries`); an error the task raised itself comes back
+as that error, as if it had run here; a task lost for good raises `TaskLost`.
+
+Ray is an optional extra (`pip install 'quantgate[ray]'`): ray is imported where used, so that a
+local run never needs it (and never pays its import).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, Protocol, TypeVar
+
+# ray and torch are imported where used: Ray is an optional extra a local run never loads, and
+# torch is a worker's (it sets the task's threads)
+from quantgate.core.console import stderr
+from quantgate.core.errors import InputError, QuantgateError
+from quantgate.pipeline.plan import ExecutorPlan, StageResources
+
+T = TypeVar("T")
+# The environment a worker needs from the driver's (where quantgate keeps its caches, which
+# vLLM serves, no hub traffic): passed to every task through Ray's runtime environment.
+FORWARDED_ENV = ("QUANTGATE_HOME", "QUANTGATE_SERVING_PYTHON", "HF_HOME", "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE",
+                 "TRANSFORMERS_OFFLINE")
+INSTALL_HINT = "the ray executor needs Ray: pip install 'quantgate[ray]' (on the driver and on every node of the cluster)"
+_PROBE_TIMEOUT_S = 120
+
+
+class TaskLost(QuantgateError):
+    """A task Ray could not finish however often it tried: its worker or node died (after the
+    retries), or it ran out of memory. Not the inputs' fault: nothing of it is cached."""
+
+    exit_code = 2
+
+    def __init__(self, kind: str, label: str, message: str) -> None:
+        super().__init__(message)
+        self.kind, self.label = kind, label
+
+
+class Executor(Protocol):
+    name: str
+    concurrent: bool  # whether independent units may run side by side
+
+    def call(self, kind: str, label: str, work: Callable[[], T]) -> T: ...
+
+    def where(self, label: str) -> str: ...
+
+    def check_shared(self, out: Path, paths: list[Path]) -> None: ...
+
+    def cancel(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class LocalExecutor:
+    """Every unit in this process, in order."""
+
+    name = "local"
+    concurrent = False
+
+    def call(self, kind: str, label: str, work: Callable[[], T]) -> T:
+        return work()
+
+    def where(self, label: str) -> str:
+        return ""
+
+    def check_shared(self, out: Path, paths: list[Path]) -> None:
+        return None
+
+    def cancel(self) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+
+def _ray() -> Any:
+    try:
+        import ray
+    except ImportError:
+        raise InputError(INSTALL_HINT) from None
+    return ray
+
+
+def _run_task(label: str, board: Any, threads: int, work: Callable[[], T]) -> T:
+    """A unit, inside its Ray worker: says where it runs (the driver's progress lines), limits
+    torch to the task's CPUs, runs."""
+    ray = _ray()
+    try:
+        board.put_nowait((label, ray.get_runtime_context().get_node_id(), socket.gethostname(), os.getpid()))
+    except Exception:  # noqa: BLE001 - progress is a courtesy; the task runs whatever happened to it
+        pass
+    import torch
+
+    torch.set_num_threads(max(1, threads))
+    return work()
+
+
+def _probe(out: str, token: str, paths: list[str]) -> dict[str, Any]:
+    """On one node: whether `out` exists there (never made: a worker must not create a run
+    directory of its own), a token file written into it, and which of `paths` it cannot see."""
+    ray = _ray()
+    node = ray.get_runtime_context().get_node_id()
+    seen = os.path.isdir(out)
+    if seen:
+        Path(out, f".quantgate-probe-{token}-{node}").write_text(node, encoding="utf-8")
+    return {"node": node, "out": seen, "missing": [path for path in paths if not os.path.exists(path)]}
+
+
+class RayExecutor:
+    """Units as Ray tasks on the cluster at `plan.address` (none: a Ray of this machine's own)."""
+
+    name = "ray"
+    concurrent = True
+
+    def __init__(self, plan: ExecutorPlan, resources: Mapping[str, StageResources], show: Callable[[str], None]) -> None:
+        ray = self.ray = _ray()
+        self.address = plan.address
+        self.max_retries = plan.max_retries
+        self.resources = dict(resources)
+        self.show = show
+        env = {name: os.environ[name] for name in FORWARDED_ENV if name in os.environ}
+        try:
+            ray.init(address=plan.address, include_dashboard=False if plan.address is None else None, log_to_driver=False,
+                     logging_level="WARNING", runtime_env={"env_vars": env})
+        except (ConnectionError, RuntimeError, ValueError) as error:
+            raise InputError(f"cannot reach the Ray cluster at {plan.address or '(a local Ray)'}: {' '.join(str(error).split())}") from None
+        # each alive node's name in the progress lines: "node 2 (10.0.0.7)"
+        self.nodes = {node["NodeID"]: (f"node {index + 1}", node["NodeManagerAddress"])
+                      for index, node in enumerate(n for n in ray.nodes() if n["Alive"])}
+        from ray.util.queue import Queue
+
+        self.board = Queue(actor_options={"num_cpus": 0})
+        self.remote = ray.remote(_run_task)
+        self.inflight: dict[Any, str] = {}
+        self.placed: dict[str, str] = {}
+        self.attempts: dict[str, int] = {}
+        self.lock = threading.Lock()
+        self.stopping = threading.Event()
+        self.watcher = threading.Thread(target=self._watch, name="quantgate-ray-progress", daemon=True)
+        self.watcher.start()
+
+    # ---- before any work ----------------------------------------------------------------------
+
+    def check_resources(self) -> None:
+        """Each stage kind's request fits some node of the cluster, or one line saying which does not."""
+        alive = [node["Resources"] for node in self.ray.nodes() if node["Alive"]]
+        for kind, asked in self.resources.items():
+            if not any(res.get("CPU", 0) >= asked.cpus and res.get("GPU", 0) >= asked.gpus
+                       and (asked.memory_gib is None or res.get("memory", 0) >= asked.memory_gib * 2**30) for res in alive):
+                have = "; ".join(f"{res.get('CPU', 0):g} CPU, {res.get('GPU', 0):g} GPU, {res.get('memory', 0) / 2**30:.1f} GiB"
+                                 for res in alive)
+                raise InputError(f"resources.{kind} asks for {asked.cpus:g} CPU, {asked.gpus:g} GPU"
+                                 f"{f', {asked.memory_gib:g} GiB' if asked.memory_gib else ''}: no node of the Ray cluster has "
+                                 f"that ({have})")
+
+    def check_shared(self, out: Path, paths: list[Path]) -> None:
+        """A worker on every node writes a token into `out`, which the driver reads back; every
+        node must also see `paths` (the model, the serving environment). One line when not."""
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        self.check_resources()
+        token = uuid.uuid4().hex[:12]
+        probe = self.ray.remote(_probe)
+        refs = {node: probe.options(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False))
+                .remote(str(out), token, [str(path) for path in paths]) for node in self.nodes}
+        try:
+            answers = dict(zip(refs, self.ray.get(list(refs.values()), timeout=_PROBE_TIMEOUT_S), strict=True))
+        except self.ray.exceptions.GetTimeoutError:
+            raise InputError(f"the Ray cluster ran no task within {_PROBE_TIMEOUT_S} s: are its nodes busy or without CPUs?") from None
+        try:
+            for node, answer in answers.items():
+                where, written = "{} ({})".format(*self.nodes[node]), out / f".quantgate-probe-{token}-{node}"
+                if not answer["out"] or not written.is_file() or written.read_text(encoding="utf-8") != node:
+                    raise InputError(f"out {out} is not on storage every Ray worker sees: {where} "
+                                     f"{'wrote a token there that the driver cannot read' if answer['out'] else 'has no such directory'}; "
+                                     "put out on a filesystem shared by the driver and every node")
+                if answer["missing"]:
+                    raise InputError(f"{where} cannot see {answer['missing'][0]}: the model and the serving environment must be "
+                                     "at the same path on every node")
+        finally:
+            for stale in out.glob(f".quantgate-probe-{token}-*"):
+                stale.unlink(missing_ok=True)
+
+    # ---- the units ----------------------------------------------------------------------------
+
+    def call(self, kind: str, label: str, work: Callable[[], T]) -> T:
+        """`work` (a function of picklable arguments: functools.partial of a module's function) as
+        a task with the resources of its stage kind; its value, or its own error, here."""
+        asked = self.resources.get(kind, StageResources())
+        options: dict[str, Any] = {"num_cpus": asked.cpus, "num_gpus": asked.gpus, "max_retries": self.max_retries,
+                                   "retry_exceptions": False, "name": label}
+        if asked.memory_gib is not None:
+            options["memory"] = int(asked.memory_gib * 2**30)
+        ref = self.remote.options(**options).remote(label, self.board, max(1, int(asked.cpus)), work)
+        with self.lock:
+            self.inflight[ref] = label
+        try:
+            value: T = self.ray.get(ref)
+            return value
+        except self.ray.exceptions.RayTaskError as error:
+            cause = getattr(error, "cause", None)
+            if isinstance(cause, Exception) and not isinstance(cause, self.ray.exceptions.RayError):
+                raise cause from None  # the task's own error, as a local run raises it
+            raise TaskLost(kind, label, f"{label}: {_first_line(error)}") from None
+        except self.ray.exceptions.TaskCancelledError:
+            raise KeyboardInterrupt from None
+        except self.ray.exceptions.RayError as error:  # its worker or node died, after every retry
+            tries = self.attempts.get(label, 1)
+            raise TaskLost(kind, label, f"{label} was lost on the Ray cluster after {tries} attempt{'s' if tries != 1 else ''}: "
+                           f"{_first_line(error)}") from None
+        finally:
+            with self.lock:
+                self.inflight.pop(ref, None)
+
+    def where(self, label: str) -> str:
+        return self.placed.get(label, "")
+
+    def _watch(self) -> None:
+        """The driver's progress: a line when a task starts on a node (again, when Ray retries it)."""
+        from ray.util.queue import Empty
+
+        while not self.stopping.is_set():
+            try:
+                label, node, host, pid = self.board.get(block=True, timeout=0.5)
+            except Empty:
+                continue
+            except Exception:  # noqa: BLE001 - the board is gone (shutdown): nothing more to show
+                return
+            attempt = self.attempts[label] = self.attempts.get(label, 0) + 1
+            name, address = self.nodes.get(node, (f"node {node[:8]}", "?"))
+            where = self.placed[label] = f"{name} ({address}, host {host}, pid {pid})"
+            again = f" (attempt {attempt}: Ray retried it)" if attempt > 1 else ""
+            self.show(f"      [dim]{label} running on {where}{again}[/dim]")
+
+    # ---- the end ------------------------------------------------------------------------------
+
+    def cancel(self) -> None:
+        """Ctrl-C: every task still running is cancelled (its worker killed) and waited for, so
+        no task writes after the driver has cleaned up."""
+        with self.lock:
+            refs = list(self.inflight)
+        for ref in refs:
+            try:
+                self.ray.cancel(ref, force=True)
+            except Exception:  # noqa: BLE001 - it finished meanwhile
+                pass
+        if refs:
+            self.ray.wait(refs, num_returns=len(refs), timeout=30)
+
+    def close(self) -> None:
+        self.stopping.set()
+        self.watcher.join(timeout=2)
+        try:
+            self.ray.kill(self.board.actor)
+        except Exception:  # noqa: BLE001 - gone already
+            pass
+        self.ray.shutdown()
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return " ".join(text.splitlines()[0].split()) if text else type(error).__name__
+
+
+def make(plan: ExecutorPlan, resources: Mapping[str, StageResources]) -> Executor:
+    """The executor a plan asks for."""
+    if plan.kind == "local":
+        return LocalExecutor()
+    started = time.perf_counter()
+    made = RayExecutor(plan, resources, show=lambda line: stderr.print(line, highlight=False, soft_wrap=True))
+    nodes = ", ".join(f"{name} at {address}" for name, address in made.nodes.values())
+    stderr.print(f"ray: {len(made.nodes)} node{'s' if len(made.nodes) != 1 else ''} ({nodes}), connected in "
+                 f"{time.perf_counter() - started:.1f} s", highlight=False, soft_wrap=True)
+    return made

@@ -1,0 +1,123 @@
+"""The work of a run's stages, as the tasks an executor runs: module-level functions of picklable
+arguments (the resolved plan, paths, configs), so that the same function runs in this process
+(the local executor) or in a Ray worker on another machine (the ray executor,
+docs/scale-out.md). Each returns what the runner's stage cache stores; none writes outside the
+run directory it is given, and none touches the ledger (the driver is its only writer).
+
+A process keeps the models it evaluated (`evaluator`): sequential evaluation asks for the
+baseline at every look of every candidate, and a model is loaded once per process however many
+looks ask (the two most recent, so a Ray worker that runs many tasks holds at most two).
+"""
+
+from __future__ import annotations
+
+import functools
+import shutil
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+import evalsets
+import quantize
+from quantgate.core.errors import InputError
+from quantgate.core.rundir import BASELINE, RunDir
+from quantgate.pipeline.looks import Looks, gated_sets
+from quantgate.pipeline.resolve import ResolvedPlan, Split
+
+_EVALUATORS: OrderedDict[tuple[str, bool], evalsets.Evaluator] = OrderedDict()
+_KEEP = 2  # models a process keeps loaded
+
+
+def evaluator(model: Path, allow_pickle: bool) -> evalsets.Evaluator:
+    """The evaluator of `model` this process keeps (made, and its model loaded, on first use)."""
+    key = (str(model), allow_pickle)
+    if key in _EVALUATORS:
+        _EVALUATORS.move_to_end(key)
+        return _EVALUATORS[key]
+    made = _EVALUATORS[key] = evalsets.Evaluator(model, allow_pickle=allow_pickle)
+    while len(_EVALUATORS) > _KEEP:
+        _EVALUATORS.popitem(last=False)
+    return made
+
+
+def forget(model: Path | None = None) -> None:
+    """Drop the kept evaluator of `model` (every one when None): its memory is not needed now."""
+    for key in [key for key in _EVALUATORS if model is None or key[0] == str(model)]:
+        del _EVALUATORS[key]
+
+
+def model_of(plan: ResolvedPlan, run_dir: RunDir, name: str) -> Path:
+    """The model behind a name of the run: the baseline's directory, or a checkpoint's."""
+    return plan.model_dir if name == BASELINE else run_dir.checkpoint(name)
+
+
+def evaluate(plan: ResolvedPlan, run_dir: RunDir, name: str, items: dict[str, int], out: Path,
+             baseline: Path | None = None, split: Split | None = None) -> evalsets.EvaluationResults:
+    """`name` (BASELINE or a checkpoint) on the sets in `items` at their first N items (of `split`,
+    default the plan's own), into `out`; results already there for exactly these settings are
+    used as they are."""
+    cfg = plan.look_cfg(items, split)
+    made = evaluator(model_of(plan, run_dir, name), plan.plan.allow_pickle)
+    if baseline is None and out.is_dir():
+        try:
+            existing = evalsets.load_results(out)
+        except InputError:  # damaged, or not results: made again
+            existing = None
+        # reused only when every set was made under the same cache key: the same model,
+        # settings, device, evaluator version and libraries
+        if existing is not None and {spec: entry["cache_key"] for spec, entry in existing.manifest["sets"].items()} \
+                == made.cache_keys(cfg):
+            return existing
+    return made.run(cfg, out, baseline_results=baseline, overwrite=True)
+
+
+def evaluate_baseline(plan: ResolvedPlan, out: Path) -> evalsets.EvaluationResults:
+    """The baseline at every set's first look, into `out`."""
+    return evaluator(plan.model_dir, plan.plan.allow_pickle).run(plan.first_look_cfg, out, overwrite=True)
+
+
+def baseline_looks(plan: ResolvedPlan, run_dir: RunDir, spec: str) -> int:
+    """The baseline at every look of one set that a candidate of the plan's own split can ask
+    for (a set no gate looks at: its first), made before candidates run side by side, so that
+    no two of them make the same look at once. Returns the looks made or found."""
+    looks = Looks(plan, run_dir, functools.partial(evaluate, plan, run_dir))
+    counts = plan.own_split.looks[spec] if spec in gated_sets(plan) else plan.own_split.looks[spec][:1]
+    for items in counts:
+        looks.baseline_at(spec, items)
+    return len(counts)
+
+
+def sequential(plan: ResolvedPlan, run_dir: RunDir, candidate: dict[str, Any], split: Split | None = None) -> dict[str, Any]:
+    """A candidate's looks (quantgate.pipeline.looks) and, when any set was evaluated, its results
+    and the paired baseline's on the same items, published in the run directory: the sequential
+    stage's value. `candidate`: its checkpoint's name (`fmt`), its verdict's name (`name`), its
+    precision class and the size or integrity gate that blocks it before any evaluation."""
+    fmt, name = candidate["fmt"], candidate["name"]
+    run = functools.partial(evaluate, plan, run_dir)
+    try:
+        outcome = Looks(plan, run_dir, run, split).run(fmt, candidate["precision"], candidate["blocked_before"])
+        evaluated = {spec: items for spec, items in outcome.depths.items() if items}
+        if evaluated:
+            paired = run(BASELINE, evaluated, run_dir.paired_baseline(name), None, split)
+            run(fmt, evaluated, run_dir.results(name), paired.path, split)
+        else:  # blocked before a single item: no results of its own
+            shutil.rmtree(run_dir.results(name), ignore_errors=True)
+    finally:
+        forget(run_dir.checkpoint(fmt))  # its model is not needed again for now
+    return {**outcome.as_dict(), "looks": (split or plan.own_split).looks_json,
+            "offsets": dict(split.offsets) if split else {},
+            "error_control": plan.policy.policy.sequential.error_control,
+            "confidence": plan.policy.policy.statistics.confidence}
+
+
+def quantize_format(plan: ResolvedPlan, fmt: str, calibration: Path, checkpoint: Path) -> dict[str, Any]:
+    """A format's checkpoint, into `checkpoint`: its manifest."""
+    made = quantize.run(plan.quantize_cfgs[fmt], plan.model_dir, calibration, checkpoint, overwrite=True,
+                        allow_pickle=plan.plan.allow_pickle)
+    return dict(made.manifest)
+
+
+def quantize_trial(plan: ResolvedPlan, cfg: quantize.MixedConfig, calibration: Path, checkpoint: Path) -> dict[str, Any]:
+    """A search trial's mixed checkpoint, into `checkpoint`: its manifest."""
+    made = quantize.run_mixed(cfg, plan.model_dir, calibration, checkpoint, overwrite=True, allow_pickle=plan.plan.allow_pickle)
+    return dict(made.manifest)
