@@ -71,6 +71,9 @@ class ServeCheckConfig(Strict):
     kv_cache_mib: int = Field(default=512, gt=0, description="vLLM's KV cache (on a CPU: bytes of memory)")
     bandwidth_mib: int = Field(default=256, gt=0, description="the copy that measures memory bandwidth")
     timeout_s: float = Field(default=900, gt=0)
+    # GPUs vLLM splits the model over (its tensor_parallel_size): on a Ray cluster, give the serve
+    # stage as many (`resources: {serve: {gpus: N}}`); they are the GPUs Ray hands the task
+    tensor_parallel: int = Field(default=1, ge=1, description="GPUs vLLM shards the model over (tensor parallelism)")
 
 
 def text_spec(results: EvaluationResults, wanted: str | None) -> str:
@@ -157,7 +160,7 @@ def check(checkpoint: Path, results: EvaluationResults | None, cfg: ServeCheckCo
     alone = cfg.prompt_tokens + 1 + cfg.decode_tokens  # throughput only: its prompt and new tokens
     request = {"model": str(checkpoint.absolute()),
                "engine": {"max_model_len": gated.max_model_len() if gated else min(alone, positions or alone),
-                          "kv_cache_bytes": cfg.kv_cache_mib * MIB},
+                          "kv_cache_bytes": cfg.kv_cache_mib * MIB, "tensor_parallel": cfg.tensor_parallel},
                "tasks": _tasks(cfg, gated, prompts)}
     record: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "engine": env.identity(), "checkpoint": str(checkpoint),
                               "settings": cfg.model_dump(mode="json"), "quantized_activations": quantized_activations(checkpoint),

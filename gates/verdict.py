@@ -92,6 +92,14 @@ def blocked_verdict(reason: str) -> Verdict:
     return Verdict(False, [failure])
 
 
+def lost_verdict(reason: str) -> Verdict:
+    """The verdict on a candidate whose work the cluster lost (its task's retries spent, its node
+    gone): blocked for this run, its gates not evaluated; nothing about the checkpoint is claimed."""
+    lost = GateResult(gate=str(GateId(INTEGRITY, "loads")), outcome=Outcome.not_evaluated, estimate=None, low=None, high=None,
+                      limit=1.0, unit="", reason=f"not evaluated: {reason}; a run started again does it again")
+    return Verdict(False, [lost])
+
+
 def _aligned(baseline: Records, candidate: Records, spec: str) -> tuple[Records, Records]:
     by_id = {item["id"]: item for item in candidate}
     if len(by_id) != len(candidate) or sorted(by_id) != sorted(item["id"] for item in baseline):

@@ -150,7 +150,8 @@ def engine(request: dict[str, Any]) -> Any:
     settings = request["engine"]
     return LLM(model=request["model"], tokenizer=request["model"], dtype=settings.get("dtype", "auto"), seed=int(settings.get("seed", 0)),
                enforce_eager=True, max_model_len=int(settings["max_model_len"]),
-               kv_cache_memory_bytes=int(settings["kv_cache_bytes"]), skip_tokenizer_init=False)
+               kv_cache_memory_bytes=int(settings["kv_cache_bytes"]), skip_tokenizer_init=False,
+               tensor_parallel_size=int(settings.get("tensor_parallel", 1)))
 
 
 def serve(request: dict[str, Any]) -> dict[str, Any]:

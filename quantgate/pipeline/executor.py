@@ -48,6 +48,10 @@ class TaskLost(QuantgateError):
 
 
 class Executor(Protocol):
+    """Runs a unit of stage work. A concurrent executor (units side by side, called from several
+    driver threads) must run each unit in a process of its own: the units keep per-process state
+    (quantgate.pipeline.units' models) and llmcompressor's tracing is not thread-safe."""
+
     name: str
     concurrent: bool  # whether independent units may run side by side
 
@@ -147,6 +151,7 @@ class RayExecutor:
         self.attempts: dict[str, int] = {}
         self.lock = threading.Lock()
         self.stopping = threading.Event()
+        self.cancelled = threading.Event()  # Ctrl-C: no task starts after it
         self.watcher = threading.Thread(target=self._watch, name="quantgate-ray-progress", daemon=True)
         self.watcher.start()
 
@@ -197,6 +202,8 @@ class RayExecutor:
     def call(self, kind: str, label: str, work: Callable[[], T]) -> T:
         """`work` (a function of picklable arguments: functools.partial of a module's function) as
         a task with the resources of its stage kind; its value, or its own error, here."""
+        if self.cancelled.is_set():
+            raise KeyboardInterrupt
         asked = self.resources.get(kind, StageResources())
         options: dict[str, Any] = {"num_cpus": asked.cpus, "num_gpus": asked.gpus, "max_retries": self.max_retries,
                                    "retry_exceptions": False, "name": label}
@@ -248,6 +255,7 @@ class RayExecutor:
     def cancel(self) -> None:
         """Ctrl-C: every task still running is cancelled (its worker killed) and waited for, so
         no task writes after the driver has cleaned up."""
+        self.cancelled.set()
         with self.lock:
             refs = list(self.inflight)
         for ref in refs:

@@ -229,6 +229,10 @@ def _section(path: tuple[str | int, ...]) -> type[BaseModel] | None:
 def _describe(problem: Problem, where: str) -> str:
     """A plan's first problem in one line; an unknown field lists the valid ones of its section."""
     message = problem.message
+    if problem.path and problem.path[-1] == "[key]":  # a key outside a mapping's allowed ones (a stage kind)
+        name = str(problem.path[-2])
+        location = ".".join(str(part) for part in problem.path[:-1])
+        return f"plan {where}: {location}: not a stage kind{did_you_mean(name, list(STAGE_KINDS))}; valid: {', '.join(STAGE_KINDS)}"
     section = _section(problem.path) if problem.kind == "extra_forbidden" else None
     if section is not None:
         valid, name = list(section.model_fields), str(problem.path[-1])
@@ -252,6 +256,8 @@ def with_executor(loaded: LoadedPlan, kind: str | None, address: str | None) -> 
     """The plan with its executor overridden from the command line (`--executor`, `--address`):
     an address alone means the ray executor; the plan's max_retries stay."""
     current = loaded.plan.executor
+    if kind == "local" and address:
+        raise InputError("--address names a Ray cluster: it goes with --executor ray, not --executor local")
     chosen = kind or ("ray" if address else current.kind)
     values = {"kind": chosen, "address": address if address is not None else (current.address if chosen == current.kind else None),
               "max_retries": current.max_retries}

@@ -29,7 +29,7 @@ from gates.policy import Outcome, mixed_precision_class, precision_class
 from gates.report import build as build_report
 from gates.report import write as write_report
 from gates.stage import item_records, overlap_summary, record_verdict, verdict_record
-from gates.verdict import GateResult, ServingEvidence, blocked_verdict, integrity_gates, judge, size_gates, tails
+from gates.verdict import GateResult, ServingEvidence, blocked_verdict, integrity_gates, judge, lost_verdict, size_gates, tails
 from quantgate.core.artifacts import MANIFEST, read_json, remove_temporaries, sha256_file, sha256_json, verify_files, write_json
 from quantgate.core.console import stderr
 from quantgate.core.errors import InputError
@@ -220,9 +220,10 @@ class Pipeline:
 
     @staticmethod
     def shared_paths(resolved: ResolvedPlan) -> list[Path]:
-        """What every worker must see besides the run directory: the model and the serving environment."""
-        env = resolved.serving_env
-        return [resolved.model_dir, *([Path(env.python)] if env is not None else [])]
+        """What every worker must see besides the run directory: the model, a calibration source
+        file, and the serving environment."""
+        env, source = resolved.serving_env, Path(resolved.calibration_cfg.source).expanduser()
+        return [resolved.model_dir, *([source.absolute()] if source.exists() else []), *([Path(env.python)] if env is not None else [])]
 
 
 class _Run:
@@ -319,9 +320,13 @@ class _Run:
         directory and reused, so nothing here is made twice."""
         specs = [*gated_sets(self.plan), *(spec for spec in self.plan.set_specs if spec not in gated_sets(self.plan))]
         with ThreadPoolExecutor(max_workers=len(specs), thread_name_prefix="quantgate-looks") as pool:
-            for made in [pool.submit(self.call, "evaluate", f"baseline looks {spec}", partial(units.baseline_looks, self.plan, self.dir, spec))
-                         for spec in specs]:
-                made.result()
+            try:
+                for made in [pool.submit(self.call, "evaluate", f"baseline looks {spec}",
+                                         partial(units.baseline_looks, self.plan, self.dir, spec)) for spec in specs]:
+                    made.result()
+            except BaseException:
+                self.executor.cancel()
+                raise
 
     def prepare(self, fmt: str, calibration_set: calibration.CalibrationSet, overlap: _Overlap) -> _Prepared:
         """One format quantized, measured, evaluated and served: what its gate needs."""
@@ -395,12 +400,13 @@ class _Run:
         """The verdict on a checkpoint that failed its own checks (nothing to measure or deploy),
         or one whose task the cluster lost for good."""
         fmt, failure = candidate.name, lost or candidate.quantized.failed or ""
-        for kind in ("measure", "evaluate"):
+        for kind in ("measure", "evaluate") if lost is None else ():  # a lost task's stage is in the log already
             begun = self.cache.begin(f"{kind} {fmt}")
-            self.cache.finish(kind, f"{kind} {fmt}", "skipped", begun, "lost on the cluster" if lost else "no checkpoint")
+            self.cache.finish(kind, f"{kind} {fmt}", "skipped", begun, "no checkpoint")
+        verdict = lost_verdict(failure) if lost else blocked_verdict(failure)
         return self.cache.json(
             kind="gate", label=f"gate {fmt}", path=self.dir.verdict(fmt), key=keys.blocked_gate_key(self.plan, candidate.quantize_key, failure),
-            produce=lambda: _with_split(verdict_record(fmt, blocked_verdict(failure), precision=candidate.precision, policy=self.plan.policy,
+            produce=lambda: _with_split(verdict_record(fmt, verdict, precision=candidate.precision, policy=self.plan.policy,
                                                        checkpoint=None, baseline_results=baseline.results, candidate_results=None),
                                         candidate))
 
