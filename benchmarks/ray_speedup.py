@@ -10,13 +10,14 @@ that has only loopback (`unshare -n`, `ip link set lo up`; run as root). Each ru
 empty cache home (no evaluation cached) and an empty run directory; the cluster's start-up is
 timed apart and not counted, its workers' start-up (importing torch in each) is.
 
-The model is a random Llama made here (hidden 512, 4 layers by default: big enough that the
+AWQ runs a 10-point grid (default 20) so that no one format's chain is the whole run's critical
+path. The model is a random Llama made here (hidden 512, 4 layers by default: big enough that the
 formats' quantizations and evaluations, the work that runs side by side, outweigh the fixed
 costs), calibrated on the demo source, evaluated on wiki-text and lambada, gated under
 small-model@v3 narrowed to them; the verdicts of the two runs are checked to be the same.
 
     .venv/bin/python benchmarks/ray_speedup.py [--formats gptq-int4 awq-int4 smoothquant-w8a8 fp8-e4m3]
-                                               [--hidden 512] [--layers 4] [--min-ratio 1.6] [--keep DIR]
+                                               [--hidden 512] [--layers 4] [--samples 64] [--min-ratio 1.6] [--keep DIR]
 """
 
 from __future__ import annotations
@@ -39,10 +40,13 @@ BIN = Path(sys.executable).parent
 PORT = 6379
 
 
-def write_plan(scratch: Path, model: Path, formats: list[str]) -> Path:
+def write_plan(scratch: Path, model: Path, formats: list[str], samples: int) -> Path:
     plan = {
         "model": str(model), "formats": formats,
-        "calibration": {"samples": 32, "seq_len": 256},
+        # AWQ's scale search at 10 grid points (default 20): with 20 its quantization alone (106 s of a
+        # 201 s local run, measured) is the run's critical path, which no number of nodes shortens
+        "quantize": {"awq-int4": {"awq_n_grid": 10}} if "awq-int4" in formats else {},
+        "calibration": {"samples": samples, "seq_len": 256},
         "evaluation": {"sets": ["wiki-text@v1", "lambada@v1"], "limits": {"wiki-text@v1": 25, "lambada@v1": 120}},
         "policy": "small-model@v3", "narrow_policy": ["wiki-text", "lambada"], "hardware": ["reference"],
         "out": str(scratch / "unused"),
@@ -65,7 +69,7 @@ def timed(command: list[str], env: dict[str, str]) -> float:
 def start_cluster(scratch: Path, env: dict[str, str]) -> tuple[subprocess.Popen[str], float]:
     common = f"--port={PORT} --node-ip-address=127.0.0.1 --num-cpus=1 --disable-usage-stats"
     script = (f"ip link set lo up && taskset -c 0 {BIN}/ray start --head {common} --include-dashboard=false "
-              f"--temp-dir={scratch}/ray >{scratch}/head.log 2>&1 && "
+              f"--temp-dir={scratch}/ray-temp >{scratch}/head.log 2>&1 && "
               f"taskset -c 1 {BIN}/ray start --address=127.0.0.1:{PORT} --node-ip-address=127.0.0.1 --num-cpus=1 "
               f"--disable-usage-stats >{scratch}/node.log 2>&1 && echo ready && exec sleep infinity")
     started = time.perf_counter()
@@ -85,6 +89,7 @@ def main() -> None:
     parser.add_argument("--formats", nargs="+", default=["gptq-int4", "awq-int4", "smoothquant-w8a8", "fp8-e4m3"])
     parser.add_argument("--hidden", type=int, default=512)
     parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--samples", type=int, default=64, help="calibration rows of 256 tokens (every quantization's work)")
     parser.add_argument("--min-ratio", type=float, default=1.6)
     parser.add_argument("--keep", type=Path, help="keep the scratch directory here (the two run directories, the cluster's logs)")
     args = parser.parse_args()
@@ -96,31 +101,32 @@ def main() -> None:
     try:
         model = build_tiny_llama(scratch / "model", vocab_size=2048, hidden_size=args.hidden, intermediate_size=3 * args.hidden,
                                  layers=args.layers, heads=args.hidden // 64, kv_heads=2, max_positions=512)
-        plan = write_plan(scratch, model, args.formats)
+        plan = write_plan(scratch, model, args.formats, args.samples)
         base = {**os.environ, "HF_HUB_OFFLINE": "1", "RAY_USAGE_STATS_ENABLED": "0", "OMP_NUM_THREADS": "1"}
         run = [str(BIN / "python"), "-m", "quantgate.cli", "run", str(plan), "--quiet", "--out"]
 
         local_env = {**base, "QUANTGATE_HOME": str(scratch / "home-local")}
-        local = timed(["taskset", "-c", "0", *run, str(scratch / "local")], local_env)
+        local = timed(["taskset", "-c", "0", *run, str(scratch / "local-run")], local_env)
         print(f"local, one CPU:             {local:7.1f} s", flush=True)
 
         ray_env = {**base, "QUANTGATE_HOME": str(scratch / "home-ray")}
         anchor, start_up = start_cluster(scratch, ray_env)
         try:
             inside = ["nsenter", "-t", str(anchor.pid), "-n", "--", "taskset", "-c", "0"]
-            cluster = timed([*inside, *run, str(scratch / "ray"), "--address", f"127.0.0.1:{PORT}"], ray_env)
+            cluster = timed([*inside, *run, str(scratch / "cluster-run"), "--address", f"127.0.0.1:{PORT}"], ray_env)
         finally:
             subprocess.run(["nsenter", "-t", str(anchor.pid), "-n", "--", str(BIN / "ray"), "stop", "--force"],
                            capture_output=True, env=ray_env)
             anchor.kill()
         print(f"ray, two one-CPU nodes:     {cluster:7.1f} s  (cluster start-up {start_up:.1f} s, not counted)")
         ratio = local / cluster
-        same = verdicts(scratch / "local") == verdicts(scratch / "ray")
-        print(f"speed-up: {ratio:.2f}x ({len(args.formats)} formats, hidden {args.hidden}, {args.layers} layers); "
-              f"same verdicts: {same} {verdicts(scratch / 'ray')}")
+        same = verdicts(scratch / "local-run") == verdicts(scratch / "cluster-run")
+        print(f"speed-up: {ratio:.2f}x ({len(args.formats)} formats, hidden {args.hidden}, {args.layers} layers, "
+              f"{args.samples} calibration rows); "
+              f"same verdicts: {same} {verdicts(scratch / 'cluster-run')}")
     finally:
         if args.keep:
-            shutil.copytree(scratch, args.keep, dirs_exist_ok=True, ignore=shutil.ignore_patterns("ray"))
+            shutil.copytree(scratch, args.keep, dirs_exist_ok=True, ignore=shutil.ignore_patterns("ray-temp"))
         shutil.rmtree(scratch, ignore_errors=True)
     if ratio < args.min_ratio or not same:
         raise SystemExit(f"missed: {ratio:.2f}x (target {args.min_ratio}x), same verdicts {same}")

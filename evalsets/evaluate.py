@@ -200,9 +200,11 @@ class Evaluator:
     that misses the cache) and kept: sequential evaluation asks for the same model again at
     every look."""
 
-    def __init__(self, model: str | Path, *, allow_pickle: bool = False, home: Path | None = None) -> None:
+    def __init__(self, model: str | Path, *, allow_pickle: bool = False, home: Path | None = None,
+                 identity: dict[str, Any] | None = None) -> None:
         self.model_dir = resolve_model(model, allow_pickle=allow_pickle)
-        self.identity = model_identity(self.model_dir)
+        # `identity`: the model's, hashed already by the caller (a run hashes its baseline once)
+        self.identity = dict(identity) if identity is not None else model_identity(self.model_dir)
         self.home = home
         self._loaded: dict[str, _LoadedModel] = {}  # device -> the model loaded there
 

@@ -50,6 +50,14 @@ class WorkerFailed(ServingError):
         self.phase = phase  # "import", "load", a task's kind; None when the worker said nothing (it died)
         self.timed_out = timed_out
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Picklable with its fields (a Ray task raises it back to the driver)."""
+        return (_worker_failed, (self.reason, self.log, self.phase, self.timed_out))
+
+
+def _worker_failed(reason: str, log: Path, phase: str | None, timed_out: bool) -> WorkerFailed:
+    return WorkerFailed(reason, log, phase, timed_out=timed_out)
+
 
 @dataclass(frozen=True)
 class Response:

@@ -8,6 +8,7 @@ tests/test_ray.py runs the same on a real two-node cluster."""
 from __future__ import annotations
 
 import json
+import pickle
 import sys
 import threading
 from collections.abc import Callable
@@ -18,12 +19,14 @@ from typing import Any, TypeVar
 import pytest
 import yaml
 
+from quantgate.core import errors
 from quantgate.core.artifacts import remove_temporaries
 from quantgate.core.errors import InputError
 from quantgate.pipeline import executor as executors
 from quantgate.pipeline import runner as pipeline
 from quantgate.pipeline.executor import LocalExecutor, TaskLost
 from quantgate.pipeline.plan import PlanError, StageResources, from_mapping, with_executor
+from serving.launch import WorkerFailed
 from tests.helpers import TINY_FORMATS, assert_refused, plan_mapping
 
 T = TypeVar("T")
@@ -229,16 +232,18 @@ def test_formats_side_by_side_are_gated_in_the_plans_order(runs: Runs) -> None:
     assert gates == [f"gate {fmt}" for fmt in TINY_FORMATS]
 
 
-def test_baseline_looks_come_first_and_formats_run_in_threads_of_their_own(runs: Runs) -> None:
+def test_baseline_looks_come_before_any_evaluation_and_formats_run_in_threads_of_their_own(runs: Runs) -> None:
     executor = runs.executor
     looks = executor.labels("baseline looks ")
     assert sorted(looks) == ["baseline looks lambada@v1", "baseline looks wiki-text@v1"]
-    # every look of the baseline was made (ended) before the first format was quantized
-    first_quantize = min(executor.when("call", label) for label in executor.labels("quantize "))
-    assert all(executor.when("end", label) < first_quantize for label in looks)
+    # every look of the baseline was made (ended) before any format's evaluation began; the
+    # quantizations need only the calibration set, so they do not wait for the baseline
+    first_evaluation = min(executor.when("call", f"evaluate {fmt}") for fmt in TINY_FORMATS)
+    assert all(executor.when("end", label) < first_evaluation for label in looks)
+    assert executor.when("call", "calibration") < min(executor.when("call", label) for label in executor.labels("quantize "))
     quantizing = {thread for _, label, thread in executor.calls if label.startswith("quantize ")}
     assert len(executor.labels("quantize ")) == len(TINY_FORMATS) and len(quantizing) == 2
-    assert all(thread.startswith("quantgate-format") for thread in quantizing)
+    assert all(thread.startswith("quantgate-unit") for thread in quantizing)
 
 
 # ---- a task lost for good ---------------------------------------------------------------------
@@ -304,3 +309,17 @@ def test_remove_temporaries_removes_exactly_the_staging_and_retired_siblings(tmp
     assert sorted(path.name for path in removed) == [".a.partial-1", ".b.json.partial-x", ".c.old-12ab"]
     left = sorted(str(path.relative_to(tmp_path)) for path in tmp_path.rglob("*"))
     assert left == sorted([*ordinary, "c", ".hidden-dir", ".hidden-dir/x"])
+
+
+def test_every_quantgate_error_survives_the_trip_back_from_a_task() -> None:
+    """A Ray task's error comes back pickled: one that cannot be unpickled would reach the driver
+    as a lost task instead of itself."""
+    made = [errors.InputError("bad input"), errors.Interrupted("stop"), errors.IntegrityError("damaged"),
+            TaskLost("quantize", "quantize x", "quantize x was lost"), WorkerFailed("cannot load", Path("/log"), "load", timed_out=True)]
+    for error in made:
+        back = pickle.loads(pickle.dumps(error))
+        assert type(back) is type(error) and str(back) == str(error)
+    failed = pickle.loads(pickle.dumps(made[-1]))
+    assert (failed.reason, failed.log, failed.phase, failed.timed_out) == ("cannot load", Path("/log"), "load", True)
+    lost = pickle.loads(pickle.dumps(made[3]))
+    assert (lost.kind, lost.label) == ("quantize", "quantize x")

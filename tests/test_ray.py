@@ -224,3 +224,36 @@ def test_ctrl_c_cancels_the_tasks_and_leaves_no_half_written_artifact(cluster: C
         patch.setenv("QUANTGATE_HOME", cluster.env["QUANTGATE_HOME"])
         resumed = pipeline.run(from_mapping(plan_mapping(quant_model, tmp_path)), show_progress=False)
     assert resumed.exit_code == 0 and "calibration" not in resumed.redone
+
+
+PROBE_ERRORS = """
+import functools, os, sys
+from quantgate.core.errors import ModelError
+from quantgate.core.models import resolve_model
+from quantgate.pipeline.executor import RayExecutor, TaskLost
+from quantgate.pipeline.plan import ExecutorPlan
+
+executor = RayExecutor(ExecutorPlan(kind="ray", address=sys.argv[1], max_retries=1), {}, show=print)
+try:
+    executor.call("measure", "a missing model", functools.partial(resolve_model, "/nonexistent/model"))
+except ModelError as error:  # the task's own error, as a local run raises it: not retried
+    print("own error:", error)
+try:
+    executor.call("quantize", "quantize dying", functools.partial(os._exit, 9))
+except TaskLost as lost:  # its worker died every time: lost for good
+    print("lost:", lost.kind, "|", lost)
+print("value:", executor.call("overlap", "a value", functools.partial(sum, [1, 2, 3])), executor.where("a value"))
+executor.close()
+"""
+
+
+def test_a_tasks_own_error_comes_back_as_itself_and_a_dying_worker_is_retried_then_lost(cluster: Cluster) -> None:
+    done = subprocess.run(cluster.inside(sys.executable, "-c", PROBE_ERRORS, f"127.0.0.1:{PORT}"), capture_output=True, text=True,
+                          env=cluster.env, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert any(line.startswith("own error: ") and "/nonexistent/model" in line for line in lines), done.stdout
+    assert len([line for line in lines if "quantize dying running on node" in line]) == 2, done.stdout  # the first try and one retry
+    assert any(re.fullmatch(r"lost: quantize \| quantize dying was lost on the Ray cluster after 2 attempts: .+", line) for line in lines), \
+        done.stdout
+    assert any(re.fullmatch(r"value: 6 node \d \(127\.0\.0\.1, host \S+, pid \d+\)", line) for line in lines), done.stdout

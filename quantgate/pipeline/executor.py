@@ -25,6 +25,7 @@ from typing import Any, Protocol, TypeVar
 # torch is a worker's (it sets the task's threads)
 from quantgate.core.console import stderr
 from quantgate.core.errors import InputError, QuantgateError
+from quantgate.pipeline import units
 from quantgate.pipeline.plan import ExecutorPlan, StageResources
 
 T = TypeVar("T")
@@ -45,6 +46,9 @@ class TaskLost(QuantgateError):
     def __init__(self, kind: str, label: str, message: str) -> None:
         super().__init__(message)
         self.kind, self.label = kind, label
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (TaskLost, (self.kind, self.label, str(self)))
 
 
 class Executor(Protocol):
@@ -96,18 +100,22 @@ def _ray() -> Any:
     return ray
 
 
-def _run_task(label: str, board: Any, threads: int, work: Callable[[], T]) -> T:
+def _run_task(label: str, board: Any, threads: int, work: Callable[[], T]) -> tuple[tuple[str, str, int], T]:
     """A unit, inside its Ray worker: says where it runs (the driver's progress lines), limits
-    torch to the task's CPUs, runs."""
+    torch to the task's CPUs, runs; returns where it ran with its value."""
     ray = _ray()
+    here = (ray.get_runtime_context().get_node_id(), socket.gethostname(), os.getpid())
     try:
-        board.put_nowait((label, ray.get_runtime_context().get_node_id(), socket.gethostname(), os.getpid()))
+        board.put_nowait((label, *here))
     except Exception:  # noqa: BLE001 - progress is a courtesy; the task runs whatever happened to it
         pass
     import torch
 
     torch.set_num_threads(max(1, threads))
-    return work()
+    try:
+        return here, work()
+    finally:
+        units.forget()  # an idle worker holds no model: the next task on its node gets the memory
 
 
 def _probe(out: str, token: str, paths: list[str]) -> dict[str, Any]:
@@ -115,10 +123,13 @@ def _probe(out: str, token: str, paths: list[str]) -> dict[str, Any]:
     directory of its own), a token file written into it, and which of `paths` it cannot see."""
     ray = _ray()
     node = ray.get_runtime_context().get_node_id()
-    seen = os.path.isdir(out)
+    seen, error = os.path.isdir(out), None
     if seen:
-        Path(out, f".quantgate-probe-{token}-{node}").write_text(node, encoding="utf-8")
-    return {"node": node, "out": seen, "missing": [path for path in paths if not os.path.exists(path)]}
+        try:
+            Path(out, f".quantgate-probe-{token}-{node}").write_text(node, encoding="utf-8")
+        except OSError as failed:  # read-only there, another owner (NFS root_squash)
+            error = f"cannot write into it ({failed.strerror or failed})"
+    return {"node": node, "out": seen, "error": error, "missing": [path for path in paths if not os.path.exists(path)]}
 
 
 class RayExecutor:
@@ -180,12 +191,16 @@ class RayExecutor:
         refs = {node: probe.options(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False))
                 .remote(str(out), token, [str(path) for path in paths]) for node in self.nodes}
         try:
-            answers = dict(zip(refs, self.ray.get(list(refs.values()), timeout=_PROBE_TIMEOUT_S), strict=True))
-        except self.ray.exceptions.GetTimeoutError:
-            raise InputError(f"the Ray cluster ran no task within {_PROBE_TIMEOUT_S} s: are its nodes busy or without CPUs?") from None
-        try:
+            try:
+                answers = dict(zip(refs, self.ray.get(list(refs.values()), timeout=_PROBE_TIMEOUT_S), strict=True))
+            except self.ray.exceptions.GetTimeoutError:
+                raise InputError(f"the Ray cluster ran no probe within {_PROBE_TIMEOUT_S} s: are its nodes busy or without CPUs?") from None
+            except self.ray.exceptions.RayError as error:  # a node died, or quantgate is missing there
+                raise InputError(f"a probe of the Ray cluster failed: {_first_line(error)}") from None
             for node, answer in answers.items():
                 where, written = "{} ({})".format(*self.nodes[node]), out / f".quantgate-probe-{token}-{node}"
+                if answer["error"]:
+                    raise InputError(f"out {out} is not writable from {where}: {answer['error']}")
                 if not answer["out"] or not written.is_file() or written.read_text(encoding="utf-8") != node:
                     raise InputError(f"out {out} is not on storage every Ray worker sees: {where} "
                                      f"{'wrote a token there that the driver cannot read' if answer['out'] else 'has no such directory'}; "
@@ -194,6 +209,11 @@ class RayExecutor:
                     raise InputError(f"{where} cannot see {answer['missing'][0]}: the model and the serving environment must be "
                                      "at the same path on every node")
         finally:
+            for ref in refs.values():
+                try:
+                    self.ray.cancel(ref, force=True)  # a probe still pending
+                except Exception:  # noqa: BLE001 - it finished: nothing to cancel
+                    pass
             for stale in out.glob(f".quantgate-probe-{token}-*"):
                 stale.unlink(missing_ok=True)
 
@@ -202,19 +222,20 @@ class RayExecutor:
     def call(self, kind: str, label: str, work: Callable[[], T]) -> T:
         """`work` (a function of picklable arguments: functools.partial of a module's function) as
         a task with the resources of its stage kind; its value, or its own error, here."""
-        if self.cancelled.is_set():
-            raise KeyboardInterrupt
         asked = self.resources.get(kind, StageResources())
         options: dict[str, Any] = {"num_cpus": asked.cpus, "num_gpus": asked.gpus, "max_retries": self.max_retries,
                                    "retry_exceptions": False, "name": label}
         if asked.memory_gib is not None:
             options["memory"] = int(asked.memory_gib * 2**30)
-        ref = self.remote.options(**options).remote(label, self.board, max(1, int(asked.cpus)), work)
-        with self.lock:
+        with self.lock:  # a cancel() either sees this task or comes first and stops it starting
+            if self.cancelled.is_set():
+                raise KeyboardInterrupt
+            ref = self.remote.options(**options).remote(label, self.board, max(1, int(asked.cpus)), work)
             self.inflight[ref] = label
         try:
-            value: T = self.ray.get(ref)
-            return value
+            here, value = self.ray.get(ref)
+            self.placed[label] = self._where(*here)  # the attempt that finished
+            return value  # type: ignore[no-any-return]  # what `work` returned, through Ray
         except self.ray.exceptions.RayTaskError as error:
             cause = getattr(error, "cause", None)
             if isinstance(cause, Exception) and not isinstance(cause, self.ray.exceptions.RayError):
@@ -222,6 +243,9 @@ class RayExecutor:
             raise TaskLost(kind, label, f"{label}: {_first_line(error)}") from None
         except self.ray.exceptions.TaskCancelledError:
             raise KeyboardInterrupt from None
+        except KeyboardInterrupt:  # Ctrl-C while waiting here: this task stops too, before any cleanup
+            self.cancel()
+            raise
         except self.ray.exceptions.RayError as error:  # its worker or node died, after every retry
             tries = self.attempts.get(label, 1)
             raise TaskLost(kind, label, f"{label} was lost on the Ray cluster after {tries} attempt{'s' if tries != 1 else ''}: "
@@ -245,18 +269,21 @@ class RayExecutor:
             except Exception:  # noqa: BLE001 - the board is gone (shutdown): nothing more to show
                 return
             attempt = self.attempts[label] = self.attempts.get(label, 0) + 1
-            name, address = self.nodes.get(node, (f"node {node[:8]}", "?"))
-            where = self.placed[label] = f"{name} ({address}, host {host}, pid {pid})"
+            where = self._where(node, host, pid)
             again = f" (attempt {attempt}: Ray retried it)" if attempt > 1 else ""
             self.show(f"      [dim]{label} running on {where}{again}[/dim]")
+
+    def _where(self, node: str, host: str, pid: int) -> str:
+        name, address = self.nodes.get(node, (f"node {node[:8]}", "?"))
+        return f"{name} ({address}, host {host}, pid {pid})"
 
     # ---- the end ------------------------------------------------------------------------------
 
     def cancel(self) -> None:
         """Ctrl-C: every task still running is cancelled (its worker killed) and waited for, so
         no task writes after the driver has cleaned up."""
-        self.cancelled.set()
         with self.lock:
+            self.cancelled.set()
             refs = list(self.inflight)
         for ref in refs:
             try:

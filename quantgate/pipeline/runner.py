@@ -12,8 +12,9 @@ lands is `quantgate.core.rundir`.
 
 from __future__ import annotations
 
+import shutil
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
@@ -197,6 +198,10 @@ class Pipeline:
 
     def run(self) -> RunResult:
         resolved = self.preflight()
+        serve, gpus = resolved.serve_cfg, self.plan.resources.get("serve")
+        if self.plan.executor.kind == "ray" and serve is not None and serve.tensor_parallel > (gpus.gpus if gpus else 0) >= 1:
+            raise InputError(f"serving.tensor_parallel is {serve.tensor_parallel} but resources.serve gives each serve task "
+                             f"{gpus.gpus if gpus else 0:g} GPUs: give it as many")
         executor = executors.make(self.plan.executor, self.plan.resources)
         try:
             created = not self.out.exists()
@@ -205,7 +210,7 @@ class Pipeline:
                 executor.check_shared(self.out, self.shared_paths(resolved))
             except InputError:
                 if created:
-                    self.out.rmdir()  # made for this run only: nothing of it is left
+                    shutil.rmtree(self.out, ignore_errors=True)  # made for this run only: nothing of it is left
                 raise
             with RunLock(self.run_dir.lock):
                 try:
@@ -221,9 +226,10 @@ class Pipeline:
     @staticmethod
     def shared_paths(resolved: ResolvedPlan) -> list[Path]:
         """What every worker must see besides the run directory: the model, a calibration source
-        file, and the serving environment."""
+        file, the golden sets' files, and the serving environment."""
         env, source = resolved.serving_env, Path(resolved.calibration_cfg.source).expanduser()
-        return [resolved.model_dir, *([source.absolute()] if source.exists() else []), *([Path(env.python)] if env is not None else [])]
+        return [resolved.model_dir, *([source.absolute()] if source.exists() else []),
+                *(golden.path for golden in resolved.goldens.values()), *([Path(env.python)] if env is not None else [])]
 
 
 class _Run:
@@ -241,10 +247,13 @@ class _Run:
 
     def chain(self) -> RunResult:
         write_json(self.dir.run_file, self.manifest(status="running"))
-        calibration_set = self.calibrate()
-        overlap = self.overlap(calibration_set)
-        baseline = self.baseline()
-        verdicts = self.formats(calibration_set, baseline, overlap)
+        if self.executor.concurrent and len(self.plan.plan.formats) > 1:
+            calibration_set, overlap, baseline, verdicts = self.side_by_side()
+        else:
+            calibration_set = self.calibrate()
+            overlap = self.overlap(calibration_set)
+            baseline = self.baseline()
+            verdicts = {fmt: self.conclude(self.prepare(fmt, calibration_set, overlap), baseline, overlap) for fmt in self.plan.plan.formats}
         if self.plan.plan.search is not None:
             verdicts.update(self.search(calibration_set, baseline, overlap, verdicts))
         units.forget()  # the models this process kept for the run
@@ -272,6 +281,11 @@ class _Run:
         return _Overlap(summary, key)
 
     def baseline(self) -> _Baseline:
+        results = self.baseline_results()
+        return _Baseline(results, self.serve(BASELINE, self.plan.model_dir, results))
+
+    def baseline_results(self) -> evalsets.EvaluationResults:
+        """The baseline measured, and evaluated at every set's first look."""
         plan = self.plan
         self.cache.json(kind="measure", label="measure baseline", path=self.dir.measure(BASELINE), key=keys.baseline_measure_key(plan),
                         produce=lambda: self.call("measure", "measure baseline", partial(measure_and_bound, plan.model_dir, None, plan.profiles)))
@@ -282,7 +296,7 @@ class _Run:
             produce=lambda: self.call("evaluate", "evaluate baseline", partial(units.evaluate_baseline, plan, results_dir)))
         results = evaluated.value
         assert results is not None  # no failure is caught: a value or an exception
-        return _Baseline(results, self.serve(BASELINE, plan.model_dir, results))
+        return results
 
     def report(self) -> None:
         """The report of the run directory; its report.json carries the key of its data."""
@@ -298,27 +312,45 @@ class _Run:
 
     # ---- per format -------------------------------------------------------------------------
 
-    def formats(self, calibration_set: calibration.CalibrationSet, baseline: _Baseline, overlap: _Overlap) -> dict[str, dict[str, Any]]:
-        """Each format from quantization to its verdict record. Under a concurrent executor the
-        formats are quantized, measured, evaluated and served side by side (the baseline's looks
-        first, which they all read); their gates, and so the ledger, follow in the plan's order."""
+    def side_by_side(self) -> tuple[calibration.CalibrationSet, _Overlap, _Baseline, dict[str, dict[str, Any]]]:
+        """Under a concurrent executor, what does not wait for anything runs at once: the baseline
+        (its first looks, then every look a format can ask for) beside the calibration set, each
+        format's quantization and measurement as soon as the calibration set is made, each
+        format's evaluation once the baseline's looks are made (they all read them), the serve
+        checks as they come; the gates follow in the plan's order, so the ledger's order is a
+        local run's. Returns the calibration set, the overlap, the baseline and the verdicts."""
         formats = self.plan.plan.formats
-        if not self.executor.concurrent or len(formats) == 1:
-            return {fmt: self.conclude(self.prepare(fmt, calibration_set, overlap), baseline, overlap) for fmt in formats}
-        self.baseline_looks()
-        with ThreadPoolExecutor(max_workers=len(formats), thread_name_prefix="quantgate-format") as pool:
+        with ThreadPoolExecutor(max_workers=len(formats) + 1, thread_name_prefix="quantgate-unit") as pool:
             try:
-                prepared = {fmt: pool.submit(self.prepare, fmt, calibration_set, overlap) for fmt in formats}
-                return {fmt: self.conclude(prepared[fmt].result(), baseline, overlap) for fmt in formats}
+                looked = pool.submit(self.baseline_looked)
+                calibration_set = self.calibrate()
+                overlap = self.overlap(calibration_set)
+                prepared = {fmt: pool.submit(self.prepare, fmt, calibration_set, overlap, looked) for fmt in formats}
+                results = looked.result()
+                baseline = _Baseline(results, self.serve(BASELINE, self.plan.model_dir, results))
+                verdicts = {fmt: self.conclude(prepared[fmt].result(), baseline, overlap) for fmt in formats}
             except BaseException:
-                self.executor.cancel()  # Ctrl-C or an error: the other formats' tasks stop too
+                self.executor.cancel()  # Ctrl-C or an error: the other units' tasks stop too
                 raise
+        return calibration_set, overlap, baseline, verdicts
+
+    def baseline_looked(self) -> evalsets.EvaluationResults:
+        """The baseline's results at the first looks, and its looks made for the formats."""
+        results = self.baseline_results()
+        self.baseline_looks()
+        return results
 
     def baseline_looks(self) -> None:
         """The baseline at each look a format can ask for, a task per set, before the formats run
         side by side (quantgate.pipeline.units.baseline_looks); each look is kept in the run
         directory and reused, so nothing here is made twice."""
         specs = [*gated_sets(self.plan), *(spec for spec in self.plan.set_specs if spec not in gated_sets(self.plan))]
+        # a set whose looks are all there already (a resumed run) sends no task: each format's
+        # evaluation still checks what it reads, and makes again a look found damaged
+        specs = [spec for spec in specs if not all(self.dir.look(BASELINE, spec, items).is_dir()
+                                                   for items in units.baseline_look_counts(self.plan, spec))]
+        if not specs:
+            return
         with ThreadPoolExecutor(max_workers=len(specs), thread_name_prefix="quantgate-looks") as pool:
             try:
                 for made in [pool.submit(self.call, "evaluate", f"baseline looks {spec}",
@@ -328,26 +360,33 @@ class _Run:
                 self.executor.cancel()
                 raise
 
-    def prepare(self, fmt: str, calibration_set: calibration.CalibrationSet, overlap: _Overlap) -> _Prepared:
-        """One format quantized, measured, evaluated and served: what its gate needs."""
-        return self.examine(self.quantize(fmt, calibration_set), overlap)
+    def prepare(self, fmt: str, calibration_set: calibration.CalibrationSet, overlap: _Overlap,
+                baseline: Future[evalsets.EvaluationResults] | None = None) -> _Prepared:
+        """One format quantized, measured, evaluated (once `baseline`, where given, is done) and
+        served: what its gate needs."""
+        return self.examine(self.quantize(fmt, calibration_set), overlap, baseline)
 
     def judge(self, candidate: _Candidate, baseline: _Baseline, overlap: _Overlap) -> dict[str, Any]:
         """A quantized checkpoint (a format's or a search trial's), measured, evaluated on its
         split and gated: its verdict record."""
-        return self.conclude(self.examine(candidate, overlap), baseline, overlap)
+        return self.conclude(self.examine(candidate, overlap, lose=False), baseline, overlap)
 
-    def examine(self, candidate: _Candidate, overlap: _Overlap) -> _Prepared:
+    def examine(self, candidate: _Candidate, overlap: _Overlap, baseline: Future[evalsets.EvaluationResults] | None = None,
+                lose: bool = True) -> _Prepared:
         """A checkpoint measured, evaluated on its split and served; a task of it the cluster lost
         for good leaves it `lost` (blocked with the reason; nothing of it is cached as a failure)."""
         if candidate.quantized.value is None:  # it failed its own checks, or its quantization was lost
             return _Prepared(candidate, lost=candidate.quantized.record.get("lost"))
         try:
             measured, measure_key = self.measure(candidate)
+            if baseline is not None:
+                baseline.result()  # the baseline's looks, which the candidate's evaluation reads
             evidence = self.evaluate_sequentially(candidate, measured=measured, measure_key=measure_key, overlap=overlap)
             served = self.serve(candidate.name, candidate.checkpoint, evidence.results)
         except TaskLost as lost:
             self.log.end(lost.kind, lost.label, "failed", 0.0, str(lost))
+            if not lose:  # a search trial: a lost one is no verdict to bisect on; the run stops (and resumes)
+                raise
             return _Prepared(candidate, lost=str(lost))
         return _Prepared(candidate, measured, measure_key, evidence, served)
 
@@ -512,6 +551,10 @@ class _Run:
         assert search is not None
         self.dir.search_file.unlink(missing_ok=True)  # an earlier run's record never stands for this one
         scores = self.sensitivity(calibration_set)
+        unmeasured = [name for name in search.formats if not self.dir.measure(name).is_file()]
+        if unmeasured:  # its checkpoint failed its own checks, or its task was lost on a cluster
+            raise TaskLost("measure", f"measure {unmeasured[0]}", f"the search mixes {unmeasured[0]}, which this run did not measure "
+                           f"({uniform[unmeasured[0]]['reasons'][0] if uniform.get(unmeasured[0], {}).get('reasons') else 'no checkpoint'})")
         measurements = {name: read_json(self.dir.measure(name))["value"]["measurement"] for name in (BASELINE, *search.formats)}
         measurements[quantize.UNQUANTIZED] = measurements.pop(BASELINE)
         space = build_space(search.formats, measurements, {fmt: scores.scores(fmt) for fmt in search.formats})
@@ -550,14 +593,11 @@ class _Run:
         """A search trial's mixed checkpoint, judged on the search split and held to `layer_bytes`."""
         plan, checkpoint = self.plan, self.dir.checkpoint(name)
         key = keys.trial_quantize_key(plan, cfg, calibration_set.fingerprint)
-        label = f"quantize {name}"
-        try:
-            quantized = self.cache.directory(
-                kind="quantize", name=f"quantize-{name}", label=label, key=key, artifact=checkpoint, load=_verified_checkpoint,
-                produce=lambda: self.call("quantize", label, partial(units.quantize_trial, plan, cfg, calibration_set.path, checkpoint)),
-                failures=(QuantizationFailed,))
-        except TaskLost as lost:
-            quantized = self.lost(label, lost)
+        label = f"quantize {name}"  # lost on a cluster: TaskLost stops the run (no verdict to bisect on)
+        quantized = self.cache.directory(
+            kind="quantize", name=f"quantize-{name}", label=label, key=key, artifact=checkpoint, load=_verified_checkpoint,
+            produce=lambda: self.call("quantize", label, partial(units.quantize_trial, plan, cfg, calibration_set.path, checkpoint)),
+            failures=(QuantizationFailed,))
         bits = {int(get_preset(fmt).weights["num_bits"]) for fmt in cfg.formats}
         precision = mixed_precision_class(plan.policy, bits)
         return _Candidate(name, precision, checkpoint, key, quantized, split=plan.search_split, allocation=layer_bytes)

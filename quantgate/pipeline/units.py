@@ -28,13 +28,14 @@ _EVALUATORS: OrderedDict[tuple[str, bool], evalsets.Evaluator] = OrderedDict()
 _KEEP = 2  # models a process keeps loaded
 
 
-def evaluator(model: Path, allow_pickle: bool) -> evalsets.Evaluator:
-    """The evaluator of `model` this process keeps (made, and its model loaded, on first use)."""
+def evaluator(model: Path, allow_pickle: bool, identity: dict[str, Any] | None = None) -> evalsets.Evaluator:
+    """The evaluator of `model` this process keeps (made, and its model loaded, on first use);
+    `identity`: the model's, where the caller has it (the run's baseline: hashed once a run)."""
     key = (str(model), allow_pickle)
     if key in _EVALUATORS:
         _EVALUATORS.move_to_end(key)
         return _EVALUATORS[key]
-    made = _EVALUATORS[key] = evalsets.Evaluator(model, allow_pickle=allow_pickle)
+    made = _EVALUATORS[key] = evalsets.Evaluator(model, allow_pickle=allow_pickle, identity=identity)
     while len(_EVALUATORS) > _KEEP:
         _EVALUATORS.popitem(last=False)
     return made
@@ -57,7 +58,7 @@ def evaluate(plan: ResolvedPlan, run_dir: RunDir, name: str, items: dict[str, in
     default the plan's own), into `out`; results already there for exactly these settings are
     used as they are."""
     cfg = plan.look_cfg(items, split)
-    made = evaluator(model_of(plan, run_dir, name), plan.plan.allow_pickle)
+    made = evaluator(model_of(plan, run_dir, name), plan.plan.allow_pickle, dict(plan.identity) if name == BASELINE else None)
     if baseline is None and out.is_dir():
         try:
             existing = evalsets.load_results(out)
@@ -73,7 +74,7 @@ def evaluate(plan: ResolvedPlan, run_dir: RunDir, name: str, items: dict[str, in
 
 def evaluate_baseline(plan: ResolvedPlan, out: Path) -> evalsets.EvaluationResults:
     """The baseline at every set's first look, into `out`."""
-    return evaluator(plan.model_dir, plan.plan.allow_pickle).run(plan.first_look_cfg, out, overwrite=True)
+    return evaluator(plan.model_dir, plan.plan.allow_pickle, dict(plan.identity)).run(plan.first_look_cfg, out, overwrite=True)
 
 
 def baseline_looks(plan: ResolvedPlan, run_dir: RunDir, spec: str) -> int:
@@ -81,10 +82,17 @@ def baseline_looks(plan: ResolvedPlan, run_dir: RunDir, spec: str) -> int:
     for (a set no gate looks at: its first), made before candidates run side by side, so that
     no two of them make the same look at once. Returns the looks made or found."""
     looks = Looks(plan, run_dir, functools.partial(evaluate, plan, run_dir))
-    counts = plan.own_split.looks[spec] if spec in gated_sets(plan) else plan.own_split.looks[spec][:1]
+    counts = baseline_look_counts(plan, spec)
     for items in counts:
         looks.baseline_at(spec, items)
     return len(counts)
+
+
+def baseline_look_counts(plan: ResolvedPlan, spec: str) -> tuple[int, ...]:
+    """The looks of a set a format can ask the baseline for: every one where a gate looks at
+    the set, else its first (evaluated once, for the report)."""
+    looks = tuple(plan.own_split.looks[spec])
+    return looks if spec in gated_sets(plan) else looks[:1]
 
 
 def sequential(plan: ResolvedPlan, run_dir: RunDir, candidate: dict[str, Any], split: Split | None = None) -> dict[str, Any]:
