@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import platform
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -85,6 +86,20 @@ def plan_mapping(model: Path, root: Path, **changes: Any) -> dict[str, Any]:
     }
     mapping.update(changes)
     return mapping
+
+
+def vllm_cpu_serves_int4() -> bool:
+    """Whether vLLM's CPU build serves INT4 weight-only checkpoints here: on x86 it loads its
+    AVX-512 kernels only where torch finds AVX-512 (vLLM 0.32.0 `platforms/cpu.py`,
+    `import_kernels`), and its AVX2 library has no `cpu_gemm_wna16` (nor a static FP8 quant op):
+    on an AVX2-only CPU gptq-int4 and fp8-e4m3 are not served, smoothquant-w8a8 is (measured)."""
+    import torch
+
+    return platform.machine() not in ("x86_64", "AMD64") or bool(torch.cpu._is_avx512_supported())
+
+
+# The format the vLLM tests serve: the weight-only INT4 one where this CPU's vLLM serves it.
+SERVED_FORMAT = "gptq-int4" if vllm_cpu_serves_int4() else "smoothquant-w8a8"
 
 
 # --- measure --------------------------------------------------------------------------------------

@@ -252,8 +252,8 @@ def test_a_tasks_own_error_comes_back_as_itself_and_a_dying_worker_is_retried_th
                           env=cluster.env, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     lines = done.stdout.splitlines()
-    assert any(line.startswith("own error: ") and "/nonexistent/model" in line for line in lines), done.stdout
+    # (Ray's own raylet lines may share a line with ours: searched, not matched whole)
+    assert re.search(r"own error: model '/nonexistent/model' is not a directory", done.stdout), done.stdout
     assert len([line for line in lines if "quantize dying running on node" in line]) == 2, done.stdout  # the first try and one retry
-    assert any(re.fullmatch(r"lost: quantize \| quantize dying was lost on the Ray cluster after 2 attempts: .+", line) for line in lines), \
-        done.stdout
-    assert any(re.fullmatch(r"value: 6 node \d \(127\.0\.0\.1, host \S+, pid \d+\)", line) for line in lines), done.stdout
+    assert re.search(r"lost: quantize \| quantize dying was lost on the Ray cluster after 2 attempts: \S", done.stdout), done.stdout
+    assert re.search(r"value: 6 node \d \(127\.0\.0\.1, host \S+, pid \d+\)", done.stdout), done.stdout

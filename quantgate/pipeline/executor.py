@@ -209,11 +209,9 @@ class RayExecutor:
                     raise InputError(f"{where} cannot see {answer['missing'][0]}: the model and the serving environment must be "
                                      "at the same path on every node")
         finally:
-            for ref in refs.values():
-                try:
-                    self.ray.cancel(ref, force=True)  # a probe still pending
-                except Exception:  # noqa: BLE001 - it finished: nothing to cancel
-                    pass
+            _, pending = self.ray.wait(list(refs.values()), num_returns=len(refs), timeout=0)
+            for ref in pending:  # a probe that never ran (a finished task is not cancelled: Ray 2.60 aborts on that)
+                self.ray.cancel(ref, force=True)
             for stale in out.glob(f".quantgate-probe-{token}-*"):
                 stale.unlink(missing_ok=True)
 
