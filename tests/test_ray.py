@@ -39,6 +39,10 @@ PORT = 6379  # the namespace is the cluster's own: no other Ray can hold its por
 TEMPORARY = re.compile(r"^\..+\.(partial|old)-")
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class Cluster:
     """A head and a second node, one CPU each, in a network namespace that has only loopback."""
 
@@ -71,8 +75,12 @@ class Cluster:
         return subprocess.run(command, capture_output=True, text=True, env=self.env, timeout=600, cwd=plan.parent)
 
     def start(self, plan: Path) -> subprocess.Popen[str]:
+        """The driver, in the background. SIGINT back to its default in the child: a signal this
+        process ignores stays ignored across exec, and Python then installs no KeyboardInterrupt
+        (something earlier in a full test session leaves SIGINT ignored)."""
         command = self.inside(str(BIN / "quantgate"), "run", str(plan), "--address", f"127.0.0.1:{PORT}")
-        return subprocess.Popen(command, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=self.env, cwd=plan.parent)
+        return subprocess.Popen(command, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=self.env, cwd=plan.parent,
+                                preexec_fn=_default_sigint)
 
     def stop(self) -> None:
         subprocess.run(self.inside(str(BIN / "ray"), "stop", "--force"), capture_output=True, env=self.env, timeout=120)
