@@ -41,7 +41,6 @@ from quantgate.pipeline import executor as executors
 from quantgate.pipeline import keys, units
 from quantgate.pipeline.executor import Executor, TaskLost
 from quantgate.pipeline.lock import RunLock
-from quantgate.pipeline.looks import gated_sets
 from quantgate.pipeline.plan import LoadedPlan
 from quantgate.pipeline.progress import StageLog, StageStatus
 from quantgate.pipeline.resolve import ResolvedPlan, Split, resolve_plan
@@ -344,10 +343,9 @@ class _Run:
         """The baseline at each look a format can ask for, a task per set, before the formats run
         side by side (quantgate.pipeline.units.baseline_looks); each look is kept in the run
         directory and reused, so nothing here is made twice."""
-        specs = [*gated_sets(self.plan), *(spec for spec in self.plan.set_specs if spec not in gated_sets(self.plan))]
         # a set whose looks are all there already (a resumed run) sends no task: each format's
         # evaluation still checks what it reads, and makes again a look found damaged
-        specs = [spec for spec in specs if not all(self.dir.look(BASELINE, spec, items).is_dir()
+        specs = [spec for spec in self.plan.set_specs if not all(self.dir.look(BASELINE, spec, items).is_dir()
                                                    for items in units.baseline_look_counts(self.plan, spec))]
         if not specs:
             return
