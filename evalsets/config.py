@@ -9,7 +9,7 @@ from typing import Any
 from pydantic import Field, field_validator, model_validator
 
 from quantgate.core.errors import did_you_mean
-from quantgate.core.validation import Strict
+from quantgate.core.validation import Strict, is_file_name
 
 
 class Kind(str, Enum):
@@ -142,6 +142,28 @@ class SetManifest(Strict):
     generation: GenerationSettings | None = None
     rebuild: str
     provenance: dict[str, Any] | None = None  # user sets: when and with what they were added
+
+    @field_validator("files")
+    @classmethod
+    def _relative_names(cls, value: dict[str, str]) -> dict[str, str]:
+        if not all(is_file_name(name) for name in value):
+            raise ValueError("a file name is empty, too long, or holds a NUL or an unpaired surrogate")
+        return value
+
+    @field_validator("order")
+    @classmethod
+    def _order_rule(cls, value: dict[str, Any]) -> dict[str, Any]:
+        if not isinstance(value.get("rule"), str):
+            raise ValueError("order has no `rule` text")
+        return value
+
+    @field_validator("scoring")
+    @classmethod
+    def _scoring_metrics(cls, value: dict[str, Any]) -> dict[str, Any]:
+        metrics = value.get("metrics")
+        if not isinstance(metrics, list) or not all(isinstance(name, str) for name in metrics) or not isinstance(value.get("primary"), str):
+            raise ValueError("scoring has no `metrics` list of names and `primary` metric")
+        return value
 
     @model_validator(mode="after")
     def _consistent(self) -> SetManifest:

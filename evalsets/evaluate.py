@@ -45,6 +45,7 @@ from quantgate.core.models import (
     tokenizer_hash,
     weights_sha256,
 )
+from quantgate.core.validation import is_file_name, is_path, manifest_files
 
 RESULTS_KIND = "evaluation-results"
 SCHEMA_VERSION = 1
@@ -73,11 +74,21 @@ class EvaluationResults:
         return self.path / self.manifest["sets"][spec]["dir"]
 
     def record(self, spec: str) -> dict[str, Any]:
-        return read_json(self.set_dir(spec) / RECORD_FILE)
+        record = read_json(self.set_dir(spec) / RECORD_FILE)
+        if not isinstance(record, dict):
+            raise IntegrityError(f"evaluation results {self.path}: {spec} {RECORD_FILE} is not a JSON object")
+        return record
 
     def items(self, spec: str) -> dict[str, Any]:
         """The per-item results of one set (docs/evaluate.md, schema_version 1)."""
-        return read_json(self.set_dir(spec) / ITEMS_FILE)
+        items = read_json(self.set_dir(spec) / ITEMS_FILE)
+        if not (isinstance(items, dict) and isinstance(items.get("items"), list) and all(isinstance(item, dict) for item in items["items"])):
+            raise IntegrityError(f"evaluation results {self.path}: {spec} {ITEMS_FILE} holds no `items` list of objects")
+        for number, item in enumerate(items["items"]):
+            wrong = _wrong_item_field(item)
+            if wrong:
+                raise IntegrityError(f"evaluation results {self.path}: {spec} {ITEMS_FILE} item {number}: {wrong}")
+        return items
 
     def token_values(self, spec: str) -> dict[str, Any]:
         """A text set's per-position values against the baseline ({"kl": float32 array, ...}, item
@@ -94,16 +105,74 @@ class EvaluationResults:
         return {spec: entry["from_cache"] for spec, entry in self.manifest["sets"].items()}
 
 
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float))
+
+
+# The per-item fields the gates compute with (docs/evaluate.md, items.json), each with its type
+# check, where an item has it; every item has an `id`.
+_ITEM_FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "id": (lambda value: isinstance(value, str), "a string"),
+    "index": (lambda value: isinstance(value, int) and not isinstance(value, bool) and value >= 0, "a count"),
+    "tokens": (lambda value: isinstance(value, int) and not isinstance(value, bool) and value >= 0, "a count"),
+    "bytes": (lambda value: isinstance(value, int) and not isinstance(value, bool) and value >= 0, "a count"),
+    "top1_matches": (_is_number, "a number"),
+    "nll": (_is_number, "a number"),
+    "kl_sum": (_is_number, "a number"),
+    "top_prob_change_sum": (_is_number, "a number"),
+    "loglikelihood": (_is_number, "a number"),
+    "loglikelihoods": (lambda value: isinstance(value, list) and all(map(_is_number, value)), "a list of numbers"),
+    "choice_chars": (lambda value: isinstance(value, list) and all(map(_is_number, value)), "a list of numbers"),
+    "metrics": (lambda value: isinstance(value, dict) and all(map(_is_number, value.values())), "an object of numbers"),
+}
+
+
+def _wrong_item_field(item: dict[str, Any]) -> str:
+    """What is wrong with one per-item record ('' when nothing): no id, or a field the gates
+    compute with that is not of its type."""
+    for field, (valid, what) in _ITEM_FIELDS.items():
+        if field in item and not valid(item[field]):
+            return f"`{field}` is {type(item[field]).__name__}, not {what}"
+        if field == "id" and field not in item:  # the gates pair a baseline's and a candidate's items by id
+            return f"no `{field}`"
+    return ""
+
+
 def load_results(path: str | Path) -> EvaluationResults:
+    """A results directory, its files verified against its manifest; a manifest that is not a
+    results manifest (unreadable, another artifact's, fields of the wrong type, a set directory
+    outside `path`) is one line (InputError or IntegrityError)."""
     path = Path(path)
     manifest_path = path / MANIFEST
     if not manifest_path.is_file():
         raise InputError(f"{path} is not an evaluation results directory (no {MANIFEST})")
     manifest = read_json(manifest_path)
-    if manifest.get("artifact") != RESULTS_KIND:
-        raise InputError(f"{path} holds a {manifest.get('artifact', 'different artifact')}, not evaluation results")
-    verify_files(path, manifest["files"], f"evaluation results {path}")
+    if not isinstance(manifest, dict) or manifest.get("artifact") != RESULTS_KIND:
+        artifact = manifest.get("artifact", "different artifact") if isinstance(manifest, dict) else "different artifact"
+        raise InputError(f"{path} holds a {artifact}, not evaluation results")
+    what = f"evaluation results {path}"
+    verify_files(path, manifest_files(manifest, what, error=IntegrityError), what)
+    _check_results_manifest(path, manifest, what)
     return EvaluationResults(path, manifest)
+
+
+def _check_results_manifest(path: Path, manifest: dict[str, Any], what: str) -> None:
+    """The fields readers of results take from the manifest, each of its type: the model's path
+    and weights hash, and per set a directory of its own inside `path`."""
+    model = manifest.get("model")
+    if not (isinstance(model, dict) and isinstance(model.get("path"), str) and is_path(model["path"])
+            and isinstance(model.get("weights_sha256", ""), str)):
+        raise IntegrityError(f"{what}: its manifest's `model` has no path (and a weights_sha256, if any, that is text)")
+    sets = manifest.get("sets")
+    if not isinstance(sets, dict) or not sets:
+        raise IntegrityError(f"{what}: its manifest's `sets` names no golden set")
+    base = path.resolve()
+    for spec, entry in sets.items():
+        folder = entry.get("dir") if isinstance(entry, dict) else None
+        if not isinstance(folder, str) or not is_file_name(folder) or not isinstance(entry.get("from_cache", False), bool):
+            raise IntegrityError(f"{what}: its manifest's entry for {spec!r} has no directory")
+        if not (base / folder).resolve().is_relative_to(base) or not (base / folder).is_dir():
+            raise IntegrityError(f"{what}: the directory of {spec!r}, {folder!r}, is not a directory inside it")
 
 
 # ---- identities and the cache key -----------------------------------------------------------
@@ -170,13 +239,33 @@ def cache_root(home: Path | None = None) -> Path:
 
 
 def _cached(root: Path, key: str) -> Path | None:
+    """The cache entry of `key` if it is there and whole: its manifest is this key's and names
+    exactly the files it holds, each with its sha256. A torn or changed entry is never trusted:
+    None, and it is computed again (and replaced)."""
     entry = root / key
     try:
-        manifest = read_json(entry / MANIFEST)
-        verify_files(entry, manifest["files"], f"cached evaluation {key[:12]}")
-    except (OSError, ValueError, KeyError, IntegrityError):
+        _check_entry(entry, key)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, IntegrityError):
         return None  # absent or damaged: computed again
     return entry
+
+
+def _check_entry(entry: Path, key: str) -> dict[str, Any]:
+    """A cache entry's manifest, after checking the entry against it (IntegrityError if not)."""
+    manifest = read_json(entry / MANIFEST)
+    files = manifest["files"]
+    if manifest.get("key") != key or not isinstance(files, dict):
+        raise IntegrityError(f"cached evaluation {key[:12]}: its manifest is not this entry's")
+    present = {path.relative_to(entry).as_posix() for path in entry.rglob("*") if path.is_file() and path.name != MANIFEST}
+    if present != set(files):
+        raise IntegrityError(f"cached evaluation {key[:12]}: holds other files than its manifest names")
+    verify_files(entry, files, f"cached evaluation {key[:12]}")
+    return dict(manifest)
+
+
+def _entry_good(key: str) -> Callable[[Path], bool]:
+    """Whether a cache entry another process published is whole (atomic_directory's `keep`)."""
+    return lambda entry: _cached(entry.parent, key) is not None
 
 
 # ---- the stage ------------------------------------------------------------------------------
@@ -290,10 +379,17 @@ def run(
 
 
 def _publish(job: _SetJob, staging: Path) -> dict[str, Any]:
-    """Copy one set's cache entry into the results being written; its line of their manifest."""
+    """Copy one set's cache entry into the results being written; its line of their manifest.
+    The copy is checked against the entry's manifest: bytes that changed after the entry was
+    found good are refused, never published."""
     assert job.entry is not None  # found in the cache or computed by now
     directory = job.golden.spec
-    shutil.copytree(job.entry, staging / directory, ignore=shutil.ignore_patterns(MANIFEST), copy_function=_link_or_copy)
+    manifest = _check_entry(job.entry, job.key)
+    for relative in manifest["files"]:  # file by file (not copytree, which folds errors into one without an errno: a full disk)
+        target = staging / directory / relative
+        target.parent.mkdir(parents=True, exist_ok=True)
+        _link_or_copy(str(job.entry / relative), str(target))
+    verify_files(staging / directory, manifest["files"], f"cached evaluation {job.key[:12]} (as copied)")
     record = read_json(staging / directory / RECORD_FILE)
     return {
         "dir": directory,
@@ -379,7 +475,8 @@ def _compute(
             if job.key in earlier:
                 bar.update(task, completed=len(earlier[job.key]["items"]))
             stopwatch = Stopwatch()
-            with atomic_directory(root / job.key, overwrite=True) as staging:
+            # shared by runs: an entry another process published meanwhile (the same inputs) is kept
+            with atomic_directory(root / job.key, keep=_entry_good(job.key)) as staging:
                 if golden.kind is Kind.text:
                     result = _run_text(cfg, loaded, job, items, baseline=baseline, advance=functools.partial(bar.advance, task))
                 else:

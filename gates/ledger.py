@@ -2,7 +2,9 @@
 hash of the previous one (a hash chain), so any edit, insertion or deletion is detected.
 
 `verify_checkpoint` is what a deployment step calls: a checkpoint is deployable only if
-its current weight bytes match an `approved` record of an intact ledger.
+its current weight bytes match an `approved` record of an intact ledger, and, given the public
+key, only if that record carries a signature by the key over its own claims and the
+checkpoint's files (gates/signing.py): the chain detects an edit, the signature a rewrite.
 """
 
 from __future__ import annotations
@@ -15,8 +17,9 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from gates import signing
 from quantgate.core.artifacts import atomic_file, canonical_json, sha256_bytes
-from quantgate.core.errors import QuantgateError
+from quantgate.core.errors import InputError, QuantgateError
 from quantgate.core.models import weight_hashes
 
 GENESIS = "0" * 64
@@ -32,25 +35,106 @@ def record_hash(record: dict[str, Any]) -> str:
     return sha256_bytes(canonical_json({k: v for k, v in record.items() if k != "record_hash"}).encode("utf-8"))
 
 
+# A record is tens of kilobytes (a signed one carries its signature); a line past this is no record.
+MAX_LINE = 16 * 1024 * 1024
+
+
 def read(ledger: Path) -> list[dict[str, Any]]:
-    """Every record, after checking the whole chain; LedgerTampered names the first bad line."""
+    """Every record, after checking the whole chain; LedgerTampered names the first bad line.
+    Any bytes are read without a traceback: a line that is not UTF-8, not JSON (or nested too
+    deeply, or longer than MAX_LINE), not an object, or whose fields have the wrong types is
+    tampering. A missing ledger is empty (a new one); one that cannot be read is an InputError."""
     ledger = Path(ledger)
     if not ledger.exists():
         return []
     records, previous = [], GENESIS
-    with open(ledger, encoding="utf-8") as stream:
-        for number, line in enumerate(stream, start=1):
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise LedgerTampered(f"ledger {ledger} tampered: line {number} is not JSON") from error
-            if not isinstance(record, dict) or record.get("prev_hash") != previous:
-                raise LedgerTampered(f"ledger {ledger} tampered: line {number} does not follow line {number - 1}")
-            if record.get("record_hash") != record_hash(record):
-                raise LedgerTampered(f"ledger {ledger} tampered: line {number} was edited")
-            records.append(record)
-            previous = record["record_hash"]
+    try:
+        with open(ledger, "rb") as stream:
+            for number, line in enumerate(iter(lambda: stream.readline(MAX_LINE + 1), b""), start=1):
+                record = _parse(ledger, number, line)
+                if record.get("prev_hash") != previous:
+                    raise LedgerTampered(f"ledger {ledger} tampered: line {number} does not follow line {number - 1}")
+                if record.get("record_hash") != _hash_or_none(record):
+                    raise LedgerTampered(f"ledger {ledger} tampered: line {number} was edited")
+                _check_fields(ledger, number, record)
+                records.append(record)
+                previous = record["record_hash"]
+    except OSError as error:
+        raise InputError(f"ledger {ledger}: cannot read it ({error.strerror or error})") from error
     return records
+
+
+def _parse(ledger: Path, number: int, line: bytes) -> dict[str, Any]:
+    if len(line) > MAX_LINE:
+        raise LedgerTampered(f"ledger {ledger} tampered: line {number} is longer than {MAX_LINE} bytes")
+    try:
+        record = json.loads(line.decode("utf-8"))
+    except UnicodeDecodeError as error:
+        raise LedgerTampered(f"ledger {ledger} tampered: line {number} is not UTF-8 text") from error
+    except RecursionError as error:
+        raise LedgerTampered(f"ledger {ledger} tampered: line {number} is nested too deeply") from error
+    except ValueError as error:  # not JSON, or a number past Python's digit limit
+        raise LedgerTampered(f"ledger {ledger} tampered: line {number} is not JSON") from error
+    if not isinstance(record, dict):
+        raise LedgerTampered(f"ledger {ledger} tampered: line {number} is not a JSON object")
+    return record
+
+
+def _hash_or_none(record: dict[str, Any]) -> str | None:
+    try:
+        return record_hash(record)
+    except (ValueError, RecursionError):  # nothing the writer wrote: it hashes what it writes
+        return None
+
+
+def _is(value: Any, kind: type) -> bool:
+    return isinstance(value, kind) and (kind is bool or not isinstance(value, bool))
+
+
+def _strings(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(item, str) for item in value)
+
+
+def _checkpoint_ok(checkpoint: Any) -> bool:
+    if checkpoint is None:
+        return True
+    if not isinstance(checkpoint, dict) or not _is(checkpoint.get("path", ""), str):
+        return False
+    weights = checkpoint.get("weights", {})
+    return isinstance(weights, dict) and all(_is(digest, str) for digest in weights.values())
+
+
+def _policy_ok(policy: Any, approved: bool) -> bool:
+    if policy is None:
+        return not approved  # an approval names its policy
+    return isinstance(policy, dict) and _is(policy.get("name"), str) and _is(policy.get("version"), str) and all(
+        policy.get(key) is None or _strings(policy[key]) for key in ("narrowed_to", "dropped"))
+
+
+def _signature_ok(signature: Any) -> bool:
+    return signature is None or (isinstance(signature, dict) and all(
+        _is(signature.get(key), str) for key in ("bundle", "key_sha256", "claims_sha256", "file")))
+
+
+def _field_problem(record: dict[str, Any]) -> str | None:
+    """The first field `verify` reads whose type is wrong, or None."""
+    checks = [
+        ("time", _is(record.get("time"), str)),
+        ("verdict", record.get("verdict") is None or _is(record["verdict"], str)),
+        ("split", record.get("split") is None or _is(record["split"], str)),
+        ("reasons", record.get("reasons") is None or _strings(record["reasons"])),
+        ("checkpoint", _checkpoint_ok(record.get("checkpoint"))),
+        ("policy", _policy_ok(record.get("policy"), record.get("verdict") == "approved")),
+        ("signed", _is(record.get("signed", False), bool)),
+        ("signature", _signature_ok(record.get("signature"))),
+    ]
+    return next((name for name, ok in checks if not ok), None)
+
+
+def _check_fields(ledger: Path, number: int, record: dict[str, Any]) -> None:
+    problem = _field_problem(record)
+    if problem is not None:
+        raise LedgerTampered(f"ledger {ledger} tampered: line {number} has a malformed {problem!r} field")
 
 
 def append(ledger: Path, entry: dict[str, Any]) -> dict[str, Any]:
@@ -78,6 +162,9 @@ class Status(str, Enum):
     unknown = "unknown"
     changed = "changed since approval"
     tampered = "ledger tampered"
+    unsigned = "unsigned"
+    wrong_key = "signed by another key"
+    rewritten = "ledger rewritten"
 
 
 @dataclass(frozen=True)
@@ -91,16 +178,23 @@ class Verification:
         return self.status is Status.approved
 
 
-def verify_checkpoint(checkpoint: Path, ledger: Path) -> Verification:
-    """Is this checkpoint, byte for byte, approved in this ledger? The newest matching record decides."""
+def verify_checkpoint(checkpoint: Path, ledger: Path, public_key: Path | None = None) -> Verification:
+    """Is this checkpoint, byte for byte, approved in this ledger? The newest matching record
+    decides. With `public_key`, only an approval signed by that key over this very record and
+    these files is (gates/signing.py); without it, the reason says whether the approval is
+    signed. A ledger that does not exist or cannot be read, or a bad key file, is an InputError."""
+    ledger = Path(ledger)
+    if not ledger.exists():
+        raise InputError(f"ledger {ledger} does not exist")
+    if not ledger.is_file():
+        raise InputError(f"ledger {ledger} is not a file")
+    key = signing.load_public_key(public_key) if public_key is not None else None
     try:
         records = read(ledger)
     except LedgerTampered as error:
         return Verification(Status.tampered, str(error))
-    if not Path(ledger).exists():
-        return Verification(Status.unknown, f"ledger {ledger} does not exist")
     weights = weight_hashes(checkpoint)
-    matching = [record for record in records if record.get("checkpoint", {}).get("weights") == weights]
+    matching = [record for record in records if (record.get("checkpoint") or {}).get("weights") == weights]
     # a search trial's verdict was reached on the search split, the items the search selected on:
     # it approves nothing; the held-out gate of the chosen trial does (docs/search.md)
     trials = [record for record in matching if record.get("split") == "search" and record.get("verdict") == "approved"]
@@ -111,17 +205,26 @@ def verify_checkpoint(checkpoint: Path, ledger: Path) -> Verification:
     if matching:
         record = matching[-1]
         if record.get("verdict") == "approved":
-            policy = record["policy"]
-            narrowed = (f" narrowed to {', '.join(policy['narrowed_to'])} (not gated: {', '.join(policy.get('dropped') or [])})"
-                        if policy.get("narrowed_to") is not None else "")
-            return Verification(Status.approved, f"approved {record['time']} under policy "
-                                f"{policy['name']}@{policy['version']}{narrowed}", record)
+            return _approved(Path(checkpoint), record, key)
         reasons = "; ".join(record.get("reasons") or []) or "no reason recorded"
         return Verification(Status.blocked, f"blocked {record['time']}: {reasons}", record)
     resolved = str(Path(checkpoint).resolve())
-    same_place = [record for record in records if record.get("checkpoint", {}).get("path") == resolved]
+    same_place = [record for record in records if (record.get("checkpoint") or {}).get("path") == resolved]
     if same_place:
-        changed = sorted(name for name in set(weights) | set(same_place[-1]["checkpoint"]["weights"])
-                         if weights.get(name) != same_place[-1]["checkpoint"]["weights"].get(name))
+        approved = same_place[-1]["checkpoint"].get("weights", {})
+        changed = sorted(name for name in set(weights) | set(approved) if weights.get(name) != approved.get(name))
         return Verification(Status.changed, f"{', '.join(changed)} changed since the verdict of {same_place[-1]['time']}", same_place[-1])
     return Verification(Status.unknown, "no verdict in the ledger for these weights")
+
+
+def _approved(checkpoint: Path, record: dict[str, Any], key: signing.Key | None) -> Verification:
+    policy = record["policy"]
+    narrowed = (f" narrowed to {', '.join(policy['narrowed_to'])} (not gated: {', '.join(policy.get('dropped') or [])})"
+                if policy.get("narrowed_to") is not None else "")
+    approval = f"approved {record['time']} under policy {policy['name']}@{policy['version']}{narrowed}"
+    if key is None:
+        return Verification(Status.approved, f"{approval}; {signing.describe(record)}", record)
+    check = signing.check(checkpoint, record, key)
+    if check.problem is None:
+        return Verification(Status.approved, f"{approval}; {check.reason}", record)
+    return Verification(Status(check.problem.value), f"{approval}, but {check.reason}", record)

@@ -14,7 +14,7 @@ from pydantic import Field, field_validator, model_validator
 from quantgate.core.artifacts import read_yaml, sha256_file
 from quantgate.core.errors import InputError, did_you_mean
 from quantgate.core.ids import SetRef
-from quantgate.core.validation import Strict, validated
+from quantgate.core.validation import Strict, is_path, validated
 from quantize.presets import Preset
 
 POLICY_DIR = Path(__file__).parent / "policies"
@@ -161,6 +161,20 @@ class Policy(Strict):
     # none: the policy does not ask that the checkpoint be served (no serve stage decides anything)
     serving: ServingGate | None = None
 
+    @field_validator("metrics")
+    @classmethod
+    def _versions_that_fit(cls, value: dict[str, dict[str, MetricGate]]) -> dict[str, dict[str, MetricGate]]:
+        """A key NAME@vN whose N no integer conversion takes (past Python's 4300 digits) is an
+        error here, where it is read; any other key is checked against the golden sets later."""
+        for key in value:
+            try:
+                SetRef.parse(key)
+            except InputError:
+                pass  # no set spec at all: named as written by the 'unknown golden set' message
+            except ValueError as error:
+                raise ValueError(f"{key[:40]}... ({len(key)} characters): no set version is that long") from error
+        return value
+
 
 @dataclass(frozen=True)
 class LoadedPolicy:
@@ -215,19 +229,24 @@ def resolve_policy(spec: str | Path) -> Path:
     """A YAML path, or NAME[@vN] of a built-in policy (the newest version when none is given)."""
     path = Path(spec)
     if path.suffix in (".yaml", ".yml"):
-        if not path.is_file():
-            raise InputError(f"policy file {path} does not exist")
+        if not is_path(str(spec)) or not path.is_file():
+            raise InputError(f"policy file {_shown(str(path))} does not exist")
         return path
     name, _, version = str(spec).partition("@")
     folder = POLICY_DIR / name
     known = sorted(p.name for p in POLICY_DIR.iterdir() if p.is_dir())
-    if not folder.is_dir():
-        raise InputError(f"unknown policy {name!r}{did_you_mean(name, known)}; built in: {', '.join(known)}")
+    if name not in known:  # "" or "." would be POLICY_DIR itself, "a/b" a folder below a policy's
+        raise InputError(f"unknown policy {_shown(name)!r}{did_you_mean(name, known)}; built in: {', '.join(known)}")
     versions = sorted((p.stem for p in folder.glob("v*.yaml")), key=lambda v: int(v[1:]))
     version = version or versions[-1]
     if version not in versions:
         raise InputError(f"policy {name} has no version {version}; it has {', '.join(versions)}")
     return folder / f"{version}.yaml"
+
+
+def _shown(text: str) -> str:
+    """`text` for a message: its first 80 characters and its length when longer."""
+    return text if len(text) <= 80 else f"{text[:80]}... ({len(text)} characters)"
 
 
 def load_policy(spec: str | Path, valid_metrics: dict[str, list[str]] | None = None) -> LoadedPolicy:

@@ -6,6 +6,7 @@ finite, calibration overlap when the calibration set is at hand)."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -16,9 +17,10 @@ from evalsets import EvaluationResults, GoldenSet
 from evalsets.served import load_record
 from evalsets.sets import all_names, scored_metrics
 from gates import ledger as ledger_module
+from gates import signing
 from gates.policy import PRECISION_CLASSES, LoadedPolicy, load_policy, precision_class
 from gates.verdict import Records, ServingEvidence, Verdict, judge, tails
-from quantgate.core.artifacts import MANIFEST, read_json, sha256_file, sha256_json
+from quantgate.core.artifacts import MANIFEST, read_json, sha256_file, sha256_json, sibling_lock
 from quantgate.core.errors import InputError
 from quantgate.core.ids import SetRef
 from quantgate.core.metrics import GATEABLE
@@ -138,17 +140,59 @@ def ledger_entry(record: dict[str, Any]) -> dict[str, Any]:
     return {**record, "verdict_sha256": sha256_json(record)}
 
 
-def record_verdict(ledger: Path, record: dict[str, Any]) -> bool:
-    """Append the verdict to the ledger unless the ledger holds it already; True if appended."""
+def record_verdict(ledger: Path, record: dict[str, Any], signing_key: Path | None = None) -> bool:
+    """Append the verdict to the ledger unless the ledger holds it already; True if appended.
+
+    With `signing_key` (a PEM private key, checked first: a bad one is an InputError), an
+    approved verdict is signed before it is appended (gates/signing.py): `<checkpoint>/model.sig`
+    is written and the record carries the signature; a blocked one is recorded as it is, and
+    takes away a model.sig quantgate wrote into that checkpoint before (so model-signing alone
+    no longer accepts what the ledger now blocks). A verdict the ledger holds only unsigned, or
+    signed by another key, or whose signature no longer covers the checkpoint's files (made
+    again), is appended again, signed; one it holds signed by this key has its model.sig put
+    back if the checkpoint lost it. A verdict a later record on the same weights superseded
+    stays as it is (the newest decides), as without a key. Every record says whether it is
+    `signed`."""
+    key = signing.load_signing_key(signing_key) if signing_key is not None else None
+    with sibling_lock(ledger):  # runs and `quantgate gate` may share a ledger: one read-and-append at a time
+        return _record_verdict(ledger, record, key)
+
+
+def _record_verdict(ledger: Path, record: dict[str, Any], key: signing.Key | None) -> bool:
     entry = ledger_entry(record)
     try:
         existing = ledger_module.read(ledger)
     except ledger_module.LedgerTampered as error:
         raise InputError(f"{error}; refusing to append to it (restore it, or name another ledger)") from error
-    if any(old.get("verdict_sha256") == entry["verdict_sha256"] for old in existing):
-        return False
+    same = [old for old in existing if old.get("verdict_sha256") == entry["verdict_sha256"]]
+    # a search trial's approval (on the search split) deploys nothing: it is not signed either
+    signer = key if record.get("verdict") == "approved" and record.get("split") != "search" else None
+    if signer is None:
+        if same:
+            return False
+        entry["signed"] = False
+        if record.get("verdict") != "approved" and (record.get("checkpoint") or {}).get("path"):
+            signing.withdraw(Path(record["checkpoint"]["path"]))  # its newest verdict is a block now
+    else:
+        checkpoint = (record.get("checkpoint") or {}).get("path")
+        if checkpoint is None:
+            raise InputError("cannot sign a verdict that names no checkpoint")
+        if same and _superseded(existing, same[-1]):
+            return False  # as without a key: the ledger holds this verdict, and a later one on these weights decides
+        if any(signing.restore(Path(checkpoint), old, signer) for old in reversed(same)):
+            return False
+        entry["time"] = datetime.now(timezone.utc).isoformat(timespec="seconds")  # signed with the rest
+        entry["signed"] = True
+        entry["signature"] = signing.sign(Path(checkpoint), entry, signer)
     ledger_module.append(ledger, entry)
     return True
+
+
+def _superseded(existing: list[dict[str, Any]], old: dict[str, Any]) -> bool:
+    """Whether a record after `old` judges the same weights (the newest record decides)."""
+    weights = (old.get("checkpoint") or {}).get("weights")
+    later = existing[next(index for index, record in enumerate(existing) if record is old) + 1:]
+    return any((record.get("checkpoint") or {}).get("weights") == weights for record in later)
 
 
 def _checkpoint_manifest(checkpoint: Path | None) -> dict[str, Any] | None:
@@ -171,11 +215,17 @@ def _check_serve_records(served: dict[str, Any] | None, reference: dict[str, Any
 
 def gate_results(baseline: Path, candidate: Path, policy_spec: str | Path, *, checkpoint: Path | None = None,
                  calibration_dir: Path | None = None, precision: str | None = None, ledger: Path | None = None,
-                 narrow_to: list[str] | None = None, served: Path | None = None, served_baseline: Path | None = None) -> dict[str, Any]:
-    """The verdict record (as the pipeline writes it); appended to `ledger` when given. The
+                 narrow_to: list[str] | None = None, served: Path | None = None, served_baseline: Path | None = None,
+                 signing_key: Path | None = None) -> dict[str, Any]:
+    """The verdict record (as the pipeline writes it); appended to `ledger` when given, an
+    approval signed with `signing_key` when given (record_verdict). The
     results are judged as they are (one look at the items they hold: a fixed-size test). A
     policy that gates serving judges the serve records `served` (the candidate's) and
     `served_baseline` (the baseline's: the bound's base); without them its serving gate blocks."""
+    if signing_key is not None:
+        if ledger is None:
+            raise InputError("--signing-key signs the ledger's record of an approval: give --ledger too")
+        signing.load_signing_key(signing_key)  # a bad key is refused before any work
     baseline_results = evalsets.load_results(baseline)
     candidate_results = evalsets.load_results(candidate)
     specs = list(baseline_results.manifest["sets"])
@@ -218,5 +268,5 @@ def gate_results(baseline: Path, candidate: Path, policy_spec: str | Path, *, ch
     if ledger is not None:
         if checkpoint is None:
             raise InputError("--ledger needs the checkpoint (--checkpoint): a ledger record names the weights it approves")
-        record_verdict(ledger, record)
+        record_verdict(ledger, record, signing_key)
     return record

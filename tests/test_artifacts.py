@@ -87,3 +87,116 @@ def test_atomic_file_replaces_whole_or_not_at_all(tmp_path: Path, durable: bool)
 def test_write_json_is_sorted_indented_utf8_with_a_final_newline(tmp_path: Path) -> None:
     write_json(tmp_path / "value.json", {"b": "é", "a": [1, 2]})
     assert (tmp_path / "value.json").read_text(encoding="utf-8") == json.dumps({"a": [1, 2], "b": "é"}, indent=2, ensure_ascii=False) + "\n"
+
+
+# --- crashes and concurrent writers -----------------------------------------------------------
+
+WRITER = """
+import sys
+from pathlib import Path
+from quantgate.core.artifacts import atomic_directory, write_json
+root = Path(sys.argv[1])
+write_json(root / "first.json", {"n": 1})
+with atomic_directory(root / "second") as staging:
+    (staging / "big.bin").write_bytes(b"x" * 1000)
+write_json(root / "third.json", {"n": 3})
+"""
+
+
+@pytest.mark.parametrize("kill_at, torn", [("2", "second"), ("1:third", "third.json"), ("3", "third.json")])
+def test_the_fault_hook_kills_inside_the_chosen_write_leaving_only_its_half_staged_sibling(tmp_path: Path, kill_at: str,
+                                                                                            torn: str) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from quantgate.core.artifacts import FAULT_KILL_AT_WRITE, remove_temporaries
+
+    env = os.environ | {FAULT_KILL_AT_WRITE: kill_at}
+    done = subprocess.run([sys.executable, "-c", WRITER, str(tmp_path)], env=env, capture_output=True, text=True, check=False)
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    assert json.loads((tmp_path / "first.json").read_text()) == {"n": 1} and not (tmp_path / torn).exists()
+    (staged,) = [path for path in tmp_path.iterdir() if path.name.startswith(".")]
+    assert staged.name.startswith(f".{torn}.partial-")
+    half = staged / "big.bin" if staged.is_dir() else staged
+    assert half.stat().st_size in (500, len(json.dumps({"n": 3}, indent=2)) // 2)
+    assert remove_temporaries(tmp_path) == [staged] and not staged.exists()
+    clean = subprocess.run([sys.executable, "-c", WRITER, str(tmp_path / "again")], capture_output=True, text=True, check=False)
+    assert clean.returncode == 0 and sorted(path.name for path in (tmp_path / "again").iterdir()) == ["first.json", "second", "third.json"]
+
+
+def test_only_stale_temporaries_are_removed_from_a_shared_directory(tmp_path: Path) -> None:
+    import os
+
+    from quantgate.core.artifacts import remove_temporaries
+
+    dead = tmp_path / f".entry.partial-{2**22 + 12345}-abc123"  # above any pid_max: no such process
+    live = tmp_path / f".entry.partial-{os.getpid()}-def456"
+    unknown = tmp_path / ".entry.partial-ghi789"  # an older writer's: whose it is cannot be told
+    for path in (dead, live, unknown):
+        path.mkdir()
+    assert remove_temporaries(tmp_path, only_stale=True) == [dead]
+    assert live.exists() and unknown.exists()
+
+
+PUBLISHER = """
+import sys, time
+from pathlib import Path
+from quantgate.core.artifacts import atomic_directory, file_hashes, read_json, verify_files, write_json
+final, start, keep = Path(sys.argv[1]), float(sys.argv[2]), sys.argv[3] == "keep"
+
+def whole(entry):
+    try:
+        verify_files(entry, read_json(entry / "manifest.json")["files"], "entry")
+        return True
+    except Exception:
+        return False
+
+options = {"keep": whole} if keep else {"overwrite": True}
+with atomic_directory(final, **options) as staging:
+    (staging / "result.txt").write_text("the same result" * 1000)
+    write_json(staging / "manifest.json", {"files": file_hashes(staging)})
+    time.sleep(max(0.0, start - time.time()))
+assert whole(final)
+"""
+
+
+def _publish_at_once(final: Path, writers: int, mode: str) -> list[int]:
+    import subprocess
+    import sys
+    import time
+
+    start = time.time() + 1.5  # every writer has its entry staged by then
+    processes = [subprocess.Popen([sys.executable, "-c", PUBLISHER, str(final), str(start), mode], stderr=subprocess.DEVNULL)
+                 for _ in range(writers)]
+    return [process.wait() for process in processes]
+
+
+def test_writers_publishing_the_same_cache_entry_at_once_all_succeed_and_leave_one_whole_entry(tmp_path: Path) -> None:
+    """Two runs computing the same evaluation-cache key (or pulling the same demo model) publish
+    it at once: each finds the entry the first one published, and keeps it."""
+    from quantgate.core.artifacts import read_json
+
+    for round_ in range(3):
+        final = tmp_path / f"entry-{round_}"
+        assert _publish_at_once(final, 6, "keep") == [0] * 6
+        verify_files(final, read_json(final / "manifest.json")["files"], "entry")
+        assert [path.name for path in tmp_path.iterdir() if path.name.startswith(".")] == []
+    # a damaged entry is replaced, not kept
+    (final / "result.txt").write_text("torn")
+    assert _publish_at_once(final, 1, "keep") == [0]
+    assert (final / "result.txt").read_text() == "the same result" * 1000
+
+
+def test_overwriting_publishers_at_once_are_what_the_shared_cache_must_not_use(tmp_path: Path) -> None:
+    """Why the cache publishes with `keep`: replacing (overwrite) from several processes at once
+    fails some of them (a rename onto a directory another just renamed into place)."""
+    results = [code for round_ in range(3) for code in _publish_at_once(tmp_path / f"entry-{round_}", 6, "overwrite")]
+    assert any(code != 0 for code in results)
+
+
+@pytest.mark.parametrize("name", ["a\x00b", "x" * 5000, "caf\udce9"])
+def test_a_manifest_naming_an_impossible_file_is_an_integrity_error(tmp_path: Path, name: str) -> None:
+    with pytest.raises(IntegrityError, match="cannot be read|is missing"):
+        verify_files(tmp_path, {name: "0" * 64}, "checkpoint")

@@ -1,6 +1,7 @@
 """`quantgate gate` (and `verify`) on the tiny model: an identical candidate is approved, a
 candidate with corrupted scales or FP32 embeddings is blocked with the reason, a policy edit
-changes the verdict, an edited ledger and a changed checkpoint fail `verify`."""
+changes the verdict, an edited ledger and a changed checkpoint fail `verify`, and a signed approval
+verifies with quantgate and with model-signing alone."""
 
 from __future__ import annotations
 
@@ -116,7 +117,8 @@ def test_policy_edit_changes_the_verdict(cli, run_dir: Path, tmp_path: Path) -> 
 def test_ledger_records_verify_and_detect_edits_and_changes(cli, run_dir: Path, tmp_path: Path) -> None:
     checkpoint = Path(shutil.copytree(run_dir / "checkpoints" / "gptq-int4", tmp_path / "deploy"))
     ledger = tmp_path / "ledger.jsonl"
-    assert cli("verify", checkpoint, "--ledger", ledger).code == 1  # no ledger yet: unknown
+    missing = cli("verify", checkpoint, "--ledger", ledger)  # no ledger yet: bad input, not a verdict
+    assert missing.code == 2 and missing.err == f"quantgate: error: ledger {ledger} does not exist\n"
     approved = gate(cli, run_dir, run_dir / "results" / "gptq-int4", write_policy(tmp_path / "policy.yaml"),
                     "--checkpoint", checkpoint, "--ledger", ledger)
     assert approved.code == 0
@@ -136,3 +138,29 @@ def test_ledger_records_verify_and_detect_edits_and_changes(cli, run_dir: Path, 
     weights.write_bytes(weights.read_bytes()[:-1] + b"\x01")
     changed = cli("verify", checkpoint, "--ledger", ledger)
     assert changed.code == 1 and "changed since approval" in changed.out and "model.safetensors" in changed.out
+
+
+def test_gate_signs_an_approval_that_model_signing_verifies_alone(cli, run_dir: Path, tmp_path: Path) -> None:
+    """`gate --signing-key` on a real checkpoint (weights, config, tokenizer, recipe, quantgate's
+    manifest): model.sig lands in the checkpoint, `verify --public-key` accepts it, and so does
+    `model_signing verify key` on the directory alone."""
+    import subprocess
+    import sys
+
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    private, public = tmp_path / "key.pem", tmp_path / "key.pub"
+    private.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+    public.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+    checkpoint = Path(shutil.copytree(run_dir / "checkpoints" / "gptq-int4", tmp_path / "deploy"))
+    ledger = tmp_path / "ledger.jsonl"
+    signed = gate(cli, run_dir, run_dir / "results" / "gptq-int4", write_policy(tmp_path / "policy.yaml"),
+                  "--checkpoint", checkpoint, "--ledger", ledger, "--signing-key", private)
+    assert signed.code == 0 and f"signed: {checkpoint.resolve() / 'model.sig'}" in signed.out, signed.out + signed.err
+    ok = cli("verify", checkpoint, "--ledger", ledger, "--public-key", public)
+    assert ok.code == 0 and "signed by" in ok.out, ok.out
+    alone = subprocess.run([sys.executable, "-m", "model_signing", "verify", "key", str(checkpoint), "--signature",
+                            str(checkpoint / "model.sig"), "--public_key", str(public)], capture_output=True, text=True, timeout=120)
+    assert alone.returncode == 0, alone.stderr

@@ -204,18 +204,40 @@ def test_a_format_that_fails_its_checks_is_blocked_and_stays_blocked(quant_model
 
 
 def test_one_run_at_a_time_in_a_run_directory(tiny_run, quant_model: Path) -> None:
+    import fcntl
     import os
 
     from quantgate.core.errors import InputError
 
     root, _ = tiny_run
     lock = root / "run" / ".lock"
-    lock.write_text(str(os.getppid()))  # a live process holds it
-    with pytest.raises(InputError, match=f"another quantgate run \\(pid {os.getppid()}\\) is using"):
-        pipeline.run(from_mapping(plan_mapping(quant_model, root)), show_progress=False)
-    lock.write_text("999999999")  # left by a killed run: taken over, and released at the end
+    lock.write_text("4242")
+    with open(lock, "rb+") as held:  # another run holds it (a lock is per open file, so this process's own counts)
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with pytest.raises(InputError, match="another quantgate run \\(pid 4242\\) is using"):
+            pipeline.run(from_mapping(plan_mapping(quant_model, root)), show_progress=False)
+    assert lock.read_text() == "4242"  # the refused run left it alone
+    lock.write_text(str(os.getpid() + 999999))  # left by a killed run (no one holds it): taken, and released at the end
     pipeline.run(from_mapping(plan_mapping(quant_model, root)), show_progress=False)
     assert not lock.exists()
+
+
+@pytest.mark.parametrize("where", ["/proc/quantgate-run", "a-file/run", "a-file"])
+def test_an_out_that_cannot_be_written_is_refused_in_one_line_before_any_work(cli, quant_model: Path, tmp_path: Path,
+                                                                              monkeypatch: pytest.MonkeyPatch, where: str) -> None:
+    from quantgate.pipeline import executor as executors
+
+    (tmp_path / "a-file").write_text("in the way")
+    started: list[str] = []
+    monkeypatch.setattr(executors, "make", lambda *args, **kwargs: started.append("executor"))
+    plan = tmp_path / "plan.yaml"
+    out = where if where.startswith("/") else str(tmp_path / where)
+    plan.write_text(yaml.safe_dump(plan_mapping(quant_model, tmp_path) | {"out": out}))
+    result = cli("run", plan)
+    assert result.code == 2, result.err
+    assert result.err.startswith(f"quantgate: error: out {out}: cannot write a run directory there (") and result.err.count("\n") == 1
+    assert started == []  # refused before the executor starts
+    assert (tmp_path / "a-file").read_text() == "in the way"
 
 
 def test_a_crash_is_a_traceback_and_exit_code_3_never_1(cli, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -259,7 +281,7 @@ class _Heard:
 
 
 def test_stage_cache_reuses_by_key_remakes_what_changed_and_keeps_failures(tmp_path: Path) -> None:
-    from quantgate.core.artifacts import MANIFEST, write_json
+    from quantgate.core.artifacts import MANIFEST, sha256_json, write_json
     from quantgate.core.errors import InputError
     from quantgate.core.rundir import RunDir
     from quantgate.core.stagecache import StageCache
@@ -308,7 +330,7 @@ def test_stage_cache_reuses_by_key_remakes_what_changed_and_keeps_failures(tmp_p
     assert again.value is None and heard.heard[-1] == ("reused", "quantize y", "failed before with these inputs: no good at all")
 
     value = cache.json(kind="measure", label="measure x", path=run_dir.measure("x"), key="j", produce=lambda: {"n": 1})
-    assert value == {"n": 1} and read_json(run_dir.measure("x")) == {"key": "j", "value": {"n": 1}}
+    assert value == {"n": 1} and read_json(run_dir.measure("x")) == {"key": "j", "value": {"n": 1}, "value_sha256": sha256_json({"n": 1})}
     assert cache.json(kind="measure", label="measure x", path=run_dir.measure("x"), key="j", produce=lambda: {"n": 2}) == {"n": 1}
     assert cache.json(kind="measure", label="measure x", path=run_dir.measure("x"), key="j2", produce=lambda: {"n": 2}) == {"n": 2}
 

@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 
 from gates.ledger import verify_checkpoint
+from gates.signing import SIGNATURE_FILE
 from gates.stage import gate_results
 from quantgate.cli.options import print_json
 
@@ -18,14 +19,20 @@ commands = typer.Typer(add_completion=False)
 def verify_command(
     checkpoint: Path = typer.Argument(..., help="checkpoint directory about to be deployed"),
     ledger_path: Path = typer.Option(..., "--ledger", help="the approval ledger (JSONL)"),
+    public_key: Path | None = typer.Option(None, "--public-key", help="accept only an approval signed by this key "
+                                           "(PEM public key; needs the signing extra)"),
 ) -> None:
     """Exit 0 only if the checkpoint's current weight bytes match an approved ledger record.
 
     Otherwise exit 1 and say why: blocked, unknown, changed since approval, or ledger tampered.
 
-    Example: quantgate verify ckpt/gptq-int4 --ledger runs/demo/ledger.jsonl
+    With --public-key, only an approval signed by that key: also unsigned, signed by another key, or ledger rewritten.
+
+    A missing ledger or a bad key file is bad input (exit 2).
+
+    Example: quantgate verify ckpt/gptq-int4 --ledger runs/demo/ledger.jsonl --public-key key.pub
     """
-    result = verify_checkpoint(checkpoint, ledger_path)
+    result = verify_checkpoint(checkpoint, ledger_path, public_key)
     typer.echo(f"{checkpoint}: {result.status.value}: {result.reason}")
     raise typer.Exit(0 if result.deployable else 1)
 
@@ -39,6 +46,8 @@ def gate_command(
     calibration_dir: Path | None = typer.Option(None, "--calibration", help="its calibration set (default: the one its manifest names); enables the overlap gate"),
     precision: str | None = typer.Option(None, "--precision", help="8bit or 4bit thresholds (default: from the checkpoint's format)"),
     ledger_path: Path | None = typer.Option(None, "--ledger", help="append the verdict to this ledger"),
+    signing_key: Path | None = typer.Option(None, "--signing-key", help="sign an approval with this PEM private key "
+                                            "(ECDSA P-256/384/521): writes CHECKPOINT/model.sig; needs --ledger"),
     narrow_policy: list[str] | None = typer.Option(None, "--narrow-policy", help="gate only this golden set of the policy "
                                                    "(repeat for each kept); the verdict records the policy as narrowed"),
     served: Path | None = typer.Option(None, "--served", help="its serve record (quantgate serve-check --out DIR): for a policy that "
@@ -52,7 +61,7 @@ def gate_command(
     """
     record = gate_results(baseline, candidate, policy, checkpoint=checkpoint, calibration_dir=calibration_dir,
                           precision=precision, ledger=ledger_path, narrow_to=narrow_policy or None, served=served,
-                          served_baseline=served_baseline)
+                          served_baseline=served_baseline, signing_key=signing_key)
     if as_json:
         print_json(record)
     else:  # plain lines, one a gate, so a CI log can be searched
@@ -62,4 +71,6 @@ def gate_command(
         for gate in record["gates"]:
             mark = {"pass": "pass", "fail": "FAIL", "not evaluated": "SKIPPED"}.get(gate["outcome"], "UNDECIDED")
             typer.echo(f"  {mark}  {gate['reason']}")
+        if signing_key is not None and record["verdict"] == "approved":
+            typer.echo(f"signed: {Path(record['checkpoint']['path']) / SIGNATURE_FILE} (and the ledger's record)")
     raise typer.Exit(0 if record["verdict"] == "approved" else 1)

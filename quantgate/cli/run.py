@@ -13,7 +13,7 @@ from gates.report import build, deployable, measured_recommendation, measured_se
 from quantgate.core.artifacts import sha256_json
 from quantgate.core.errors import Interrupted
 from quantgate.pipeline import runner as pipeline
-from quantgate.pipeline.plan import load_plan, with_executor
+from quantgate.pipeline.plan import load_plan, with_executor, with_signing_key
 
 # This module's commands; quantgate.cli.app.COMMANDS names each, so `quantgate --help` need not import it.
 commands = typer.Typer(add_completion=False)
@@ -41,6 +41,8 @@ def run_command(
     executor: str | None = typer.Option(None, "--executor", help="where the stages run: local or ray (default: the plan's `executor`)"),
     address: str | None = typer.Option(None, "--address", help="the Ray cluster: auto, HOST:PORT of its head, or ray://HOST:10001 "
                                        "(implies --executor ray; none: a Ray of this machine's own)"),
+    signing_key: Path | None = typer.Option(None, "--signing-key", help="sign each approval with this PEM private key "
+                                            "(ECDSA; default: the plan's `signing_key`, else approvals are unsigned)"),
 ) -> None:
     """Run every stage for one model: calibrate, quantize each format, measure and bound,
     evaluate the baseline and each candidate, gate, append to the ledger, write the report.
@@ -52,10 +54,15 @@ def run_command(
     With --executor ray each format's quantization, evaluation and serve check is a Ray task,
     side by side on the cluster (docs/scale-out.md); `out` must be on storage every node sees.
 
+    With --signing-key (or the plan's `signing_key`) each approval is signed in the OpenSSF model
+    signing format: the checkpoint carries model.sig, the ledger record the signature
+    (`quantgate verify --public-key`; docs/gates.md).
+
     Example: quantgate run my-plan.yaml --executor ray --address 10.0.0.1:6379
     """
     loaded = load_plan(plan)
-    _run_plan(plan, out, quiet, loaded=with_executor(loaded, executor, address) if executor or address else loaded)
+    loaded = with_executor(loaded, executor, address) if executor or address else loaded
+    _run_plan(plan, out, quiet, loaded=with_signing_key(loaded, signing_key) if signing_key is not None else loaded)
 
 
 def _run_plan(spec: str, out: Path | None, quiet: bool = False, loaded: Any = None) -> None:

@@ -4,6 +4,8 @@ canonical JSON for fingerprints, and the provenance every manifest carries."""
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import hashlib
 import json
 import os
@@ -11,11 +13,13 @@ import platform
 import re
 import resource
 import shutil
+import signal
 import sys
 import tempfile
+import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
@@ -84,36 +88,102 @@ def file_hashes(root: Path) -> dict[str, str]:
 def verify_files(root: Path, expected: dict[str, str], what: str) -> None:
     """Raise IntegrityError naming the first file that is missing, changed, or outside `root`."""
     base = root.resolve()
+    if not isinstance(expected, dict):
+        raise IntegrityError(f"{what}: its manifest's files table is not a mapping of names to sha256s")
     for relative, digest in sorted(expected.items()):
-        path = (base / relative).resolve()
-        if not path.is_relative_to(base):
-            raise IntegrityError(f"{what}: manifest names a file outside {root}: {relative}")
-        if not path.is_file():
-            raise IntegrityError(f"{what}: {relative} is missing from {root}")
-        if sha256_file(path) != digest:
-            raise IntegrityError(f"{what}: {relative} does not match its manifest sha256")
+        try:  # a name no file can have (a NUL, too long, not text) is a damaged manifest, not a crash
+            path = (base / relative).resolve()
+            if not path.is_relative_to(base):
+                raise IntegrityError(f"{what}: manifest names a file outside {root}: {relative!r}")
+            if not path.is_file():
+                raise IntegrityError(f"{what}: {relative} is missing from {root}")
+            if sha256_file(path) != digest:
+                raise IntegrityError(f"{what}: {relative} does not match its manifest sha256")
+        except (OSError, ValueError, TypeError) as error:
+            raise IntegrityError(f"{what}: manifest names a file that cannot be read: {relative!r} ({error})") from error
+
+
+# Testing hooks of the crash campaign (benchmarks/kill_campaign.py), inert unless set: the
+# atomic writes of a process are numbered from 1, in the order they publish.
+FAULT_KILL_AT_WRITE = "QUANTGATE_FAULT_KILL_AT_WRITE"  # N, or N:REGEX: SIGKILL this process inside that write
+FAULT_WRITE_LOG = "QUANTGATE_FAULT_WRITE_LOG"  # a file: each atomic write appends "N<TAB>path" to it
+_writes = {"count": 0, "matched": 0}
+_writes_lock = threading.Lock()
+
+
+def _fault_point(target: Path, staged: Path) -> None:
+    """The testing hook of the atomic writers, called once a write is staged and before it is
+    renamed into place: numbers the write, logs it (`$QUANTGATE_FAULT_WRITE_LOG`), and when it
+    is the one `$QUANTGATE_FAULT_KILL_AT_WRITE` names (`N`: the N-th atomic write of this
+    process; `N:REGEX`: the N-th whose target path matches REGEX), cuts the staged bytes to
+    half (a file's, or the largest file a directory's write made) and SIGKILLs this process: a
+    crash inside a write, whose staging sibling is all it leaves. Inert when neither is set."""
+    kill_at, log = os.environ.get(FAULT_KILL_AT_WRITE), os.environ.get(FAULT_WRITE_LOG)
+    if not kill_at and not log:
+        return
+    wanted, _, pattern = (kill_at or "0").partition(":")
+    matches = bool(pattern) and re.search(pattern, str(target)) is not None
+    with _writes_lock:
+        _writes["count"] += 1
+        _writes["matched"] += matches
+        number = _writes["count"]
+        due = int(wanted) == _writes["matched"] and matches if pattern else int(wanted) == number
+    if log:
+        with open(log, "a", encoding="utf-8") as stream:
+            stream.write(f"{number}\t{target}\n")
+    if due:
+        # only bytes this write made: a file hard-linked from a published artifact (results share
+        # the evaluation cache's) is not being written, and cutting it would damage that artifact
+        files = [staged] if staged.is_file() else sorted((path for path in staged.rglob("*") if path.is_file() and path.stat().st_nlink == 1),
+                                                         key=lambda path: path.stat().st_size)
+        if files:
+            os.truncate(files[-1], files[-1].stat().st_size // 2)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _staging_prefix(path: Path) -> str:
+    """`.NAME.partial-PID-`: a staging sibling names the process writing it, so that one a dead
+    process left can be told from one a live process is writing (`remove_stale_temporaries`)."""
+    return f".{path.name}.partial-{os.getpid()}-"
 
 
 @contextlib.contextmanager
 def atomic_file(path: Path, *, durable: bool = False) -> Iterator[BinaryIO]:
     """Yield a binary stream on a temporary sibling of `path`; on success it replaces `path`
     in one rename, so a reader sees the old file or the new one, never half of it. `durable`:
-    fsync before the rename (a record whose loss a crash must not cause, the ledger)."""
+    fsync before the rename (a record whose loss a crash must not cause, the ledger), and the
+    directory after it.
+
+    Testing hook: `$QUANTGATE_FAULT_KILL_AT_WRITE=N` kills the process inside the N-th atomic
+    write (file or directory) after half its bytes, before the rename (`_fault_point`)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.partial-", dir=path.parent)
+    handle, temporary = tempfile.mkstemp(prefix=_staging_prefix(path), dir=path.parent)
     try:
         with os.fdopen(handle, "wb") as stream:
             yield stream
+            stream.flush()
             if durable:
-                stream.flush()
                 os.fsync(stream.fileno())
         os.chmod(temporary, 0o644)  # mkstemp makes 0600; artifacts are meant to be shared
+        _fault_point(path, Path(temporary))
         os.replace(temporary, path)
+        if durable:
+            _fsync_directory(path.parent)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(temporary)
         raise
+
+
+def _fsync_directory(directory: Path) -> None:
+    """Make a rename inside `directory` survive a power loss (where the filesystem allows)."""
+    with contextlib.suppress(OSError):
+        handle = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(handle)
+        finally:
+            os.close(handle)
 
 
 def write_json(path: Path, value: Any) -> None:
@@ -122,16 +192,61 @@ def write_json(path: Path, value: Any) -> None:
         stream.write((json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False) + "\n").encode("utf-8"))
 
 
+# Nodes a YAML document may stand for once its aliases are expanded: a configuration file holds
+# hundreds; a "billion laughs" document (aliases of aliases) stands for billions in a few lines,
+# and whatever walks the result (validation, hashing) would never finish.
+YAML_NODES_MAX = 1_000_000
+
+
 def read_yaml(path: Path, what: str) -> Any:
-    """Parse a YAML file; a file that cannot be read or parsed is one InputError line naming `what`."""
+    """Parse a YAML file; a file that cannot be read or parsed is one InputError line naming `what`:
+    invalid YAML, bytes that are not UTF-8, a directory, nesting too deep for the parser's
+    recursion, an integer too long to convert (Python's 4300-digit limit), an alias that contains
+    itself, or aliases that expand to more than YAML_NODES_MAX nodes."""
     import yaml
 
     try:
-        return yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        loader = yaml.SafeLoader(Path(path).read_text(encoding="utf-8"))
+        try:
+            node = loader.get_single_node()
+            if node is not None:
+                _expanded_nodes(node, {}, set())
+            return loader.construct_document(node) if node is not None else None
+        finally:
+            loader.dispose()
     except yaml.YAMLError as error:
         raise InputError(f"{what} {path}: cannot read it as YAML (invalid YAML: {_first_line(error)})") from error
-    except (OSError, UnicodeDecodeError) as error:
+    except _AliasError as error:
+        raise InputError(f"{what} {path}: cannot read it as YAML ({error})") from error
+    except (OSError, ValueError) as error:  # UnicodeDecodeError is a ValueError
         raise InputError(f"{what} {path}: cannot read it as YAML ({_first_line(error)})") from error
+    except RecursionError as error:
+        raise InputError(f"{what} {path}: cannot read it as YAML (nested too deeply)") from error
+
+
+class _AliasError(Exception):
+    pass
+
+
+def _expanded_nodes(node: Any, sizes: dict[int, int], open_: set[int]) -> int:
+    """How many nodes `node` stands for with every alias expanded (a node reached twice, through
+    an alias, counts twice); _AliasError for a node inside itself or past YAML_NODES_MAX."""
+    key = id(node)
+    if key in sizes:
+        return sizes[key]
+    if key in open_:
+        raise _AliasError("an alias refers to a node that contains it")
+    open_.add(key)
+    children = node.value if isinstance(node.value, list) else []
+    total = 1
+    for child in children:
+        for part in child if isinstance(child, tuple) else (child,):  # a mapping's (key, value) pairs
+            total += _expanded_nodes(part, sizes, open_)
+    open_.discard(key)
+    if total > YAML_NODES_MAX:
+        raise _AliasError(f"its aliases expand to more than {YAML_NODES_MAX:,} nodes")
+    sizes[key] = total
+    return total
 
 
 def _first_line(error: Exception) -> str:
@@ -139,21 +254,54 @@ def _first_line(error: Exception) -> str:
     return text.splitlines()[0] if text else type(error).__name__
 
 
+class UnreadableJSON(InputError, json.JSONDecodeError):
+    """A JSON file that cannot be read or parsed: bad input (exit 2). Also a JSONDecodeError (so a
+    ValueError), so that a caller that treats an unparsable file as absent or damaged (a cache
+    entry, a manifest to replace) still catches it as before."""
+
+    def __init__(self, message: str) -> None:
+        json.JSONDecodeError.__init__(self, message, "", 0)
+        self.args = (message,)
+        self.msg = message
+
+    def __str__(self) -> str:
+        return self.msg
+
+
 def read_json(path: Path) -> Any:
-    with open(path, encoding="utf-8") as stream:
-        return json.load(stream)
+    """Parse a JSON file. A file that cannot be read or parsed (not UTF-8, invalid JSON, nested too
+    deeply, a number too long to convert, a directory, unreadable) is `UnreadableJSON`: one line
+    naming the file and what is wrong."""
+    try:
+        with open(path, encoding="utf-8") as stream:
+            return json.load(stream)
+    except json.JSONDecodeError as error:
+        raise UnreadableJSON(f"{path}: invalid JSON ({error.msg} at line {error.lineno} column {error.colno})") from error
+    except UnicodeDecodeError as error:
+        raise UnreadableJSON(f"{path}: not UTF-8 text ({error.reason} at byte {error.start})") from error
+    except RecursionError as error:
+        raise UnreadableJSON(f"{path}: invalid JSON (nested too deeply)") from error
+    except ValueError as error:  # an integer past Python's digit limit
+        raise UnreadableJSON(f"{path}: invalid JSON ({_first_line(error)})") from error
+    except OSError as error:
+        raise UnreadableJSON(f"{path}: cannot read it ({error.strerror or _first_line(error)})") from error
 
 
 @contextlib.contextmanager
-def atomic_directory(final: Path, overwrite: bool = False) -> Iterator[Path]:
+def atomic_directory(final: Path, overwrite: bool = False, keep: Callable[[Path], bool] | None = None) -> Iterator[Path]:
     """Yield a temporary sibling of `final`; on success rename it into place.
 
     On any error the temporary directory (and any parent directories this call created)
     is removed and an existing `final` is left untouched. With `overwrite`, an existing
-    `final` is replaced only after the new one is complete.
+    `final` is replaced only after the new one is complete. `keep`: for a cache shared by
+    processes (an entry is the same whoever makes it), an existing `final` for which
+    `keep(final)` is true is kept and this one dropped, also when another process published it
+    while this one was being made; a `final` that fails `keep` (damaged) is replaced.
+
+    Testing hook: see `atomic_file` (`$QUANTGATE_FAULT_KILL_AT_WRITE`).
     """
     final = Path(final).absolute()
-    if final.exists() and not overwrite:
+    if final.exists() and not overwrite and keep is None:
         raise OutputExistsError(f"{final} already exists (pass --overwrite to replace it)")
     created_parents = []
     parent = final.parent
@@ -161,15 +309,15 @@ def atomic_directory(final: Path, overwrite: bool = False) -> Iterator[Path]:
         created_parents.append(parent)
         parent = parent.parent
     final.parent.mkdir(parents=True, exist_ok=True)
-    temporary = Path(tempfile.mkdtemp(prefix=f".{final.name}.partial-", dir=final.parent))
+    temporary = Path(tempfile.mkdtemp(prefix=_staging_prefix(final), dir=final.parent))
     os.chmod(temporary, 0o755)  # mkdtemp makes 0700; a published artifact is meant to be read
     try:
         yield temporary
-        if final.exists():
-            retired = final.with_name(f".{final.name}.old-{uuid.uuid4().hex[:8]}")
-            final.rename(retired)
-            temporary.rename(final)
-            shutil.rmtree(retired, ignore_errors=True)
+        _fault_point(final, temporary)
+        if keep is not None:
+            _publish_shared(temporary, final, keep)
+        elif final.exists():
+            _replace_directory(temporary, final)
         else:
             temporary.rename(final)
     except BaseException:
@@ -180,16 +328,49 @@ def atomic_directory(final: Path, overwrite: bool = False) -> Iterator[Path]:
         raise
 
 
+def _replace_directory(temporary: Path, final: Path) -> None:
+    """`final` replaced by `temporary`: the old one is renamed aside first, then removed."""
+    retired = final.with_name(f".{final.name}.old-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    final.rename(retired)
+    temporary.rename(final)
+    shutil.rmtree(retired, ignore_errors=True)
+
+
+def _publish_shared(temporary: Path, final: Path, keep: Callable[[Path], bool]) -> None:
+    """Publish a shared cache entry (see `atomic_directory`'s `keep`): a rename that fails
+    because another process's entry landed first leaves that entry, once it is found good."""
+    for _ in range(8):
+        if final.exists() and keep(final):
+            shutil.rmtree(temporary, ignore_errors=True)  # the same entry, published by another process
+            return
+        try:
+            if final.exists():
+                _replace_directory(temporary, final)  # damaged: ours replaces it
+            else:
+                temporary.rename(final)
+            return
+        except FileNotFoundError:
+            continue  # another process retired it meanwhile: look again
+        except OSError as error:
+            if error.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                raise
+            continue  # another process's entry landed first: look again
+    raise OSError(errno.EBUSY, f"cannot publish {final}: other processes keep replacing it")
+
+
 # What atomic_file and atomic_directory leave when their process is killed mid-write: a staging
-# sibling (`.NAME.partial-XXXX`) or a replaced artifact not yet removed (`.NAME.old-XXXX`).
-_TEMPORARY = re.compile(r"^\..+\.(partial|old)-[A-Za-z0-9_]+$")
+# sibling (`.NAME.partial-PID-XXXX`) or a replaced artifact not yet removed (`.NAME.old-PID-XXXX`).
+_TEMPORARY = re.compile(r"^\..+\.(partial|old)-(?:(\d+)-)?[A-Za-z0-9_]+$")
 
 
-def remove_temporaries(root: Path) -> list[Path]:
+def remove_temporaries(root: Path, only_stale: bool = False) -> list[Path]:
     """Remove every staging or retired sibling under `root` that a killed writer left behind.
-    Only for a directory no writer is using now (a run directory under its lock, after its
-    tasks ended). Returns what was removed."""
-    found = [path for path in Path(root).rglob(".*") if _TEMPORARY.match(path.name)]
+    Without `only_stale`: only for a directory no writer is using now (a run directory under
+    its lock, after its tasks ended). With it, for a directory live processes may be writing
+    (a cache shared by runs): only those whose writer (the pid in the name) no longer runs on
+    this machine. Returns what was removed."""
+    found = [path for path in Path(root).rglob(".*") if (match := _TEMPORARY.match(path.name))
+             and not (only_stale and (match.group(2) is None or _alive(int(match.group(2)))))]
     removed = []
     for path in sorted(found, key=lambda item: len(item.parts)):  # outermost first; inner ones go with it
         if not path.exists() and not path.is_symlink():
@@ -200,6 +381,17 @@ def remove_temporaries(root: Path) -> list[Path]:
             path.unlink(missing_ok=True)
         removed.append(path)
     return removed
+
+
+def _alive(pid: int) -> bool:
+    """Whether a process with this pid runs here (one of another user's counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def library_versions() -> dict[str, str | None]:
@@ -240,3 +432,19 @@ def provenance(stopwatch: Stopwatch) -> dict[str, Any]:
         "wall_seconds": round(stopwatch.seconds, 3),
         "peak_memory_bytes": peak_memory_bytes(),
     }
+
+
+@contextlib.contextmanager
+def sibling_lock(path: Path) -> Iterator[None]:
+    """Hold an exclusive lock on `PATH.lock` (a sibling, kept) while `path` is read and rewritten:
+    a file that is rewritten whole (the ledger) and shared by processes (runs with different run
+    directories, `quantgate gate` in CI) would otherwise lose one of two writes made at once.
+    Waits for the other holder; the kernel drops the lock however the holder dies."""
+    lock = Path(path).with_name(f"{Path(path).name}.lock")
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    handle = os.open(lock, os.O_CREAT | os.O_RDWR, 0o644)
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(handle)  # closing drops the lock

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from quantgate.core.errors import InputError
 
-_SET = re.compile(r"^(?P<name>[a-z0-9][a-z0-9._-]*)(?:@v(?P<version>[1-9][0-9]*))?$")
+_SET = re.compile(r"^(?P<name>[a-z0-9][a-z0-9._-]*)(?:@v(?P<version>[1-9][0-9]{0,8}))?$")
 
 # The scopes of the gates that are not a metric on a golden set.
 SIZE = "size"

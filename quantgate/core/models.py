@@ -132,18 +132,12 @@ def pull(name: str = DEFAULT_DEMO_MODEL, home: Path | None = None, force: bool =
     gguf_path, package_version = locate_gguf(demo)
     gguf_sha256 = sha256_file(gguf_path)
     target = demo_model_dir(name, home)
-    manifest_path = target / "manifest.json"
-    if manifest_path.is_file() and not force:
-        manifest = read_json(manifest_path)
-        if manifest.get("source", {}).get("gguf_sha256") == gguf_sha256:
-            try:
-                verify_files(target, manifest["files"], f"cached model {name}")
-            except IntegrityError:
-                pass  # damaged cache: rebuild it below
-            else:
-                return PulledModel(target, manifest, already_present=True)
+    if not force and (manifest := _pulled(target, gguf_sha256)) is not None:
+        return PulledModel(target, manifest, already_present=True)
     stopwatch = Stopwatch()
-    with atomic_directory(target, overwrite=True) as staging:
+    # the cache is shared: a pull that finds the model converted meanwhile by another process keeps
+    # that one (and returns its manifest); --force replaces whatever is there
+    with atomic_directory(target, keep=lambda found: _pulled(found, gguf_sha256) is not None and not force) as staging:
         details = _convert_gguf(gguf_path, staging)
         manifest = {
             "kind": "baseline-model",
@@ -166,7 +160,20 @@ def pull(name: str = DEFAULT_DEMO_MODEL, home: Path | None = None, force: bool =
         # Output hash: one figure over the weights, the bytes a deployment actually reads.
         manifest["weights_sha256"] = manifest["files"]["model.safetensors"]
         write_json(staging / "manifest.json", manifest)
-    return PulledModel(target, manifest, already_present=False)
+    return PulledModel(target, _pulled(target, gguf_sha256) or manifest, already_present=False)
+
+
+def _pulled(target: Path, gguf_sha256: str) -> dict[str, Any] | None:
+    """The manifest of a demo model converted from this GGUF whose files still verify, or None
+    (none there, or damaged: converted again)."""
+    try:
+        manifest: dict[str, Any] = read_json(target / "manifest.json")
+        if manifest.get("source", {}).get("gguf_sha256") != gguf_sha256:
+            return None
+        verify_files(target, manifest["files"], "cached model")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, IntegrityError):
+        return None
+    return manifest
 
 
 def _convert_gguf(gguf_path: Path, out: Path) -> dict[str, Any]:

@@ -18,7 +18,12 @@ that writes it and the report that reads it.
     stages/<stage>.json      keys of the directory artifacts
     report/                  report.md, report.json, report.html
     ledger.jsonl             the approval ledger (unless the plan names another)
-    .lock                    the pid of the run using the directory
+    ledger.jsonl.lock        held while a run appends to the ledger (beside whichever ledger the plan names)
+    .lock                    held (flock) by the run using the directory; names its pid
+
+A run killed at any point leaves every artifact whole or absent: what it was writing is a
+staging sibling (`.NAME.partial-PID-*`, or a replaced `.NAME.old-PID-*`), which the next run
+removes (quantgate.core.artifacts.remove_temporaries).
 """
 
 from __future__ import annotations

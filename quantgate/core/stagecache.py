@@ -3,19 +3,23 @@ same inputs (its key) and still verifies, else made again, atomically, over what
 
 A directory artifact (calibration set, checkpoint, results) gets a record in `stages/`, written
 after the artifact is in place: its key, the sha256 of its manifest, or the failure these inputs
-gave. A JSON artifact (measurement, overlap, verdict) carries its key inside, next to its value.
+gave. A JSON artifact (measurement, overlap, verdict) carries its key inside, next to its value
+and the value's sha256 (canonical JSON). Nothing whose bytes changed is trusted: a directory
+artifact whose manifest or files no longer match, a JSON artifact whose value no longer matches
+its sha256, an unreadable record: each is made again.
 The cache knows no stage; it tells a `StageReporter` when each stage begins and how it ended.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, Literal, Protocol, TypeVar
 
-from quantgate.core.artifacts import MANIFEST, read_json, sha256_file, write_json
+from quantgate.core.artifacts import MANIFEST, read_json, sha256_file, sha256_json, write_json
 from quantgate.core.errors import InputError, IntegrityError
 from quantgate.core.rundir import RunDir
 
@@ -49,26 +53,43 @@ class Cached(Generic[T]):
         return str(self.record["manifest_sha256"])
 
 
+VALUE_SHA256 = "value_sha256"  # a keyed JSON artifact's field: the sha256 of its value's canonical JSON
+
+
 def stored_value(path: Path) -> dict[str, Any] | None:
-    """The value of a keyed JSON artifact, or None when there is none."""
+    """The value of a keyed JSON artifact, or None when there is none; IntegrityError when its
+    value no longer matches the sha256 stored with it (an artifact made before it carried one
+    is read as it is)."""
     if not path.is_file():
         return None
-    value: dict[str, Any] = read_json(path)["value"]
+    stored = read_json(path)
+    value: dict[str, Any] = stored["value"]
+    if VALUE_SHA256 in stored and stored[VALUE_SHA256] != sha256_json(value):
+        raise IntegrityError(f"{path}: its value does not match its sha256 (changed since it was written)")
     return value
 
 
 def _stored(path: Path, key: str) -> dict[str, Any] | None:
-    """A JSON artifact's value if it is there, readable and made with `key`."""
+    """A JSON artifact's value if it is there, readable, made with `key` and unchanged since."""
     if not path.is_file():
         return None
     try:
         stored = read_json(path)
     except (OSError, ValueError):
         return None
-    if isinstance(stored, dict) and stored.get("key") == key:
-        value: dict[str, Any] = stored["value"]
-        return value
-    return None
+    if not isinstance(stored, dict) or stored.get("key") != key or not isinstance(stored.get("value"), dict):
+        return None
+    value: dict[str, Any] = stored["value"]
+    return value if stored.get(VALUE_SHA256) == sha256_json(value) else None
+
+
+def _record(path: Path) -> dict[str, Any] | None:
+    """A directory stage's record, or None when there is none or it cannot be read as one."""
+    try:
+        record = read_json(path) if path.is_file() else None
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
 
 
 class StageCache:
@@ -103,7 +124,7 @@ class StageCache:
         error in `failures` is recorded as this stage's outcome for these inputs (value None)."""
         started = self.begin(label)
         record_path = self.run_dir.stage_record(name)
-        record = read_json(record_path) if record_path.is_file() else None
+        record = _record(record_path)
         if record and record.get("key") == key:
             if record.get("failed"):
                 self.finish(kind, label, "reused", started, f"failed before with these inputs: {record['failed']}")
@@ -129,11 +150,11 @@ class StageCache:
     def _reusable(artifact: Path, record: dict[str, Any], load: Callable[[Path], T | None]) -> T | None:
         """The artifact, loaded, if its manifest is the one recorded and it still verifies."""
         manifest = artifact / MANIFEST
-        if not manifest.is_file() or sha256_file(manifest) != record.get("manifest_sha256"):
-            return None
         try:
+            if not manifest.is_file() or sha256_file(manifest) != record.get("manifest_sha256"):
+                return None
             return load(artifact)
-        except (IntegrityError, InputError):
+        except (IntegrityError, InputError, OSError, ValueError, KeyError):
             return None  # damaged since: made again
 
     def json(self, *, kind: str, label: str, path: Path, key: str, produce: Callable[[], dict[str, Any]]) -> dict[str, Any]:
@@ -144,6 +165,8 @@ class StageCache:
             self.finish(kind, label, "reused", started)
             return stored
         value = produce()
-        write_json(path, {"key": key, "value": value})
+        # hashed as it reads back (a tuple reads as a list, an int key as a string)
+        stored = json.loads(json.dumps(value, ensure_ascii=False))
+        write_json(path, {"key": key, "value": value, VALUE_SHA256: sha256_json(stored)})
         self.finish(kind, label, "done", started)
         return value

@@ -15,9 +15,11 @@ M = TypeVar("M", bound=BaseModel)
 
 
 class Strict(BaseModel):
-    """A config or data file: unknown fields are errors, values are frozen once read."""
+    """A config or data file: unknown fields are errors, values are frozen once read, and a number
+    is finite (YAML's .nan and .inf, or 1e999, are errors: a NaN threshold compares false with
+    everything, so a gate bounded by it would pass anything)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 @dataclass(frozen=True)
@@ -74,3 +76,34 @@ def validated(
         where = ".".join(part for part in (within, where) if part)
         prefix = f"{what}: {where}" if where else what
         raise error(f"{prefix}: {problem.message}") from failure
+
+
+def manifest_files(manifest: object, what: str, *, error: type[QuantgateError] = InputError) -> dict[str, str]:
+    """The `files` table of an artifact's manifest (relative path -> sha256), checked to be one:
+    a JSON object of non-empty relative paths (no NUL, which no file name holds) to strings, else
+    `error` in one line. What the table names is then checked by `verify_files`."""
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    if not isinstance(files, dict):
+        raise error(f"{what}: its manifest has no `files` table of relative paths and sha256 digests")
+    for name, digest in files.items():
+        if not isinstance(digest, str) or not is_file_name(name):
+            shown = name if len(name) <= 80 else f"{name[:80]}... ({len(name)} characters)"
+            raise error(f"{what}: its manifest's `files` table holds {shown!r}: {str(digest)[:80]!r}, not a relative path and a sha256 digest")
+    return files
+
+
+def is_file_name(name: str) -> bool:
+    """Whether `name` can name a file at all, so that asking the filesystem about it is no error:
+    not empty, no NUL, valid Unicode (no unpaired surrogate), each part at most 255 bytes and the
+    whole at most 4096 (NAME_MAX and PATH_MAX on Linux). Where it points is checked elsewhere."""
+    try:
+        encoded = name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return bool(name) and b"\x00" not in encoded and len(encoded) <= 4096 and all(len(part) <= 255 for part in encoded.split(b"/"))
+
+
+def is_path(text: str) -> bool:
+    """Whether `text` can name a path at all (`is_file_name`, for a path that may be absolute):
+    asking the filesystem about one that cannot is an OSError or ValueError, not an answer."""
+    return is_file_name(text.lstrip("/") or ".")

@@ -18,7 +18,7 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 from evalsets.served import ServeCheckConfig
 from quantgate.core.artifacts import read_yaml, sha256_json
 from quantgate.core.errors import InputError, did_you_mean
-from quantgate.core.validation import Problem, Strict, validated
+from quantgate.core.validation import Problem, Strict, is_path, validated
 from quantize.presets import get_preset
 
 SCHEMA_VERSION = 1
@@ -46,6 +46,18 @@ class CalibrationPlan(Strict):
     split: str | None = None
     packing: str = "concat"
     chat_template: bool = False
+
+    @field_validator("source")
+    @classmethod
+    def _nameable_source(cls, value: str) -> str:
+        return _nameable(value)
+
+
+def _nameable(value: str) -> str:
+    """A path the filesystem can be asked about (else ValueError: too long, a NUL, not Unicode)."""
+    if not is_path(value):
+        raise ValueError(f"not a path ({len(value)} characters{', with a NUL' if chr(0) in value else ''})")
+    return value
 
 
 class EvaluationPlan(Strict):
@@ -143,6 +155,8 @@ class RunPlan(Strict):
     hardware: tuple[str, ...] = ("reference", "h200")
     out: str = "runs/out"
     ledger: str | None = Field(default=None, description="default: <out>/ledger.jsonl")
+    # sign each approval with this PEM private key (ECDSA; docs/gates.md "Signed approvals")
+    signing_key: str | None = Field(default=None, description="a PEM private key: each approval is signed with it")
     report: ReportPlan = ReportPlan()
     search: SearchPlan | None = Field(default=None, description="a gated mixed-precision search (docs/search.md)")
     # the serve stage's settings; a policy with a serving gate serves with the defaults when absent
@@ -157,6 +171,11 @@ class RunPlan(Strict):
     @classmethod
     def _executor_by_name(cls, value: Any) -> Any:
         return {"kind": value} if isinstance(value, str) else value
+
+    @field_validator("out", "ledger", "signing_key")
+    @classmethod
+    def _nameable_paths(cls, value: str | None) -> str | None:
+        return None if value is None else _nameable(value)
 
     @field_validator("schema_version")
     @classmethod
@@ -199,6 +218,10 @@ class LoadedPlan:
     @property
     def ledger(self) -> Path:
         return self.resolve(self.plan.ledger) if self.plan.ledger else self.out / "ledger.jsonl"
+
+    @property
+    def signing_key(self) -> Path | None:
+        return self.resolve(self.plan.signing_key) if self.plan.signing_key else None
 
     @property
     def sha256(self) -> str:
@@ -264,6 +287,11 @@ def with_executor(loaded: LoadedPlan, kind: str | None, address: str | None) -> 
     executor = validated(ExecutorPlan, values, error=InputError,
                          names={"kind": "--executor", "address": "--address"}, what="invalid option")
     return replace(loaded, plan=loaded.plan.model_copy(update={"executor": executor}))
+
+
+def with_signing_key(loaded: LoadedPlan, key: Path) -> LoadedPlan:
+    """The plan with its signing key overridden from the command line (`--signing-key`)."""
+    return replace(loaded, plan=loaded.plan.model_copy(update={"signing_key": str(Path(key).expanduser().absolute())}))
 
 
 def load_plan(spec: str | Path) -> LoadedPlan:

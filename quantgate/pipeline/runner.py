@@ -12,7 +12,10 @@ lands is `quantgate.core.rundir`.
 
 from __future__ import annotations
 
+import errno
+import os
 import shutil
+import tempfile
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -23,7 +26,7 @@ from typing import Any
 import calibration
 import evalsets
 import quantize
-from evalsets.evaluate import IDENTITY_KEYS, model_identity
+from evalsets.evaluate import IDENTITY_KEYS, cache_root, model_identity
 from evalsets.served import check as serve_check
 from evalsets.served import served_summary
 from gates.policy import Outcome, mixed_precision_class, precision_class
@@ -33,7 +36,7 @@ from gates.stage import item_records, overlap_summary, record_verdict, verdict_r
 from gates.verdict import GateResult, ServingEvidence, blocked_verdict, integrity_gates, judge, lost_verdict, size_gates, tails
 from quantgate.core.artifacts import MANIFEST, read_json, remove_temporaries, sha256_file, sha256_json, verify_files, write_json
 from quantgate.core.console import stderr
-from quantgate.core.errors import InputError
+from quantgate.core.errors import InputError, IntegrityError
 from quantgate.core.models import weight_file_hashes
 from quantgate.core.rundir import BASELINE, RUN_KIND, RunDir
 from quantgate.core.stagecache import Cached, StageCache
@@ -52,6 +55,39 @@ from quantize.measure import measure_and_bound
 from quantize.presets import get_preset
 
 PER_FORMAT = ("quantize", "measure", "evaluate", "gate")
+# A full disk (or quota): the environment, not a bug; the run stops in one line, resumable.
+OUT_OF_SPACE = (errno.ENOSPC, errno.EDQUOT)
+
+
+def _out_of_space(error: BaseException) -> str | None:
+    """What could not be written when `error` (or what caused it: a library's own error about
+    a failed write) is a full disk or quota; None when it is not."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno in OUT_OF_SPACE:
+            written = seen.filename2 or seen.filename  # a copy's error names its source first
+            return f"{written} ({seen.strerror})" if written else f"the run's artifacts ({seen.strerror})"
+        if any(os.strerror(code) in str(seen) for code in OUT_OF_SPACE):  # a library's error that names only the reason
+            return f"the run's artifacts ({' '.join(str(seen).split())[:300]})"
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def _make_out(out: Path) -> bool:
+    """Make the run directory (and its parents) and check that a file can be written in it;
+    True when this call made it. One line when it cannot be made or written (a read-only place,
+    /proc, a file in the way): checked before any work."""
+    existed = out.exists()
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        handle, probe = tempfile.mkstemp(dir=out, prefix=".quantgate-probe-")
+        os.close(handle)
+        os.unlink(probe)
+    except OSError as error:
+        if not existed and out.is_dir():
+            shutil.rmtree(out, ignore_errors=True)
+        raise InputError(f"out {out}: cannot write a run directory there ({error.strerror or error}); choose another out") from None
+    return not existed
 
 
 @dataclass
@@ -201,10 +237,14 @@ class Pipeline:
         if self.plan.executor.kind == "ray" and serve is not None and serve.tensor_parallel > (gpus.gpus if gpus else 0) >= 1:
             raise InputError(f"serving.tensor_parallel is {serve.tensor_parallel} but resources.serve gives each serve task "
                              f"{gpus.gpus if gpus else 0:g} GPUs: give it as many")
-        executor = executors.make(self.plan.executor, self.plan.resources)
+        created = _make_out(self.out)  # before any work: an `out` that cannot be made or written is refused here
         try:
-            created = not self.out.exists()
-            self.out.mkdir(parents=True, exist_ok=True)
+            executor = executors.make(self.plan.executor, self.plan.resources)
+        except BaseException:
+            if created:
+                shutil.rmtree(self.out, ignore_errors=True)
+            raise
+        try:
             try:
                 executor.check_shared(self.out, self.shared_paths(resolved))
             except InputError:
@@ -212,15 +252,29 @@ class Pipeline:
                     shutil.rmtree(self.out, ignore_errors=True)  # made for this run only: nothing of it is left
                 raise
             with RunLock(self.run_dir.lock):
-                try:
-                    return _Run(self, resolved, executor).chain()
-                except KeyboardInterrupt:
-                    executor.cancel()  # no task of this run writes after this
-                    raise
-                finally:
-                    remove_temporaries(self.out)  # what a killed task or an interrupted write left half-made
+                return self.locked(resolved, executor)
         finally:
             executor.close()
+
+    def locked(self, resolved: ResolvedPlan, executor: Executor) -> RunResult:
+        """The chain, under the run directory's lock; a full disk is one line, and what a killed
+        run (or task, or write) left half-made is removed once its tasks ended."""
+        try:
+            return _Run(self, resolved, executor).chain()
+        except KeyboardInterrupt:
+            executor.cancel()  # no task of this run writes after this
+            raise
+        except Exception as error:
+            full = _out_of_space(error)
+            if full is None:
+                raise
+            executor.cancel()
+            raise InputError(f"no space left to write {full}: every artifact written so far is whole; free some space (or "
+                             "choose another out) and run the same command again to resume") from None
+        finally:
+            remove_temporaries(self.out)  # what a killed task or an interrupted write left half-made
+            # the shared evaluation cache: only what a writer that no longer runs left
+            remove_temporaries(cache_root(), only_stale=True)
 
     @staticmethod
     def shared_paths(resolved: ResolvedPlan) -> list[Path]:
@@ -475,8 +529,10 @@ class _Run:
         path, label = self.dir.sequential(name), f"evaluate {name}"
         unit = {"fmt": candidate.fmt, "name": name, "precision": candidate.precision, "blocked_before": blocked_before}
         published = self._published(path, name, key)
-        if published is None:
-            path.unlink(missing_ok=True)  # its results went missing or were damaged: looked at again (cached items)
+        if published is None:  # its results went missing or were damaged: looked at again (cached items)
+            path.unlink(missing_ok=True)
+            for damaged in (self.dir.results(name), self.dir.paired_baseline(name)):
+                shutil.rmtree(damaged, ignore_errors=True)  # never read again as they are
         value = self.cache.json(kind="evaluate", label=label, path=path, key=key,
                                 produce=lambda: self.call("evaluate", label, partial(units.sequential, plan, self.dir, unit, candidate.split)))
         if not any(value["depths"].values()):
@@ -497,8 +553,8 @@ class _Run:
             return ()
         try:
             return evalsets.load_results(self.dir.results(fmt)), evalsets.load_results(self.dir.paired_baseline(fmt))
-        except (InputError, OSError):
-            return None
+        except (InputError, IntegrityError, OSError, ValueError, KeyError):
+            return None  # missing, or bytes changed since: never trusted, looked at again
 
     def gate(self, candidate: _Candidate, *, measured: dict[str, Any], measure_key: str, evidence: _Evidence,
              baseline: _Baseline, overlap: _Overlap, served: _Served | None = None) -> dict[str, Any]:
@@ -534,7 +590,8 @@ class _Run:
                                 "tails": tails(candidate_items or {}, plan.policy.policy.statistics), **served_part}, candidate)
 
         record = self.cache.json(kind="gate", label=f"gate {fmt}", path=self.dir.verdict(fmt), key=key, produce=verdict)
-        appended = record_verdict(self.pipeline.ledger, record)  # the driver: the ledger's only writer
+        # the driver is this run's only writer; another run may share the ledger (record_verdict holds its lock)
+        appended = record_verdict(self.pipeline.ledger, record, self.plan.signing_key)
         self.log.amend(f"gate {fmt}", f"{record['verdict']}; ledger {'appended' if appended else 'already holds this verdict'}",
                        done=appended)
         return record

@@ -19,7 +19,7 @@ from typing import Any
 
 import evalsets
 import quantize
-from quantgate.core.errors import InputError
+from quantgate.core.errors import InputError, IntegrityError
 from quantgate.core.rundir import BASELINE, RunDir
 from quantgate.pipeline.looks import Looks, gated_sets
 from quantgate.pipeline.resolve import ResolvedPlan, Split
@@ -62,7 +62,7 @@ def evaluate(plan: ResolvedPlan, run_dir: RunDir, name: str, items: dict[str, in
     if baseline is None and out.is_dir():
         try:
             existing = evalsets.load_results(out)
-        except InputError:  # damaged, or not results: made again
+        except (InputError, IntegrityError):  # damaged, or not results: made again
             existing = None
         # reused only when every set was made under the same cache key: the same model,
         # settings, device, evaluator version and libraries

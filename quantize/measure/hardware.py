@@ -12,7 +12,7 @@ from pydantic import Field
 
 from quantgate.core.artifacts import read_yaml
 from quantgate.core.errors import InputError, did_you_mean
-from quantgate.core.validation import Strict, validated
+from quantgate.core.validation import Strict, is_path, validated
 
 
 class HardwareProfile(Strict):
@@ -21,8 +21,9 @@ class HardwareProfile(Strict):
     name: str = Field(min_length=1)
     kind: Literal["spec sheet", "assumption"]
     description: str = ""
-    hbm_bytes_per_second: float = Field(gt=0, description="peak memory bandwidth, bytes per second")
-    peak_dense_flops: float = Field(gt=0, description="peak dense (not sparse) FLOP/s in flops_dtype")
+    # finite: 1e999 in YAML is inf, and a bound of zero seconds divides by zero
+    hbm_bytes_per_second: float = Field(gt=0, allow_inf_nan=False, description="peak memory bandwidth, bytes per second")
+    peak_dense_flops: float = Field(gt=0, allow_inf_nan=False, description="peak dense (not sparse) FLOP/s in flops_dtype")
     flops_dtype: str = "bf16"
     source: str = Field(min_length=1, description="where the figures come from")
 
@@ -45,9 +46,10 @@ def load_profile(spec: str | Path) -> HardwareProfile:
         path = builtins[text]
     else:
         path = Path(text).expanduser()
-        if not path.is_file():
+        if not is_path(str(path)) or not path.is_file():
             valid = sorted(builtins)
-            raise InputError(f"unknown hardware profile {text!r}{did_you_mean(text, valid)}; built in: {', '.join(valid)}, or a YAML file")
+            shown = text if len(text) <= 80 else f"{text[:80]}... ({len(text)} characters)"
+            raise InputError(f"unknown hardware profile {shown!r}{did_you_mean(text, valid)}; built in: {', '.join(valid)}, or a YAML file")
     data = read_yaml(path, "hardware profile")
     if not isinstance(data, dict):
         raise InputError(f"hardware profile {path}: expected a YAML mapping of hbm_bytes_per_second, peak_dense_flops, ...")
