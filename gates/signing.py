@@ -35,7 +35,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from quantgate.core.artifacts import atomic_file, sha256_bytes, sha256_json
+from quantgate.core.artifacts import atomic_file, remove_temporaries, sha256_bytes, sha256_json
 from quantgate.core.errors import InputError
 from quantgate.core.models import is_weight_file
 
@@ -229,6 +229,7 @@ def sign(checkpoint: Path, record: dict[str, Any], key: Key) -> dict[str, Any]:
     signed must hold the weights the record approves (their sha256s are compared, not hashed twice)."""
     ms = _library()
     checkpoint = Path(checkpoint)
+    remove_temporaries(checkpoint, only_stale=True)  # a killed model.sig write's leftover is no file of the checkpoint
     manifest = _hash_checkpoint(ms, checkpoint)
     hashed = {descriptor.identifier: descriptor.digest.digest_hex for descriptor in manifest.resource_descriptors()}
     weights = {name: digest for name, digest in hashed.items() if is_weight_file(name)}

@@ -141,10 +141,27 @@ def _fault_point(target: Path, staged: Path) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+def _host_tag() -> str:
+    """Eight hex digits naming this machine (its hostname and boot): a pid means something only
+    on the machine, and in the boot, it was given on (a cache home may be shared by the nodes of
+    a cluster, or by containers)."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        boot = ""
+    return sha256_bytes(f"{platform.node()}/{boot}".encode())[:8]
+
+
+def _writer() -> str:
+    """`PID-HOST`: who writes a staging sibling (see `_host_tag`)."""
+    return f"{os.getpid()}-{_host_tag()}"
+
+
 def _staging_prefix(path: Path) -> str:
-    """`.NAME.partial-PID-`: a staging sibling names the process writing it, so that one a dead
-    process left can be told from one a live process is writing (`remove_stale_temporaries`)."""
-    return f".{path.name}.partial-{os.getpid()}-"
+    """`.NAME.partial-PID-HOST-`: a staging sibling names the process writing it and its machine,
+    so that one a dead process left can be told from one a live process is writing
+    (`remove_temporaries(only_stale=True)`)."""
+    return f".{path.name}.partial-{_writer()}-"
 
 
 @contextlib.contextmanager
@@ -330,7 +347,7 @@ def atomic_directory(final: Path, overwrite: bool = False, keep: Callable[[Path]
 
 def _replace_directory(temporary: Path, final: Path) -> None:
     """`final` replaced by `temporary`: the old one is renamed aside first, then removed."""
-    retired = final.with_name(f".{final.name}.old-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    retired = final.with_name(f".{final.name}.old-{_writer()}-{uuid.uuid4().hex[:8]}")
     final.rename(retired)
     temporary.rename(final)
     shutil.rmtree(retired, ignore_errors=True)
@@ -360,17 +377,17 @@ def _publish_shared(temporary: Path, final: Path, keep: Callable[[Path], bool]) 
 
 # What atomic_file and atomic_directory leave when their process is killed mid-write: a staging
 # sibling (`.NAME.partial-PID-XXXX`) or a replaced artifact not yet removed (`.NAME.old-PID-XXXX`).
-_TEMPORARY = re.compile(r"^\..+\.(partial|old)-(?:(\d+)-)?[A-Za-z0-9_]+$")
+_TEMPORARY = re.compile(r"^\..+\.(partial|old)-(?:(\d+)-(?:([0-9a-f]{8})-)?)?[A-Za-z0-9_]+$")
 
 
 def remove_temporaries(root: Path, only_stale: bool = False) -> list[Path]:
     """Remove every staging or retired sibling under `root` that a killed writer left behind.
     Without `only_stale`: only for a directory no writer is using now (a run directory under
     its lock, after its tasks ended). With it, for a directory live processes may be writing
-    (a cache shared by runs): only those whose writer (the pid in the name) no longer runs on
+    (a cache shared by runs): only those whose writer (the pid and machine in the name) no longer runs on
     this machine. Returns what was removed."""
     found = [path for path in Path(root).rglob(".*") if (match := _TEMPORARY.match(path.name))
-             and not (only_stale and (match.group(2) is None or _alive(int(match.group(2)))))]
+             and not (only_stale and not _stale(match))]
     removed = []
     for path in sorted(found, key=lambda item: len(item.parts)):  # outermost first; inner ones go with it
         if not path.exists() and not path.is_symlink():
@@ -381,6 +398,13 @@ def remove_temporaries(root: Path, only_stale: bool = False) -> list[Path]:
             path.unlink(missing_ok=True)
         removed.append(path)
     return removed
+
+
+def _stale(match: re.Match[str]) -> bool:
+    """A staging name's writer is known to be gone: it ran on this machine (in this boot) and its
+    pid runs no more. A writer on another machine, or one whose name says neither, is left alone."""
+    pid, host = match.group(2), match.group(3)
+    return pid is not None and host == _host_tag() and not _alive(int(pid))
 
 
 def _alive(pid: int) -> bool:

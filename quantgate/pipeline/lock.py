@@ -8,13 +8,11 @@ that locked a file just removed (its inode no longer the path's) tries again on 
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import os
 from pathlib import Path
 from types import TracebackType
 
-from quantgate.core.artifacts import sibling_lock
 from quantgate.core.errors import InputError
 
 
@@ -62,9 +60,3 @@ class RunLock:
         self.path.unlink(missing_ok=True)  # still locked: whoever opened it meanwhile sees it was removed
         os.close(self.handle)
         self.handle = None
-
-
-def ledger_lock(ledger: Path) -> contextlib.AbstractContextManager[None]:
-    """Hold `LEDGER.lock` while the ledger is read and appended to (quantgate.core.artifacts.sibling_lock;
-    gates.stage.record_verdict takes it too, for `quantgate gate --ledger`)."""
-    return sibling_lock(ledger)

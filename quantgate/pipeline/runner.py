@@ -80,7 +80,7 @@ def _make_out(out: Path) -> bool:
     existed = out.exists()
     try:
         out.mkdir(parents=True, exist_ok=True)
-        handle, probe = tempfile.mkstemp(dir=out, prefix=".quantgate-probe-")
+        handle, probe = tempfile.mkstemp(dir=out, prefix=f".quantgate-probe.partial-{os.getpid()}-")  # a temporary's name
         os.close(handle)
         os.unlink(probe)
     except OSError as error:
@@ -260,6 +260,7 @@ class Pipeline:
         """The chain, under the run directory's lock; a full disk is one line, and what a killed
         run (or task, or write) left half-made is removed once its tasks ended."""
         try:
+            remove_temporaries(self.out)  # what a killed run left half-made: never signed over, never reused
             return _Run(self, resolved, executor).chain()
         except KeyboardInterrupt:
             executor.cancel()  # no task of this run writes after this
@@ -549,7 +550,9 @@ class _Run:
             stored = read_json(path) if path.is_file() else None
         except (OSError, ValueError):
             return None  # unreadable: looked at again
-        if not isinstance(stored, dict) or stored.get("key") != key or not any((stored.get("value") or {}).get("depths", {}).values()):
+        value = stored.get("value") if isinstance(stored, dict) else None
+        depths = value.get("depths") if isinstance(value, dict) else None
+        if not isinstance(stored, dict) or stored.get("key") != key or not isinstance(depths, dict) or not any(depths.values()):
             return ()
         try:
             return evalsets.load_results(self.dir.results(fmt)), evalsets.load_results(self.dir.paired_baseline(fmt))
