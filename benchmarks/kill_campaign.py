@@ -49,7 +49,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 TEMPORARY = re.compile(r"^\..+\.(partial|old)-[A-Za-z0-9_-]+$")
-UNCHAINED = ("time", "record_hash", "prev_hash")  # what differs between two runs' ledger records
+UNCHAINED = ("time", "record_hash", "prev_hash", "signature")  # what differs between two runs' ledger records (an ECDSA signature is randomized)
 
 
 def quantgate() -> list[str]:
@@ -66,8 +66,9 @@ class Campaign:
         self.plan = root / "plan.yaml"
         self.failures: list[str] = []
         self.seconds = 0.0  # an uninterrupted run's wall time, the latest measured
+        self.public_key: Path | None = None  # --sign: every approval is signed, and must verify after a resume
 
-    def setup(self) -> None:
+    def setup(self, sign: bool = False) -> None:
         import yaml
 
         from tests.factories import build_tiny_llama
@@ -75,7 +76,38 @@ class Campaign:
 
         if not (self.model / "config.json").is_file():
             build_tiny_llama(self.model, hidden_size=192, intermediate_size=512, heads=3, kv_heads=1, layers=2)
-        self.plan.write_text(yaml.safe_dump(plan_mapping(self.model, self.root)))
+        mapping = plan_mapping(self.model, self.root)
+        if sign:  # an ECDSA P-256 key pair, as `openssl ecparam -name prime256v1 -genkey` makes
+            from cryptography.hazmat.primitives import serialization
+            from cryptography.hazmat.primitives.asymmetric import ec
+
+            key = ec.generate_private_key(ec.SECP256R1())
+            private, self.public_key = self.root / "signing-key.pem", self.root / "signing-key.pub"
+            private.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                  serialization.NoEncryption()))
+            self.public_key.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
+                                                                      serialization.PublicFormat.SubjectPublicKeyInfo))
+            mapping["signing_key"] = str(private)
+        self.plan.write_text(yaml.safe_dump(mapping))
+
+    def check_signed(self, out: Path, what: str) -> list[str]:
+        """With --sign: every approved checkpoint verifies with the public key (its model.sig and
+        its ledger record), as `quantgate verify --public-key` checks it."""
+        if self.public_key is None:
+            return []
+        from gates.ledger import verify_checkpoint
+
+        run = json.loads((out / "run.json").read_text())
+        approved = [fmt for fmt, entry in (run.get("verdicts") or {}).items() if entry.get("verdict") == "approved"]
+        problems = []
+        for fmt in approved:
+            checkpoint = out / "checkpoints" / fmt
+            if not checkpoint.is_dir():
+                continue  # a search trial's held-out approval lives elsewhere; the uniform formats are what is checked here
+            result = verify_checkpoint(checkpoint, out / "ledger.jsonl", self.public_key)
+            if not result.deployable:
+                problems.append(f"{what}: {fmt} does not verify with the public key: {result.status.value}: {result.reason}")
+        return problems
 
     def env(self, home: Path | None = None, **extra: str) -> dict[str, str]:
         env = {key: value for key, value in os.environ.items() if not key.startswith("QUANTGATE_FAULT")}
@@ -123,6 +155,8 @@ class Campaign:
             hashes = [record["verdict_sha256"] for record in records]
             if len(set(hashes)) != len(hashes):
                 problems.append(f"{what}: duplicate ledger records")
+        if (out / "run.json").is_file() and json.loads((out / "run.json").read_text()).get("status") == "finished":
+            problems += self.check_signed(out, what)
         return problems
 
     def compare(self, reference: dict[str, Any], out: Path, what: str) -> list[str]:
@@ -287,11 +321,13 @@ def main() -> None:
     parser.add_argument("--disk-size", default="3m", help="the tmpfs size of the disk-full case (the run needs about 6 MB)")
     parser.add_argument("--no-disk-full", action="store_true")
     parser.add_argument("--no-concurrency", action="store_true")
+    parser.add_argument("--sign", action="store_true", help="sign every approval (a fresh ECDSA key); each resumed run's "
+                        "approvals must verify with its public key")
     args = parser.parse_args()
     root = (args.root or Path(tempfile.mkdtemp(prefix="quantgate-kill-"))).absolute()
     root.mkdir(parents=True, exist_ok=True)
     campaign = Campaign(root)
-    campaign.setup()
+    campaign.setup(sign=args.sign)
     reference, code, writes, seconds = campaign.reference()
     print(f"uninterrupted run: exit {code}, {seconds:.1f} s, {len(writes)} atomic writes, verdicts "
           f"{ {fmt: entry['verdict'] for fmt, entry in reference['run_verdicts'].items()} }", flush=True)

@@ -71,6 +71,9 @@ def gate_command(
         for gate in record["gates"]:
             mark = {"pass": "pass", "fail": "FAIL", "not evaluated": "SKIPPED"}.get(gate["outcome"], "UNDECIDED")
             typer.echo(f"  {mark}  {gate['reason']}")
-        if signing_key is not None and record["verdict"] == "approved":
-            typer.echo(f"signed: {Path(record['checkpoint']['path']) / SIGNATURE_FILE} (and the ledger's record)")
+        signature = Path(record["checkpoint"]["path"]) / SIGNATURE_FILE if record.get("checkpoint") else None
+        if signing_key is not None and record["verdict"] == "approved" and signature is not None and signature.is_file():
+            typer.echo(f"signed: {signature} (and the ledger's record)")
+        elif signing_key is not None and record["verdict"] == "approved":
+            typer.echo("not signed: a later verdict on these weights in the ledger decides (quantgate verify says which)")
     raise typer.Exit(0 if record["verdict"] == "approved" else 1)
