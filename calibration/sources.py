@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from quantgate.core.artifacts import read_json, sha256_file, sha256_tree, verify_files
+from quantgate.core.artifacts import json_text, read_json, sha256_file, sha256_tree, verify_files
 from quantgate.core.errors import SourceError, did_you_mean
 from quantgate.core.validation import is_path
 
@@ -108,13 +108,9 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
         if not line.strip():
             continue
         try:
-            row = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise SourceError(f"{path}:{number}: invalid JSON ({error.msg})") from error
-        except RecursionError as error:
-            raise SourceError(f"{path}:{number}: invalid JSON (nested too deeply)") from error
-        except ValueError as error:  # an integer past Python's digit limit
-            raise SourceError(f"{path}:{number}: invalid JSON ({str(error).splitlines()[0]})") from error
+            row = json_text(line)
+        except ValueError as error:
+            raise SourceError(f"{path}:{number}: invalid JSON ({error})") from error
         if not isinstance(row, dict):
             raise SourceError(f"{path}:{number}: expected a JSON object per line")
         rows.append(row)

@@ -22,6 +22,7 @@ from quantgate.core.artifacts import (
     MANIFEST,
     Stopwatch,
     atomic_directory,
+    json_text,
     provenance,
     read_json,
     read_yaml,
@@ -168,13 +169,9 @@ def _item_line(line: str, where: str) -> dict[str, Any]:
     """One line of a set's data file, which must hold a JSON object; anything else is an
     IntegrityError line (the file matched its manifest, so the set itself is broken)."""
     try:
-        record = json.loads(line)
-    except json.JSONDecodeError as failure:
-        raise IntegrityError(f"{where}: not valid JSON ({failure.msg})") from failure
-    except RecursionError as failure:
-        raise IntegrityError(f"{where}: not valid JSON (nested too deeply)") from failure
-    except ValueError as failure:  # an integer past Python's digit limit
-        raise IntegrityError(f"{where}: not valid JSON ({str(failure).splitlines()[0]})") from failure
+        record = json_text(line)
+    except ValueError as failure:
+        raise IntegrityError(f"{where}: not valid JSON ({failure})") from failure
     if not isinstance(record, dict):
         raise IntegrityError(f"{where}: not a JSON object")
     return record
@@ -356,13 +353,9 @@ def parse_items(lines: Iterator[str] | Any, kind: Kind, where: str) -> Iterator[
         if not line.strip():
             continue
         try:
-            record: Any = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise InputError(f"{where} line {number}: not valid JSON ({error.msg})") from error
-        except RecursionError as error:
-            raise InputError(f"{where} line {number}: not valid JSON (nested too deeply)") from error
-        except ValueError as error:  # an integer past Python's digit limit
-            raise InputError(f"{where} line {number}: not valid JSON ({str(error).splitlines()[0]})") from error
+            record: Any = json_text(line)
+        except ValueError as error:
+            raise InputError(f"{where} line {number}: not valid JSON ({error})") from error
         if not isinstance(record, dict):
             raise InputError(f"{where} line {number}: a {kind.value} item is a JSON object with {item_fields(kind)}")
         item = validated(model, record, message=_item_error(f"{where} line {number}", kind))

@@ -285,6 +285,20 @@ class UnreadableJSON(InputError, json.JSONDecodeError):
         return self.msg
 
 
+def json_text(text: str) -> Any:
+    """One JSON value from text (a line of a JSONL file); `ValueError` carrying only what is wrong
+    (the decoder's message, "nested too deeply", a number too long to convert), for the caller to
+    name where it is in its own words."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ValueError(error.msg) from error
+    except RecursionError as error:
+        raise ValueError("nested too deeply") from error
+    except ValueError as error:  # an integer past Python's digit limit
+        raise ValueError(_first_line(error)) from error
+
+
 def read_json(path: Path) -> Any:
     """Parse a JSON file. A file that cannot be read or parsed (not UTF-8, invalid JSON, nested too
     deeply, a number too long to convert, a directory, unreadable) is `UnreadableJSON`: one line
