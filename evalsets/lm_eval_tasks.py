@@ -125,16 +125,57 @@ def _quiet_offline() -> Iterator[None]:
                 os.environ[key] = value
 
 
-def hf_model(model: Any, tokenizer: Any, batch_size: int) -> Any:
-    """lm-eval's HF backend around an already-loaded model, reporting progress per forward batch."""
+def hf_model(model: Any, tokenizer: Any, batch_size: int, shared_context: bool = True) -> Any:
+    """lm-eval's HF backend around an already-loaded model, reporting progress per forward batch.
+
+    Log-likelihoods go through `evalsets.loglikelihood.SharedContextScorer` (a shared context run
+    once, the output layer only where scored: the same scores for less work), unless
+    `shared_context` is False or the scorer's probe finds the model unsuited (then, and for
+    seq2seq models, mixed precision or an automatic batch size, HFLM's own loop)."""
     from lm_eval.models.huggingface import HFLM
+
+    from evalsets.loglikelihood import SharedContextScorer
 
     class ProgressHFLM(HFLM):
         # lm-eval's own tqdm bars are turned off; each model call advances quantgate's bar instead
         on_rows: Callable[[int], None] = staticmethod(lambda rows: None)
+        # None until the first loglikelihood request; then '' (the scorer is used) or why not
+        scorer_unusable: str | None = None
+        scorer: SharedContextScorer | None = None
 
         def loglikelihood(self, requests: Any, disable_tqdm: bool = False) -> Any:
             return super().loglikelihood(requests, disable_tqdm=True)
+
+        def _loglikelihood_tokens(self, requests: Any, disable_tqdm: bool = False,
+                                  override_bs: int | None = None) -> list[tuple[float, bool]]:
+            scorer = self._shared_context_scorer()
+            if scorer is None:
+                return super()._loglikelihood_tokens(requests, disable_tqdm=True, override_bs=override_bs)
+            pairs = [(context, continuation) for _, context, continuation in requests]
+            answers = scorer.score(pairs, max_length=self.max_length, batch_size=int(override_bs or self.batch_size),
+                                   on_rows=self.on_rows)
+            for (request, _, _), answer in zip(requests, answers, strict=True):
+                if request is not None:  # loglikelihood_rolling's windows are cached per document, by lm-eval
+                    self.cache_hook.add_partial("loglikelihood", request, answer)
+            return answers
+
+        def _shared_context_scorer(self) -> SharedContextScorer | None:
+            if self.scorer_unusable is None:
+                if not shared_context:
+                    self.scorer_unusable = "turned off"
+                elif self.backend != "causal" or self.mixed_precision_dtype is not None or self.batch_size == "auto":
+                    self.scorer_unusable = "a seq2seq model, mixed precision or an automatic batch size"
+                else:
+                    self.scorer = SharedContextScorer(self.model, softmax_dtype=self.softmax_dtype)
+                    self.scorer_unusable = self.scorer.unusable()
+                if self.scorer_unusable and shared_context:
+                    logging.getLogger(__name__).warning("log-likelihoods through HFLM's own loop: %s", self.scorer_unusable)
+            return None if self.scorer_unusable else self.scorer
+
+        def get_model_info(self) -> dict[str, Any]:
+            # which loop computed the log-likelihoods (their numbers agree to 1e-4 nats)
+            scorer = "shared-context" if self.scorer_unusable == "" else f"hflm ({self.scorer_unusable or 'not used'})"
+            return {**super().get_model_info(), "loglikelihood_scorer": scorer}
 
         def generate_until(self, requests: Any, disable_tqdm: bool = False) -> Any:
             return super().generate_until(requests, disable_tqdm=True)

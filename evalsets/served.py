@@ -17,9 +17,19 @@ text set, and the two are compared position by position:
   bound at this machine's measured copy bandwidth.
 
 The record is plain JSON (docs/serving.md, "The serve record"); gates/verdict.py judges it.
-A checkpoint vLLM cannot load or serve is a record (`served: false`, the reason), which blocks;
-a serving environment that cannot import vLLM, or a worker that runs past its time, is an error
-(nothing is recorded: the next run tries again).
+It names the device class it was made on (serving.device), the schemes the checkpoint asks for
+and the scheme the engine computes for each under the settings it ran with (the serve check sets
+those that serve what was gated, and where the engine's default would compute another scheme it
+measures that too: `engine_default`), and the kernels vLLM selected. Its `status`:
+
+- `served`: served and compared;
+- `pending`: no usable path on this device class: a timed probe (one forward pass, before the full
+  check) ran far past the baseline's, or the engine is known to have no kernel for the scheme
+  here and could not load it. Missing evidence, not a failed checkpoint: serve it where it will run;
+- `not_served`: vLLM could not load or serve it here for another reason, which blocks this class.
+
+A serving environment that cannot import vLLM, or a worker that runs past its time or dies, is an
+error (nothing is recorded: the next run tries again; the run itself goes on, the verdict pending).
 """
 
 from __future__ import annotations
@@ -47,10 +57,14 @@ from quantgate.core.validation import Strict
 from quantize.measure.accounting import measure
 from quantize.measure.bounds import kv_bytes_per_sequence, memory_time, model_from_checkpoint
 from quantize.measure.measurement import Measurement
+from serving import device
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 # Bump when a change to the serve check or the worker changes a number: cached serve records are redone.
-SERVE_CHECK_VERSION = 1
+SERVE_CHECK_VERSION = 2
+SERVED, PENDING, NOT_SERVED = "served", "pending", "not_served"
+# The probe's first forward pass also warms the kernels up: it may take this much longer.
+PROBE_WARMUP_SECONDS = 30.0
 MIB = 2**20
 BOUND_NOTE = ("an upper bound on tokens/s: every stored tensor byte read once a step at the copy bandwidth measured "
               "here; this CPU's peak FLOP/s is not known, so compute is not bounded")
@@ -71,6 +85,13 @@ class ServeCheckConfig(Strict):
     kv_cache_mib: int = Field(default=512, gt=0, description="vLLM's KV cache (on a CPU: bytes of memory)")
     bandwidth_mib: int = Field(default=256, gt=0, description="the copy that measures memory bandwidth")
     timeout_s: float = Field(default=900, gt=0)
+    # The probe (docs/serving.md, "The probe"): a forward pass over `prompt_tokens` tokens may take
+    # at most probe_factor times the baseline's (and never less than probe_floor_s); past that the
+    # engine has no usable path for the scheme on this machine and the check stops: pending here.
+    # 10x: a path that slow serves nobody (the AMX FP8 path: ~1,800x the INT4 one, measured); the floor keeps
+    # a fast baseline's jitter from deciding
+    probe_factor: float = Field(default=10.0, gt=1, description="a forward pass at most this many times the baseline's")
+    probe_floor_s: float = Field(default=1.0, gt=0, description="the probe's limit is never below this (seconds)")
     # GPUs vLLM splits the model over (its tensor_parallel_size): on a Ray cluster, give the serve
     # stage as many (`resources: {serve: {gpus: N}}`); they are the GPUs Ray hands the task
     tensor_parallel: int = Field(default=1, ge=1, description="GPUs vLLM shards the model over (tensor parallelism)")
@@ -147,52 +168,118 @@ def quantized_activations(checkpoint: Path) -> bool:
     return any(isinstance(group, dict) and group.get("input_activations") for group in groups.values())
 
 
+def probe_limit(cfg: ServeCheckConfig, reference_seconds: float | None) -> serving.ProbeLimit:
+    """The probe's limits: `probe_factor` times the baseline's forward pass (`reference_seconds`;
+    None for the baseline itself: `probe_factor` times the floor), never below the floor."""
+    forward = cfg.probe_factor * max(reference_seconds or cfg.probe_floor_s, cfg.probe_floor_s)
+    return serving.ProbeLimit(forward_seconds=forward, warmup_seconds=forward + PROBE_WARMUP_SECONDS)
+
+
+def probe_seconds(record: dict[str, Any] | None) -> float | None:
+    """A serve record's forward pass after warm-up (the probe's fastest later pass), or None."""
+    passes = ((record or {}).get("probe") or {}).get("forward_seconds") or []
+    timed = passes[1:] or passes
+    return float(min(timed)) if timed else None
+
+
 def check(checkpoint: Path, results: EvaluationResults | None, cfg: ServeCheckConfig, env: serving.ServingEnv,
-          work: Path) -> dict[str, Any]:
+          work: Path, reference_probe: float | None = None) -> dict[str, Any]:
     """Serve `checkpoint` in vLLM and compare it with `results` (the evaluation its gate saw; None,
-    or results with no comparable text set: load and throughput only, `not_compared` says why). A
-    checkpoint vLLM cannot load or serve gives a record with `served: false` and the reason; an
-    environment that cannot import vLLM, or a timeout, raises ServingError."""
+    or results with no comparable text set: load and throughput only, `not_compared` says why).
+    `reference_probe`: the baseline's probe forward pass, the base of this one's limit. The
+    record's `status` says served, pending (no usable path here) or not served (the reason); an
+    environment that cannot import vLLM, a timeout or a worker that died raises ServingError."""
     missing = not_comparable(results, cfg.evalset)
     gated = _Gated(checkpoint, results, cfg) if results is not None and missing is None else None
     prompts = gated.greedy_prompts() if gated else []
     positions = max_sequence_length(checkpoint)
     alone = cfg.prompt_tokens + 1 + cfg.decode_tokens  # throughput only: its prompt and new tokens
-    request = {"model": str(checkpoint.absolute()),
-               "engine": {"max_model_len": gated.max_model_len() if gated else min(alone, positions or alone),
-                          "kv_cache_bytes": cfg.kv_cache_mib * MIB, "tensor_parallel": cfg.tensor_parallel},
-               "tasks": _tasks(cfg, gated, prompts)}
+    engine_cfg = {"max_model_len": gated.max_model_len() if gated else min(alone, positions or alone),
+                  "kv_cache_bytes": cfg.kv_cache_mib * MIB, "tensor_parallel": cfg.tensor_parallel}
+    probe_prompt = prompts[0] if prompts else [0] * cfg.prompt_tokens
+    request = {"model": str(checkpoint.absolute()), "engine": engine_cfg,
+               "tasks": [{"kind": "probe", "prompt": probe_prompt, "runs": 2}, *_tasks(cfg, gated, prompts)]}
+    device_class = device.local_class("cuda" if env.engine == "vllm" else "cpu")
+    schemes = device.checkpoint_schemes(read_checkpoint(checkpoint).config)
+    settings = device.serve_settings(env.engine, device_class, schemes)
+    limit = probe_limit(cfg, reference_probe)
     record: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "engine": env.identity(), "checkpoint": str(checkpoint),
                               "settings": cfg.model_dump(mode="json"), "quantized_activations": quantized_activations(checkpoint),
-                              "machine": machine(), "serve_check_version": SERVE_CHECK_VERSION}
+                              "machine": machine(), "serve_check_version": SERVE_CHECK_VERSION,
+                              "device_class": device_class, "engine_settings": settings,
+                              "schemes": [{"scheme": scheme, "served_as": device.effective_scheme(env.engine, device_class, scheme, settings),
+                                           "engine_default": device.effective_scheme(env.engine, device_class, scheme, {})}
+                                          for scheme in schemes],
+                              "probe_limit_seconds": limit.forward_seconds}
     if gated is not None:
         record["gated"] = gated.describe()
     else:
         record["not_compared"] = missing
     try:
-        response = serving.run(env, request, work, cfg.timeout_s)
+        response = serving.run(env, request, work, cfg.timeout_s, settings=settings, probe=limit)
     except serving.WorkerFailed as failure:
-        if failure.timed_out or failure.phase == "import":  # the environment's or the machine's fault, maybe passing
-            raise serving.ServingError(f"{failure.reason} (serving {checkpoint}; log {failure.log})") from failure
-        cannot = "cannot load it" if failure.phase in (None, "load") else f"failed at {failure.phase}"
-        return {**record, "served": False, "reason": f"{env.label} {cannot}: {failure.reason}", "log": str(failure.log)}
+        return {**record, **_not_served(failure, env, device_class, schemes)}
     answer = response.value
-    record.update(served=True, log=str(response.log), isolated=response.isolated, dtype=answer.get("dtype"),
+    record.update(served=True, status=SERVED, log=str(response.log), isolated=response.isolated, dtype=answer.get("dtype"),
                   device=answer.get("device"), threads=answer.get("threads"), load_seconds=answer.get("load_seconds"),
-                  seconds=answer.get("seconds"))
+                  seconds=answer.get("seconds"), kernels=device.kernels_in_log(response.log.read_text(errors="replace")),
+                  probe=response.result("probe"))
     if gated is not None:
         record["agreement"] = gated.compare(response.result("prompt_logprobs")["prompts"])
         if prompts:
             record["greedy"] = gated.compare_greedy(prompts, response.result("greedy")["continuations"])
+        record.update(_engine_default(checkpoint, gated, env, device_class, schemes, engine_cfg, work, cfg))
     bandwidth = response.result("bandwidth")
     record["throughput"] = throughput(response.result("throughput")["batches"], bandwidth, checkpoint, cfg)
     return record
 
 
+def _not_served(failure: serving.WorkerFailed, env: serving.ServingEnv, device_class: str, schemes: list[str]) -> dict[str, Any]:
+    """The record's verdict part when the worker did not answer: pending (no usable path here:
+    the probe stopped it, or a kernel the engine is known to lack here), not served (the reason),
+    or ServingError (the environment's or the machine's fault, maybe passing: nothing recorded)."""
+    where = f"{env.label} on {device.describe_class(device_class)}"
+    log = {"log": str(failure.log), "kernels": device.kernels_in_log(failure.log.read_text(errors="replace")) if failure.log.is_file() else []}
+    if failure.probe is not None:
+        return {"served": False, "status": PENDING, "reason": f"{where}: {failure.reason}", "probe": failure.probe, **log}
+    if failure.timed_out or failure.phase in ("import", None):
+        raise serving.ServingError(f"{failure.reason} (serving {failure.log.parent}; log {failure.log})") from failure
+    gaps = device.known_gaps(env.engine, device_class, schemes) if failure.phase == "load" else []
+    if gaps:
+        gap = gaps[0]
+        return {"served": False, "status": PENDING, **log,
+                "reason": f"{where} has {gap.what} for {gap.scheme} ({gap.source}); it said: {failure.reason}"}
+    cannot = "cannot load it" if failure.phase == "load" else f"failed at {failure.phase}"
+    return {"served": False, "status": NOT_SERVED, "reason": f"{env.label} {cannot}: {failure.reason}", **log}
+
+
+def _engine_default(checkpoint: Path, gated: _Gated, env: serving.ServingEnv, device_class: str, schemes: list[str],
+                    engine_cfg: dict[str, Any], work: Path, cfg: ServeCheckConfig) -> dict[str, Any]:
+    """Where the engine's default would compute another scheme on this class (INT4 as W4A8 on AMX),
+    what it would serve and how far that is from the gated numerics: the same prompts served
+    under the default settings."""
+    rules = device.default_differs(env.engine, device_class, schemes)
+    if not rules:
+        return {}
+    described = {"settings": "the engine's defaults", "served_as": {rule.scheme: rule.default_scheme for rule in rules},
+                 "because": [rule.source for rule in rules]}
+    request = {"model": str(checkpoint.absolute()), "engine": engine_cfg,
+               "tasks": [{"kind": "prompt_logprobs", "prompts": gated.prompts(), "top_k": cfg.top_k}]}
+    try:
+        response = serving.run(env, request, work / "engine-default", cfg.timeout_s)
+    except serving.WorkerFailed as failure:
+        return {"engine_default": {**described, "served": False, "reason": failure.reason}}
+    agreement = gated.compare(response.result("prompt_logprobs")["prompts"])
+    kept = {key: value for key, value in agreement.items() if key != "per_item"}
+    return {"engine_default": {**described, "served": True, "agreement": kept,
+                               "kernels": device.kernels_in_log(response.log.read_text(errors="replace"))}}
+
+
 def served_summary(record: dict[str, Any]) -> dict[str, Any]:
     """What a verdict record keeps of its serve check: served or not (and why), the agreement,
     greedy matches and decode tokens/s against the bound; the whole record is serve/<name>.json."""
-    keep = ("served", "reason", "engine", "dtype", "device", "quantized_activations", "greedy")
+    keep = ("served", "status", "reason", "engine", "dtype", "device", "quantized_activations", "greedy", "device_class",
+            "engine_settings", "schemes", "kernels", "engine_default", "log")
     summary = {key: record[key] for key in keep if key in record}
     if "agreement" in record:
         summary["agreement"] = {key: value for key, value in record["agreement"].items() if key != "per_item"}

@@ -732,14 +732,14 @@ def table(report: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
 # ---- a candidate's details --------------------------------------------------------------------
 
 GATE_HEADER = ["gate", "outcome", "estimate", "interval", "limit", "items", "look", "confidence",
-               "± half-width", "detectable", "reason"]
+               "± half-width", "detectable", "stability", "reason"]
 
 
 def gate_cells(gate: dict[str, Any]) -> list[str]:
     """One row of a candidate's gate table (GATE_HEADER)."""
     return [str(gate.get("gate", "?")), str(gate.get("outcome", "?")), _estimate_text(gate), _interval_text(gate),
             _limit_text(gate), _number(gate.get("items")), _look_text(gate), _confidence_text(gate.get("confidence")),
-            _spread_text(gate, "half_width"), _spread_text(gate, "detectable"), str(gate.get("reason", ""))]
+            _spread_text(gate, "half_width"), _spread_text(gate, "detectable"), stability_text(gate), str(gate.get("reason", ""))]
 
 
 def facts_sentence(row: dict[str, Any], profiles: list[str]) -> str:
@@ -820,6 +820,73 @@ def forest_svg(row: dict[str, Any]) -> str:
         parts.append(f'<text x="{columns[0]}" y="{y + 4:.1f}">{html.escape(numbers)}</text>'
                      f'<text x="{columns[1]}" y="{y + 4:.1f}">{html.escape(_limit_text(gate))}</text>'
                      f'<text x="{columns[2]}" y="{y + 4:.1f}" fill="{colour}" font-weight="bold">{html.escape(outcome)}</text></g>')
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+# ---- a candidate's verdict stability ------------------------------------------------------------
+
+# A decided metric gate is flagged unstable below this share of its items' resamples deciding the
+# same (gates.stats.STABILITY_BAR; the report reads stored records, so it keeps the number itself).
+STABILITY_BAR = 0.9
+_DECIDED = (PASS, FAIL, INSUFFICIENT)
+
+
+def _stable_gates(row: dict[str, Any]) -> list[dict[str, Any]]:
+    """The row's decided metric gates that carry a stability (verdicts from before it carry none)."""
+    return [gate for gate in _gates(row) if _on_golden_set(gate) and gate.get("outcome") in _DECIDED
+            and _finite(gate.get("stability"))]
+
+
+def stability_text(gate: dict[str, Any]) -> str:
+    """A gate's stability cell: the share to two decimals, 'exact' for a size, integrity or
+    serving check (one exact number: no resample changes it), '–' where none was computed."""
+    if _exact(gate) and gate.get("outcome") != NOT_EVALUATED:
+        return "exact"
+    value = gate.get("stability")
+    return f"{value:.2f}" if _finite(value) else "–"
+
+
+def unstable_gates(row: dict[str, Any]) -> list[dict[str, Any]]:
+    """The decided metric gates whose stability is below STABILITY_BAR."""
+    return [gate for gate in _stable_gates(row) if gate["stability"] < STABILITY_BAR]
+
+
+def stability_lines(row: dict[str, Any]) -> list[str]:
+    """One line per unstable gate, or one saying every decided gate is stable; none when no gate
+    carries a stability."""
+    stable = _stable_gates(row)
+    if not stable:
+        return []
+    lines = [f"{_label(gate)} ({gate['outcome']}) is unstable: a resample of its items decides otherwise in "
+             f"{100 * (1 - gate['stability']):.0f}% of cases (stability {gate['stability']:.2f} over "
+             f"{gate.get('stability_resamples') or '?'} resamples)" for gate in unstable_gates(row)]
+    return lines or [f"Every decided metric gate is stable: at least {STABILITY_BAR:.0%} of the resamples of its items "
+                     f"decide as it did (lowest {min(gate['stability'] for gate in stable):.2f})."]
+
+
+def stability_svg(row: dict[str, Any]) -> str:
+    """The decided metric gates' stability as bars (0 to 1), the bar at 0.9 marked; a bar below
+    it is red and says so."""
+    gates = _stable_gates(row)
+    label_w, plot_w, row_h, top = 210, 300, 18, 24
+    width, height = label_w + plot_w + 160, top + len(gates) * row_h + 6
+    bar_x = label_w + plot_w * STABILITY_BAR
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" class="stability" width="{width}" height="{height}" '
+             f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="12" role="img" '
+             f'aria-label="verdict stability of the decided gates of {html.escape(row["format"])}">',
+             '<text x="8" y="15" font-weight="bold">stability</text>',
+             f'<text x="{label_w}" y="15" fill="#59636e">0</text><text x="{label_w + plot_w}" y="15" text-anchor="end" fill="#59636e">1</text>',
+             f'<text x="{bar_x:.1f}" y="15" text-anchor="middle" fill="#59636e">{STABILITY_BAR:g}</text>']
+    for index, gate in enumerate(gates):
+        y, share = top + index * row_h, float(gate["stability"])
+        unstable = share < STABILITY_BAR
+        colour = COLOURS[FAIL] if unstable else COLOURS[PASS]
+        note = "unstable" if unstable else ""
+        parts.append(f'<g class="stability-row{" unstable" if unstable else ""}"><text x="8" y="{y + 12}">{html.escape(_label(gate))}</text>'
+                     f'<rect x="{label_w}" y="{y + 3}" width="{plot_w * share:.1f}" height="{row_h - 6}" fill="{colour}" fill-opacity="0.75"/>'
+                     f'<text x="{label_w + plot_w + 8}" y="{y + 12}">{share:.2f} {note}</text></g>')
+    parts.append(f'<line x1="{bar_x:.1f}" y1="{top - 2}" x2="{bar_x:.1f}" y2="{height - 2}" stroke="#424a53" stroke-dasharray="3 2"/>')
     parts.append("</svg>")
     return "".join(parts)
 
@@ -987,6 +1054,8 @@ def markdown(report: dict[str, Any]) -> str:
         gates = _gates(row)
         if gates:
             lines += [_md_row(GATE_HEADER), "|" + "---|" * len(GATE_HEADER)] + [_md_row(gate_cells(gate)) for gate in gates]
+            stability = stability_lines(row)
+            lines += ["", "Verdict stability:", ""] + [f"- {line}" for line in stability] if stability else []
         else:
             lines += [f"- {reason}" for reason in row.get("reasons") or []] or ["No gates recorded."]
         tails = tail_cells(row)
@@ -1369,7 +1438,8 @@ def _candidate_section(row: dict[str, Any], profiles: list[str]) -> str:
             cells[-1] = f'<td class="reason">{cells[-1]}</td>'
             rows.append(cells)
         parts.append(_html_table(GATE_HEADER, rows, table_class="gates", row_classes=["gate"] * len(rows),
-                                 numeric={2, 3, 4, 5, 7, 8, 9}))
+                                 numeric={2, 3, 4, 5, 7, 8, 9, 10}))
+        parts.append(_stability_html(row))
     elif row.get("reasons"):
         parts.append("<ul>" + "".join(f"<li>{html.escape(reason)}</li>" for reason in row["reasons"]) + "</ul>")
     tails = tail_cells(row)
@@ -1385,6 +1455,17 @@ def _candidate_section(row: dict[str, Any], profiles: list[str]) -> str:
                      + "".join(f"<li>{html.escape(line)}</li>" for line in skipped) + "</ul>")
     parts.append("</section>")
     return "\n".join(parts)
+
+
+def _stability_html(row: dict[str, Any]) -> str:
+    """A candidate's verdict stability: the bars and the lines flagging the unstable gates."""
+    lines = stability_lines(row)
+    if not lines:
+        return ""
+    flagged = bool(unstable_gates(row))
+    items = "".join(f'<li>{html.escape(line)}</li>' for line in lines)
+    return (f'<h4>Verdict stability</h4>{stability_svg(row)}'
+            f'<ul class="stability{" unstable" if flagged else ""}">{items}</ul>')
 
 
 # Sized for a 1280-pixel window: the body is at most 1200 px wide, tables wrap their text
@@ -1419,6 +1500,7 @@ section.candidate h4 { margin: 1em 0 0.2em; }
 p.note { font-size: 13px; margin: 0.2em 0 0.4em; }
 table.tails { font-size: 12px; }
 table.tails .ci { color: #59636e; font-size: 11px; }
+ul.stability.unstable li { color: #cf222e; }
 """
 
 

@@ -384,3 +384,138 @@ def plan(policy_spec: str | Path, *, precision: str | None = None, effects: Sequ
     gates = plan_policy(policy, sizes, precision=precision, effects=parsed, discordance=discordance, spreads=spreads,
                         power=power)
     return Plan(policy=policy.identity, label=policy.label, power=power, gates=gates)
+
+
+# ---- planned ceilings and the power of a ceiling ---------------------------------------------
+# A plan's ceiling of a set (`planned`, docs/gates.md "Planned ceilings") comes from the policy's
+# bounds and a discordance chosen before any candidate is evaluated, never from the candidates'
+# numbers; every ceiling, planned or given, records the power it gives each gate.
+
+# Where DEFAULT_DISCORDANCE comes from, as a gate's planned power records it.
+DEFAULT_DISCORDANCE_SOURCE = ("quantgate's planning default for {precision} formats (gates/samplesize.py DEFAULT_DISCORDANCE): "
+                              "an assumption, not a measurement (Dutta et al., 2024, arXiv 2407.09141)")
+
+
+@dataclass(frozen=True)
+class Discordance:
+    """The discordance accuracy gates are planned with: the plan's value for a precision class,
+    with the source it names, else DEFAULT_DISCORDANCE."""
+
+    values: Mapping[str, float] = field(default_factory=dict)
+    source: str = ""
+
+    def for_class(self, precision: str) -> tuple[float, str]:
+        if precision in self.values:
+            return self.values[precision], self.source
+        return DEFAULT_DISCORDANCE[precision], DEFAULT_DISCORDANCE_SOURCE.format(precision=precision)
+
+
+def power_at(items: int, effect: float, sd: float, *, confidence: float, looks: int = 1, min_items: int = 1) -> float:
+    """The probability that the interval over `items` items (the confidence split over `looks`)
+    lies wholly on one side of a bound `effect` away from the truth: Phi(effect sqrt(n) / sd -
+    z_{1 - a/2K}), the inverse of `items_needed`; 0 below `min_items` (no verdict there)."""
+    if items < min_items:
+        return 0.0
+    if sd == 0:
+        return 1.0
+    return NormalDist().cdf(effect * math.sqrt(items) / sd - critical_value(confidence, looks))
+
+
+@dataclass(frozen=True)
+class GatePower:
+    """One gate of one split at one precision class: its ceiling, the items it needs to be decided
+    with `target` power at `effect` from its bound, and the power its ceiling gives there."""
+
+    split: str  # "plan", "search" or "held-out"
+    set: str  # the set's spec
+    gate: str  # the metric
+    precision: str
+    ceiling: int
+    planned: bool  # the ceiling is the planner's (`planned`), not a number the plan gives
+    items: int | None  # for `target` power; None: no prior spread for this metric
+    power: float | None  # at the ceiling, at `effect`
+    target: float
+    effect: float
+    limit: float  # in the gate's unit, as verdicts compare it
+    unit: str
+    discordance: float | None
+    source: str  # where the discordance comes from, or why there is no prior spread
+
+    @property
+    def decidable(self) -> bool | None:
+        """Whether the ceiling gives the target power; None where it cannot be said."""
+        return None if self.items is None else self.items <= self.ceiling
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "decidable": self.decidable}
+
+    def warning(self) -> str:
+        """The line preflight prints for a gate its ceiling cannot decide at the target power."""
+        split = "" if self.split == "plan" else f"{self.split} split: "
+        effect = f"{_number(self.effect, self.unit, signed=False)} inside its bound {_number(self.limit, self.unit)}"
+        prior = (f"discordance {self.discordance:g}, the {self.precision} planning default" if self.source.startswith("quantgate's")
+                 else f"discordance {self.discordance:g}: {self.source}")
+        return (f"{split}{self.set} {self.gate} ({self.precision}): {self.ceiling} items decide a candidate "
+                f"{effect} with power {self.power or 0.0:.2f}, not {self.target:g}: that needs {self.items} items ({prior})")
+
+
+def _prior_plan(set_name: str, name: str, gate: MetricGate, policy: LoadedPolicy, precision: str, ceiling: int,
+                prior: Discordance, power: float) -> tuple[GatePlan, float | None, str]:
+    """`plan_gate` at a ceiling (the looks of its schedule split the confidence), with the prior."""
+    metric = _gated(name)
+    discordance, source = prior.for_class(precision) if metric.statistic is Statistic.mean_difference else (None, "")
+    inputs = GateInputs(precision=precision, set_size=ceiling, looks=policy.policy.sequential.looks_for(set_name),
+                        discordance=discordance, power=power)
+    planned = plan_gate(f"{set_name} {name}", metric, gate, policy, inputs)
+    if planned.sd is None:
+        source = f"no prior spread for {name}"
+    return planned, discordance, source
+
+
+def _own_ceiling(set_name: str, name: str, gate: MetricGate, policy: LoadedPolicy, precision: str, size: int,
+                 prior: Discordance, power: float) -> int | None:
+    """The smallest ceiling of a set of `size` items at which one gate needs no more items than
+    it holds, the confidence split over that ceiling's looks: the first look of the set's
+    schedule that does, or, past the policy's last look, the items needed themselves; `size`
+    where none does (capped); None without a prior spread."""
+    looks = policy.policy.sequential.looks_for(set_name)
+    for ceiling in schedule(looks, size):
+        planned, _, _ = _prior_plan(set_name, name, gate, policy, precision, ceiling, prior, power)
+        if planned.items is None:
+            return None
+        if planned.items <= ceiling:
+            past_the_looks = ceiling == size and all(n < size for n in looks)
+            return planned.items if past_the_looks else ceiling
+    return size
+
+
+def gate_powers(policy: LoadedPolicy, spec: str, precisions: Sequence[str], ceiling: int | None, *, size: int,
+                split: str = "plan", prior: Discordance = Discordance(), power: float = DEFAULT_POWER) -> tuple[int, list[GatePower]]:
+    """A set's ceiling and the power it gives each of the policy's gates of the set at each of
+    `precisions` (those the gate bounds). `ceiling` None: planned, the largest of its gates' own
+    ceilings (`_own_ceiling`), at most `size`; a gate that needs more is not decidable at `power`
+    (`GatePower.decidable`). A set none of whose gates has a prior spread cannot be planned
+    (InputError)."""
+    ref = SetRef.parse(spec)
+    pairs = [(name, gate, precision) for key, by_metric in policy.policy.metrics.items() if SetRef.parse(key).matches(ref)
+             for name, gate in by_metric.items() for precision in precisions if precision in getattr(gate, gate.kind)]
+    if ceiling is None:
+        owns = [_own_ceiling(ref.name, name, gate, policy, precision, size, prior, power) for name, gate, precision in pairs]
+        known = [own for own in owns if own is not None]
+        if not known:
+            gated = ", ".join(sorted({name for name, *_ in pairs}))
+            why = f"none of its gates ({gated}) has a prior spread to plan from" if gated else f"policy {policy.label} gates nothing on it"
+            raise InputError(f"plan: {spec}'s ceiling is planned, but {why}: give its ceiling as a number")
+        chosen, planned = max(known), True
+    else:
+        chosen, planned = ceiling, False
+    powers = []
+    for name, gate, precision in pairs:
+        gate_plan, discordance, source = _prior_plan(ref.name, name, gate, policy, precision, chosen, prior, power)
+        at = None if gate_plan.sd is None else power_at(
+            chosen, gate_plan.effect, gate_plan.sd, confidence=policy.policy.statistics.confidence, looks=len(gate_plan.looks),
+            min_items=gate_plan.min_items)
+        powers.append(GatePower(split=split, set=spec, gate=name, precision=precision, ceiling=chosen, planned=planned,
+                                items=gate_plan.items, power=at, target=power, effect=gate_plan.effect, limit=gate_plan.limit,
+                                unit=gate_plan.unit, discordance=discordance, source=source))
+    return chosen, powers

@@ -65,5 +65,8 @@ def conclusion(tried: list[Tried], held_out: dict[str, Any] | None, baseline_byt
         return f"{pick.name} ({ratio}) passed on the search split; its held-out gate has not run"
     if held_out["verdict"] == "approved":
         return f"{pick.name} ({ratio}) is approved on held-out items the search never saw"
+    if held_out["verdict"] == "pending":
+        return (f"{pick.name} ({ratio}) passes the quality gates on held-out items the search never saw; "
+                f"serving is pending: {'; '.join(held_out.get('reasons') or []) or 'no serving evidence'}")
     reasons = "; ".join(held_out.get("reasons") or []) or "no reason recorded"
     return f"{pick.name} ({ratio}) passed on the search split but is blocked on the held-out items: {reasons}"

@@ -122,7 +122,9 @@ def verdict_record(fmt: str, verdict: Verdict, *, precision: str, policy: Loaded
         "metrics": {gate.gate: {"outcome": gate.outcome.value, "estimate": gate.estimate, "low": gate.low,
                                 "high": gate.high, "limit": gate.limit, "unit": gate.unit} for gate in verdict.gates},
         "gates": [gate.as_dict() for gate in verdict.gates],
-        "verdict": "approved" if verdict.approved else "blocked",
+        # approved, pending (quality passed, serving evidence that approves it missing) or blocked
+        "verdict": verdict.status,
+        "quality": "passed" if verdict.quality_passed else "blocked",
         "reasons": verdict.reasons,
         "results": None if candidate_results is None else str(Path(candidate_results.path).resolve()),
     }

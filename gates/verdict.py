@@ -62,26 +62,70 @@ class GateResult:
     decided_by: str = "exact"
     half_width: float | None = None  # of the interval, in the gate's unit
     detectable: float | None = None  # smallest difference from the limit found with 80% power here
+    # a decided metric gate: the share of resamples of its items on which its own rule (statistic,
+    # interval, confidence, look, limit) decides the same (gates.stats.verdict_stability), with the
+    # resamples, inner resamples and seed it was computed from; None where it does not apply (size,
+    # integrity and serving gates are exact numbers; not evaluated, undecided; verdicts from before it)
+    stability: float | None = None
+    stability_resamples: int | None = None
+    stability_inner_resamples: int | None = None
+    stability_seed: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {**asdict(self), "outcome": self.outcome.value}
 
     @classmethod
     def from_dict(cls, entry: dict[str, Any]) -> GateResult:
-        """A gate as `as_dict` wrote it (a stored sequential stage)."""
+        """A gate as `as_dict` wrote it (a stored sequential stage); a field it predates takes its default."""
         return cls(**{**entry, "outcome": Outcome(entry["outcome"])})
 
 
 @dataclass(frozen=True)
 class Verdict:
+    """Every gate on one checkpoint. Quality (integrity, size, golden sets in the reference
+    numerics) and serving (on the device class its serve record names) are separate evidence:
+    `status` is approved (both pass), blocked (quality does not), or pending (quality passes and
+    serving evidence that approves it is missing: no usable path on this class, a serve that
+    failed, or a class whose engine disagrees, which blocks that class only)."""
+
     approved: bool
     gates: list[GateResult] = field(default_factory=list)
+    quality_passed: bool = False  # every gate but the serving ones passed, every metric gate of the policy among them
+
+    @property
+    def serving(self) -> str | None:
+        """This class's serving status: approved, blocked or pending; None where the policy gates no serving."""
+        serving = [gate for gate in self.gates if GateId.parse(gate.gate).scope == SERVING]
+        if not serving:
+            return None
+        if all(gate.outcome is Outcome.passed for gate in serving):
+            return APPROVED
+        return BLOCKED if any(gate.outcome is Outcome.failed for gate in serving) else PENDING
+
+    @property
+    def status(self) -> str:
+        if self.approved:
+            return APPROVED
+        return PENDING if self.quality_passed and self.serving in (PENDING, BLOCKED) else BLOCKED
 
     @property
     def reasons(self) -> list[str]:
         """Why it is blocked: the gates that blocked it first, then those left not evaluated."""
         blocking = [gate for gate in self.gates if gate.outcome is not Outcome.passed]
         return [gate.reason for gate in sorted(blocking, key=lambda gate: gate.outcome is Outcome.not_evaluated)]
+
+
+APPROVED, PENDING, BLOCKED = "approved", "pending", "blocked"
+
+
+def passes_here(record: dict[str, Any]) -> bool:
+    """Whether a verdict record's checkpoint passes on the evidence a run has: approved, or its
+    quality passed and serving is pending here (no usable path on this class, not checked, a
+    serve that failed); not where this class's engine disagrees (blocked here)."""
+    if record.get("verdict") == APPROVED:
+        return True
+    classes = record.get("classes") or {}
+    return record.get("verdict") == PENDING and all(entry.get("status") != BLOCKED for entry in classes.values())
 
 
 def blocked_verdict(reason: str) -> Verdict:
@@ -179,8 +223,9 @@ def metric_gate(spec: str, metric: Metric, gate: MetricGate, items: tuple[Record
     (evaluate more items); at the last look it never is."""
     look = look or Look(confidence=settings.confidence)
     baseline, candidate = items
-    interval = stats.paired_bootstrap(_statistic(metric, baseline, candidate), len(baseline), resamples=settings.resamples,
-                                      confidence=look.confidence, seed=settings.seed)
+    statistic = _statistic(metric, baseline, candidate)
+    interval = stats.paired_bootstrap(statistic, len(baseline), resamples=settings.resamples, confidence=look.confidence,
+                                      seed=settings.seed)
     estimate, low, high = interval.estimate * metric.scale, interval.low * metric.scale, interval.high * metric.scale
     limit = _limit(gate, precision)
     name = SetRef.parse(spec).name
@@ -196,9 +241,15 @@ def metric_gate(spec: str, metric: Metric, gate: MetricGate, items: tuple[Record
         # are then the same double, so an estimate or interval end on the limit touches it
         # exactly, as the rule says, instead of landing either side of it by a rounding of x100
         raw_limit, raw_margin = limit / metric.scale, gate.margin / metric.scale
-        decided = decide_at_look(interval.estimate, interval.low, interval.high, limit=raw_limit, margin=raw_margin,
-                                 higher_is_better=metric.higher_is_better, final=look.final, items=len(baseline),
-                                 min_items=min_items)
+
+        def rule(estimate: float, low: float, high: float) -> Outcome | None:
+            """The gate's decision at this look on any (estimate, interval): the items', or a resample's."""
+            if not all(math.isfinite(value) for value in (estimate, low, high)):
+                return Outcome.failed
+            return decide_at_look(estimate, low, high, limit=raw_limit, margin=raw_margin, higher_is_better=metric.higher_is_better,
+                                  final=look.final, items=len(baseline), min_items=min_items)
+
+        decided = rule(interval.estimate, interval.low, interval.high)
         outcome = Outcome.undecided if decided is None else decided
         raw_low, raw_high = interval.low, interval.high
         wholly = ((raw_low >= raw_limit or raw_high < raw_limit) if metric.higher_is_better
@@ -213,10 +264,16 @@ def metric_gate(spec: str, metric: Metric, gate: MetricGate, items: tuple[Record
             reason = (f"{name} {metric.name}: insufficient evidence, {len(baseline)} items evaluated, "
                       f"the policy decides no gate on fewer than {min_items}")
     half_width = (high - low) / 2 if math.isfinite(high - low) else None
-    return GateResult(gate=str(GateId(spec, metric.name)), outcome=outcome, estimate=estimate, low=low, high=high,
-                      limit=limit, unit=metric.unit, reason=reason, items=len(baseline), look=look.index, looks=look.looks,
-                      confidence=look.confidence, decided_by=decided_by, half_width=half_width,
-                      detectable=None if half_width is None else detectable_regression(half_width, look.confidence))
+    result = GateResult(gate=str(GateId(spec, metric.name)), outcome=outcome, estimate=estimate, low=low, high=high,
+                        limit=limit, unit=metric.unit, reason=reason, items=len(baseline), look=look.index, looks=look.looks,
+                        confidence=look.confidence, decided_by=decided_by, half_width=half_width,
+                        detectable=None if half_width is None else detectable_regression(half_width, look.confidence))
+    if decided_by not in ("interval", "ceiling"):  # undecided (no outcome yet), or a non-finite number (exact)
+        return result
+    # decided: how often a resample of these items would have decided the same, by the same rule
+    stable = stats.verdict_stability(statistic, len(baseline), rule, outcome, confidence=look.confidence, seed=settings.seed)
+    return replace(result, stability=stable.share, stability_resamples=stable.resamples,
+                   stability_inner_resamples=stable.inner_resamples, stability_seed=stable.seed)
 
 
 def not_evaluated(spec: str, metric: str, unit: str, limit: float, why: str, last: GateResult | None = None) -> GateResult:
@@ -395,15 +452,18 @@ class ServingEvidence:
 
 
 def _serving_undecided(check: str, limit: float, unit: str, reason: str) -> GateResult:
+    """A serving gate the evidence at hand cannot decide: pending (missing evidence, never a
+    failed checkpoint)."""
     return GateResult(gate=str(GateId(SERVING, check)), outcome=Outcome.not_evaluated, estimate=None, low=None, high=None,
-                      limit=limit, unit=unit, reason=f"serving: {reason}", decided_by="not evaluated")
+                      limit=limit, unit=unit, reason=f"serving: {reason}", decided_by=PENDING)
 
 
 def serving_gates(policy: LoadedPolicy, evidence: ServingEvidence) -> list[GateResult]:
     """The policy's serving gates: the serving engine loads the checkpoint, and its per-token
     log-probabilities of the gated tokens differ from the gated ones (mean and p99 |difference|)
     by no more than the baseline's own served-vs-gated difference plus the policy's margins.
-    Fail closed: a check that was not made blocks, with why."""
+    Fail closed: a check that was not made leaves serving pending (never approved), with why; a
+    record of a class with no usable path, or of a serve that failed, is pending too."""
     rules = policy.policy.serving
     if rules is None:
         return []
@@ -411,6 +471,9 @@ def serving_gates(policy: LoadedPolicy, evidence: ServingEvidence) -> list[GateR
     if record is None:
         return [_serving_undecided("loads", 1.0, "", "not checked (no serve record: run the serve stage, or "
                                                      "`quantgate gate --served`)")]
+    if record.get("status") in (PENDING, "failed"):
+        where = record.get("device_class") or "this machine"
+        return [_serving_undecided("loads", 1.0, "", f"pending on {where}: {record['reason']}")]
     if not record["served"]:
         return [_single(SERVING, "loads", not rules.require_loads, value=0.0, limit=1.0, unit="", reason=f"serving: {record['reason']}")]
     engine = record.get("engine", {})
@@ -499,5 +562,7 @@ def judge(baseline_items: dict[str, Records], candidate_items: dict[str, Records
     present = sorted((SetRef.parse(gate.scope).name, gate.check) for gate in ids if gate.on_golden_set)
     if present != wanted and (metric_gates is not None or candidate_items is not None):
         raise InputError(f"the verdict holds metric gates {present}, the policy gates {wanted}: refusing to judge")
-    approved = bool(wanted) and present == wanted and all(result.outcome is Outcome.passed for result in results)
-    return Verdict(approved, results)
+    quality = bool(wanted) and present == wanted and all(result.outcome is Outcome.passed for result in results
+                                                         if GateId.parse(result.gate).scope != SERVING)
+    approved = quality and all(result.outcome is Outcome.passed for result in results)
+    return Verdict(approved, results, quality_passed=quality)

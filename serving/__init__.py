@@ -3,6 +3,6 @@ and running serving/worker.py in it (loopback-only). It knows nothing of golden 
 evalsets compares what it serves with what was gated, gates judge the comparison."""
 
 from serving.environment import ServingEnv, ServingError, find, require, setup
-from serving.launch import Response, WorkerFailed, run
+from serving.launch import ProbeLimit, Response, WorkerFailed, run
 
-__all__ = ["Response", "ServingEnv", "ServingError", "WorkerFailed", "find", "require", "run", "setup"]
+__all__ = ["ProbeLimit", "Response", "ServingEnv", "ServingError", "WorkerFailed", "find", "require", "run", "setup"]

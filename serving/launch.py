@@ -14,7 +14,9 @@ from __future__ import annotations
 import functools
 import os
 import shutil
+import signal
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +27,7 @@ from serving.environment import ServingEnv, ServingError
 WORKER = Path(__file__).with_name("worker.py")
 PROTOCOL = 1
 LOG = "worker.log"
+PROGRESS = "progress.json"
 # Offline, quiet, in one process: no hub, no usage report, no telemetry.
 WORKER_ENV = {
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
@@ -33,7 +36,8 @@ WORKER_ENV = {
     "DO_NOT_TRACK": "1",
     "HF_HUB_OFFLINE": "1",
     "TRANSFORMERS_OFFLINE": "1",
-    "VLLM_LOGGING_LEVEL": "WARNING",
+    # INFO: vLLM logs the linear kernel it selects for each scheme there (serving.device.kernels_in_log)
+    "VLLM_LOGGING_LEVEL": "INFO",
     "TOKENIZERS_PARALLELISM": "false",
 }
 # Variables of the calling environment that would point the worker at the project's packages.
@@ -43,20 +47,32 @@ DROPPED = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")
 class WorkerFailed(ServingError):
     """vLLM could not do what the request asked: `reason` is its one line."""
 
-    def __init__(self, reason: str, log: Path, phase: str | None = None, *, timed_out: bool = False) -> None:
+    def __init__(self, reason: str, log: Path, phase: str | None = None, *, timed_out: bool = False,
+                 probe: dict[str, Any] | None = None) -> None:
         super().__init__(reason)
         self.reason = reason
         self.log = log
         self.phase = phase  # "import", "load", a task's kind; None when the worker said nothing (it died)
         self.timed_out = timed_out
+        self.probe = probe  # stopped by the probe: its forward passes (no usable path here)
 
     def __reduce__(self) -> tuple[Any, ...]:
         """Picklable with its fields (a Ray task raises it back to the driver)."""
-        return (_worker_failed, (self.reason, self.log, self.phase, self.timed_out))
+        return (_worker_failed, (self.reason, self.log, self.phase, self.timed_out, self.probe))
 
 
-def _worker_failed(reason: str, log: Path, phase: str | None, timed_out: bool) -> WorkerFailed:
-    return WorkerFailed(reason, log, phase, timed_out=timed_out)
+def _worker_failed(reason: str, log: Path, phase: str | None, timed_out: bool, probe: dict[str, Any] | None) -> WorkerFailed:
+    return WorkerFailed(reason, log, phase, timed_out=timed_out, probe=probe)
+
+
+@dataclass(frozen=True)
+class ProbeLimit:
+    """How long the probe's forward passes may take (the request's `probe` task): the first, which
+    warms the kernels up, at most `warmup_seconds`; a later one at most `forward_seconds`. A worker
+    past either is stopped at once: its engine has no usable path for the checkpoint here."""
+
+    forward_seconds: float
+    warmup_seconds: float
 
 
 @dataclass(frozen=True)
@@ -84,27 +100,86 @@ def loopback_prefix() -> tuple[str, ...]:
     return prefix if probe.returncode == 0 else ()
 
 
-def run(env: ServingEnv, request: dict[str, Any], work: Path, timeout: float) -> Response:
-    """Run one request in the serving environment; the response, or WorkerFailed with vLLM's reason."""
+def run(env: ServingEnv, request: dict[str, Any], work: Path, timeout: float, *, settings: dict[str, str] | None = None,
+        probe: ProbeLimit | None = None) -> Response:
+    """Run one request in the serving environment; the response, or WorkerFailed with vLLM's reason.
+    `settings`: engine settings (environment variables) the worker runs under; `probe`: the limits
+    its probe task's forward passes are held to."""
     work.mkdir(parents=True, exist_ok=True)
-    request_path, response_path, log = work / "request.json", work / "response.json", work / LOG
-    write_json(request_path, {"protocol": PROTOCOL, **request})
-    response_path.unlink(missing_ok=True)
-    environment = {key: value for key, value in os.environ.items() if key not in DROPPED} | WORKER_ENV
+    request_path, response_path, log, progress = work / "request.json", work / "response.json", work / LOG, work / PROGRESS
+    for stale in (response_path, progress):
+        stale.unlink(missing_ok=True)
+    write_json(request_path, {"protocol": PROTOCOL, **request, **({"progress": str(progress)} if probe else {})})
+    environment = {key: value for key, value in os.environ.items() if key not in DROPPED} | WORKER_ENV | (settings or {})
     prefix = loopback_prefix()
     command = [*prefix, str(env.python), str(WORKER), str(request_path), str(response_path)]
     with open(log, "wb") as stream:
+        # its own session: a worker stopped early is stopped with every process it started
+        worker = subprocess.Popen(command, stdout=stream, stderr=subprocess.STDOUT, env=environment, cwd=work, start_new_session=True)
         try:
-            finished = subprocess.run(command, stdout=stream, stderr=subprocess.STDOUT, env=environment, timeout=timeout,
-                                      cwd=work)
-        except subprocess.TimeoutExpired as error:
-            raise WorkerFailed(f"{env.label} did not finish within {timeout:.0f} s", log, timed_out=True) from error
+            returncode = _watch(worker, env, log, time.monotonic() + timeout, timeout, progress if probe else None, probe)
+        finally:
+            if worker.poll() is None:
+                _stop(worker)
     answer = read_json(response_path) if response_path.is_file() else None
-    if finished.returncode != 0 or answer is None or "error" in answer:
-        died = f"the worker died (exit status {finished.returncode})" if answer is None else None
+    if returncode != 0 or answer is None or "error" in answer:
+        died = f"the worker died (exit status {returncode})" if answer is None else None
         reason = (answer or {}).get("error") or died or _last_line(log)
         raise WorkerFailed(reason, log, (answer or {}).get("phase"))
     return Response(answer, log, bool(prefix))
+
+
+def _watch(worker: subprocess.Popen[bytes], env: ServingEnv, log: Path, deadline: float, timeout: float, progress: Path | None,
+           probe: ProbeLimit | None) -> int:
+    """Wait for the worker; stop it past the deadline, or as soon as its probe shows no usable path."""
+    while True:
+        try:
+            return worker.wait(timeout=0.25)
+        except subprocess.TimeoutExpired:
+            pass
+        if time.monotonic() > deadline:
+            _stop(worker)
+            raise WorkerFailed(f"{env.label} did not finish within {timeout:.0f} s", log, timed_out=True)
+        if progress is None or probe is None:
+            continue
+        slow = _too_slow(progress, probe)
+        if slow is not None:
+            _stop(worker)
+            raise WorkerFailed(slow["reason"], log, "probe", probe=slow)
+
+
+def _too_slow(progress: Path, limit: ProbeLimit) -> dict[str, Any] | None:
+    """What the probe shows when a forward pass ran past its limit (finished or still running), else None."""
+    try:
+        state = read_json(progress)
+    except (OSError, ValueError):
+        return None  # not written yet (or being renamed into place)
+    done = [float(seconds) for seconds in state.get("forward_seconds") or []]
+    if state.get("phase") == "probe" and "started" in state:  # a pass is running
+        allowed = limit.forward_seconds if done else limit.warmup_seconds
+        running = time.time() - float(state["started"])
+        if running <= allowed:
+            return None
+        what = f"{'a' if done else 'its first'} forward pass ran past {allowed:.1f} s"
+    elif state.get("phase") == "probed" and done:
+        timed = done[1:] or done
+        allowed = limit.forward_seconds if len(done) > 1 else limit.warmup_seconds
+        if min(timed) <= allowed:
+            return None
+        what = f"a forward pass took {min(timed):.1f} s (limit {allowed:.1f} s)"
+    else:
+        return None
+    return {"reason": f"no usable path here: {what}", "forward_seconds": done,
+            "limit_seconds": limit.forward_seconds, "warmup_limit_seconds": limit.warmup_seconds}
+
+
+def _stop(worker: subprocess.Popen[bytes]) -> None:
+    """SIGKILL the worker's whole session (vLLM may have started processes of its own)."""
+    try:
+        os.killpg(worker.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        worker.kill()
+    worker.wait()
 
 
 def _last_line(log: Path) -> str:

@@ -19,6 +19,14 @@ Tasks:
                    log-probability and whether it is the greedy continuation
   bandwidth        this machine's memory bandwidth as a tensor copy sees it (STREAM's "copy":
                    bytes read plus bytes written over the best of `runs` copies)
+  probe            `runs` forward passes over one prompt (one new token each), each timed: does
+                   this engine have a usable path for the checkpoint's scheme here? The first
+                   includes the kernels' warm-up.
+
+Progress: where the request names a `progress` file, the worker writes there (whole, renamed
+into place) when the engine is loaded and before and after each probe pass, so that the caller can
+stop a worker whose forward pass takes far longer than the baseline's (a slow kernel path looks
+like a hang from outside).
 """
 
 from __future__ import annotations
@@ -48,6 +56,27 @@ def _write(path: Path, value: dict[str, Any]) -> None:
 
 def _finite(value: float) -> float | None:
     return value if math.isfinite(value) else None
+
+
+def _progress(request: dict[str, Any], **state: Any) -> None:
+    if request.get("progress"):
+        _write(Path(request["progress"]), {"time": time.time(), **state})
+
+
+def probe(llm: Any, task: dict[str, Any], request: dict[str, Any]) -> dict[str, Any]:
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+    prompt = TokensPrompt(prompt_token_ids=list(task["prompt"]))
+    seconds: list[float] = []
+    for _ in range(int(task["runs"])):
+        _progress(request, phase="probe", forward_seconds=seconds, started=time.time())
+        started = time.perf_counter()
+        llm.generate([prompt], params, use_tqdm=False)
+        seconds.append(time.perf_counter() - started)
+    _progress(request, phase="probed", forward_seconds=seconds)
+    return {"forward_seconds": seconds, "prompt_tokens": len(task["prompt"])}
 
 
 def prompt_logprobs(llm: Any, task: dict[str, Any]) -> dict[str, Any]:
@@ -168,11 +197,17 @@ def serve(request: dict[str, Any]) -> dict[str, Any]:
         config = llm.llm_engine.model_config
         response.update(dtype=str(config.dtype).removeprefix("torch."), quantization=config.quantization,
                         device=_device(), threads=torch.get_num_threads())
+        _progress(request, phase="loaded", load_seconds=response["load_seconds"])
     results = []
     for task in request["tasks"]:
         task_started = time.perf_counter()
         _phase[0] = task["kind"]
-        answer = bandwidth(task) if task["kind"] == "bandwidth" else TASKS[task["kind"]](llm, task)
+        if task["kind"] == "bandwidth":
+            answer = bandwidth(task)
+        elif task["kind"] == "probe":
+            answer = probe(llm, task, request)
+        else:
+            answer = TASKS[task["kind"]](llm, task)
         results.append({"kind": task["kind"], "seconds": time.perf_counter() - task_started, **answer})
     response["results"] = results
     response["seconds"] = time.perf_counter() - started

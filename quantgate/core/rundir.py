@@ -96,6 +96,11 @@ class RunDir:
     def verdict(self, fmt: str) -> Path:
         return self.root / "verdicts" / f"{fmt}.json"
 
+    def unit_log(self, kind: str, name: str) -> Path:
+        """The traceback of a unit of work that failed (a quantization that raised, an evaluation
+        out of memory): the run went on without it."""
+        return self.root / "logs" / f"{kind}-{name}.log"
+
     def stage_record(self, stage: str) -> Path:
         return self.root / "stages" / f"{stage}.json"
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 from evalsets.served import ServeCheckConfig
 from quantgate.core.artifacts import read_yaml, sha256_json
@@ -60,13 +60,59 @@ def _nameable(value: str) -> str:
     return value
 
 
+# A ceiling the sample-size planner chooses from the policy's bounds and a prior discordance,
+# before any candidate is evaluated (docs/gates.md, "Planned ceilings")
+PLANNED = "planned"
+
+
+def _ceiling(value: Any) -> Any:
+    if value == PLANNED or (isinstance(value, int) and not isinstance(value, bool) and value > 0):
+        return value
+    raise ValueError(f"a ceiling is a positive number of items or `{PLANNED}`, not {value!r}")
+
+
+# a set's ceiling: its first N items at most, or `planned`
+Ceiling = Annotated[int | Literal["planned"], BeforeValidator(_ceiling)]
+
+
+class Discordance(Strict):
+    """The share of items two models answer differently that `planned` ceilings assume for
+    accuracy gates, per precision class (a class not given: quantgate's default), and where that
+    number comes from: recorded with every gate's power."""
+
+    model_config = ConfigDict(serialize_by_alias=True)
+
+    eight_bit: float | None = Field(default=None, alias="8bit", gt=0, le=1)
+    four_bit: float | None = Field(default=None, alias="4bit", gt=0, le=1)
+    source: str = Field(description="where the values come from (a measurement, a paper): required")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _sourced(cls, value: Any) -> Any:
+        if isinstance(value, dict):
+            source = value.get("source")
+            if not isinstance(source, str) or not source.strip():
+                raise ValueError("a planning discordance needs `source:`, where its values come from (a measurement, a paper): "
+                                 "it is recorded with every gate's power")
+            if not any(precision in value for precision in ("8bit", "4bit")):
+                raise ValueError("a planning discordance gives `8bit:`, `4bit:` or both (a share of items in (0, 1])")
+        return value
+
+    @property
+    def values(self) -> dict[str, float]:
+        given = {"8bit": self.eight_bit, "4bit": self.four_bit}
+        return {precision: value for precision, value in given.items() if value is not None}
+
+
 class EvaluationPlan(Strict):
     """`quantgate evaluate` settings, the same for the baseline and every candidate."""
 
     sets: tuple[str, ...] = Field(min_length=1)
-    # the ceiling of each set: its first N items at most; the policy's looks come before it
-    limit: int | None = Field(default=None, gt=0, description="ceiling: first N items of every set at most")
-    limits: dict[str, int] = Field(default_factory=dict, description="ceiling per set (NAME or NAME@vN); beats `limit`")
+    # the ceiling of each set: its first N items at most, or `planned`; the policy's looks come before it
+    limit: Ceiling | None = Field(default=None, description="ceiling: first N items of every set at most, or `planned`")
+    limits: dict[str, Ceiling] = Field(default_factory=dict, description="ceiling per set (NAME or NAME@vN); beats `limit`")
+    # the prior of `planned` ceilings for accuracy gates: {8bit: D, 4bit: D, source: "..."}
+    discordance: Discordance | None = None
     batch_size: int = Field(default=4, gt=0)
     max_tokens: int = Field(default=512, gt=1)
     top_k: int = Field(default=64, gt=0)
@@ -88,11 +134,11 @@ class SearchPlan(Strict):
     resolution: float = Field(default=0.01, gt=0, lt=1)
     # the search split: per set (NAME or NAME@vN), the ceiling trials are judged at (at most the
     # plan's; default the plan's): its first N items
-    limits: dict[str, int] = Field(default_factory=dict)
+    limits: dict[str, Ceiling] = Field(default_factory=dict)
     # the held-out split: per set, its ceiling; the items after the plan's ceiling, which neither
     # a trial nor a uniform format the search compares with was judged on. Default: the search
     # split's ceiling
-    holdout_limits: dict[str, int] = Field(default_factory=dict)
+    holdout_limits: dict[str, Ceiling] = Field(default_factory=dict)
     fisher: Literal["sampled", "empirical"] = "sampled"
     # calibration rows the sensitivity's Fisher uses (one backward pass each); default: all
     sensitivity_rows: int | None = Field(default=None, gt=0)
@@ -258,7 +304,7 @@ def _describe(problem: Problem, where: str) -> str:
         return f"plan {where}: {location}: not a stage kind{did_you_mean(name, list(STAGE_KINDS))}; valid: {', '.join(STAGE_KINDS)}"
     section = _section(problem.path) if problem.kind == "extra_forbidden" else None
     if section is not None:
-        valid, name = list(section.model_fields), str(problem.path[-1])
+        valid, name = [field.alias or key for key, field in section.model_fields.items()], str(problem.path[-1])
         message = f"unknown field{did_you_mean(name, valid)}; valid: {', '.join(valid)}"
     return f"plan {where}: {problem.location or 'plan'}: {message}"
 

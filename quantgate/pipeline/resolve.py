@@ -16,7 +16,8 @@ import quantize
 import serving
 from evalsets.evaluate import IDENTITY_KEYS, model_identity
 from evalsets.served import ServeCheckConfig
-from gates.policy import LoadedPolicy, mixed_precision_class
+from gates.policy import PRECISION_CLASSES, LoadedPolicy, mixed_precision_class, precision_class
+from gates.samplesize import Discordance, GatePower, gate_powers
 from gates.sequential import schedule
 from gates.signing import load_signing_key
 from gates.stage import load_gate_policy
@@ -27,9 +28,10 @@ from quantgate.core.metrics import metric
 from quantgate.core.models import DEMO_MODELS, pull, resolve_model
 from quantgate.core.validation import is_path, validated
 from quantgate.pipeline.budget import predicted_bytes
-from quantgate.pipeline.plan import LoadedPlan, RunPlan
+from quantgate.pipeline.plan import PLANNED, LoadedPlan, RunPlan
 from quantize.llmcompressor_backend import check_mixed_formats
 from quantize.measure.hardware import HardwareProfile, load_profile
+from quantize.presets import get_preset
 
 # the fields of a model's identity that decide its numbers (its path does not)
 
@@ -72,6 +74,21 @@ class ResolvedPlan:
     serve_cfg: ServeCheckConfig | None = None
     serving_env: serving.ServingEnv | None = None
     signing_key: Path | None = None  # each approval is signed with it (checked here: a usable ECDSA PEM key)
+    # every gate of every split at each precision class it is judged under: its ceiling, the
+    # items it needs and the power the ceiling gives (docs/gates.md, "Planned ceilings")
+    powers: tuple[GatePower, ...] = ()
+
+    @property
+    def planned_power(self) -> list[dict[str, Any]]:
+        """Each gate's planned power, as run.json and the report record it: per split, set, metric
+        and precision class, the ceiling, the items it needs for power 0.8 at half its margin, the
+        power its ceiling gives there, and the discordance assumed with its source."""
+        return [power.as_dict() for power in self.powers]
+
+    @property
+    def power_warnings(self) -> list[str]:
+        """One line for each gate its ceiling cannot decide at the planned power (preflight prints them)."""
+        return [power.warning() for power in self.powers if power.decidable is False]
 
     @property
     def set_specs(self) -> list[str]:
@@ -130,17 +147,36 @@ def _yaml_or_name(loaded: LoadedPlan, value: str) -> str:
     return value if not value.endswith((".yaml", ".yml")) else str(loaded.resolve(value))
 
 
-def _evaluation_config(plan: RunPlan, set_specs: list[str]) -> evalsets.EvaluateConfig:
+def _evaluation_config(plan: RunPlan, set_specs: list[str], ceilings: Mapping[str, int]) -> evalsets.EvaluateConfig:
+    """The evaluation settings; with a planned ceiling, every set's ceiling as a number."""
     evaluation = plan.evaluation
-    cfg = validated(evalsets.EvaluateConfig, {
-        "evalsets": tuple(set_specs), "limit": evaluation.limit, "limits": dict(evaluation.limits),
+    planned = evaluation.limit == PLANNED or PLANNED in evaluation.limits.values()
+    limit, limits = (None, dict(ceilings)) if planned else (evaluation.limit, dict(evaluation.limits))
+    return validated(evalsets.EvaluateConfig, {
+        "evalsets": tuple(set_specs), "limit": limit, "limits": limits,
         "batch_size": evaluation.batch_size, "max_tokens": evaluation.max_tokens, "top_k": evaluation.top_k,
         "device": evaluation.device, "backend": evaluation.backend, "allow_pickle": plan.allow_pickle}, "plan", within="evaluation")
-    names = {SetRef.parse(spec).name for spec in set_specs}
-    unknown = [name for name in evaluation.limits if name not in set_specs and name not in names]
-    if unknown:
-        raise InputError(f"plan: evaluation.limits names {', '.join(unknown)}, which evaluation.sets does not list")
-    return cfg
+
+
+def _prior(plan: RunPlan) -> Discordance:
+    """The discordance planned power assumes: the plan's, with its source, else the defaults."""
+    given = plan.evaluation.discordance
+    return Discordance() if given is None else Discordance(given.values, given.source)
+
+
+def _own_ceilings(plan: RunPlan, goldens: Mapping[str, evalsets.GoldenSet], policy: LoadedPolicy,
+                  prior: Discordance) -> tuple[dict[str, int], list[GatePower]]:
+    """Each set's ceiling (`limits`, else `limit`, else the whole set; `planned`: the planner's)
+    and the power it gives each gate at the precision classes of the plan's formats."""
+    evaluation = plan.evaluation
+    classes = sorted({precision_class(get_preset(fmt)) for fmt in plan.formats}, key=PRECISION_CLASSES.index)
+    ceilings, powers = {}, []
+    for spec, golden in goldens.items():
+        given = _per_set(evaluation.limits, spec, golden.name, evaluation.limit or golden.size)
+        ceiling = None if given == PLANNED else min(golden.size, int(given))
+        ceilings[spec], gates = gate_powers(policy, spec, classes, ceiling, size=golden.size, prior=prior)
+        powers += gates
+    return ceilings, powers
 
 
 def plot_metric(chosen: str | None, set_specs: list[str], policy: LoadedPolicy) -> dict[str, Any]:
@@ -207,14 +243,15 @@ def resolve_plan(loaded: LoadedPlan, show_progress: bool = True) -> ResolvedPlan
     profiles = {name: load_profile(name) for name in hardware}
     quantize_cfgs = {fmt: validated(quantize.QuantizeConfig, {"format": fmt, **plan.quantize.get(fmt, {})}, "plan",
                                     within=f"quantize.{fmt}") for fmt in plan.formats}
-    eval_cfg = _evaluation_config(plan, set_specs)
+    _known_sets(plan.evaluation.limits, goldens, "evaluation.limits")
+    prior = _prior(plan)
+    ceilings, powers = _own_ceilings(plan, goldens, policy, prior)
+    eval_cfg = _evaluation_config(plan, set_specs, ceilings)
     plot = plot_metric(plan.report.plot_metric, set_specs, policy)
-    looks = {spec: tuple(schedule(policy.policy.sequential.looks_for(golden.name),
-                                  min(golden.size, eval_cfg.limit_for(golden.name, spec) or golden.size)))
-             for spec, golden in goldens.items()}
+    looks = {spec: tuple(schedule(policy.policy.sequential.looks_for(golden.name), ceilings[spec])) for spec, golden in goldens.items()}
     _check_ceilings(looks, policy)
-    holdout = _holdout(plan, goldens, looks, policy)
-    search_looks = _search_looks(plan, goldens, looks, policy)
+    search_looks, searched = _search_looks(plan, goldens, looks, policy, prior)
+    holdout, held = _holdout(plan, goldens, looks, policy, search_looks, prior)
     if (signing_key := loaded.signing_key) is not None:
         load_signing_key(signing_key, "signing_key")  # a key that cannot sign is refused before any work
     model_dir = _baseline(plan, show_progress)
@@ -222,10 +259,14 @@ def resolve_plan(loaded: LoadedPlan, show_progress: bool = True) -> ResolvedPlan
         plan=plan, goldens=goldens, policy=policy, hardware=hardware, profiles=profiles, quantize_cfgs=quantize_cfgs,
         eval_cfg=eval_cfg, plot_metric=plot, looks=looks, model_dir=model_dir, calibration_cfg=_calibration_config(loaded, model_dir),
         identity=model_identity(model_dir), version=metadata.version("quantgate"), holdout=holdout, search_looks=search_looks,
-        signing_key=signing_key)
+        signing_key=signing_key, powers=(*powers, *searched, *held))
     if plan.search is not None:
         check_budget(resolved)
-    return _with_serving(resolved)
+    resolved = _with_serving(resolved)
+    if show_progress:  # a user may accept less power: named, not refused
+        for line in resolved.power_warnings:
+            stderr.print(f"quantgate: warning: plan: {line}", highlight=False, soft_wrap=True, markup=False)
+    return resolved
 
 
 def _with_serving(resolved: ResolvedPlan) -> ResolvedPlan:
@@ -249,29 +290,44 @@ def _with_serving(resolved: ResolvedPlan) -> ResolvedPlan:
     return replace(resolved, serve_cfg=cfg, serving_env=env)
 
 
-def _per_set(limits: Mapping[str, int], spec: str, name: str, default: int) -> int:
+def _per_set(limits: Mapping[str, int | str], spec: str, name: str, default: int | str) -> int | str:
     return limits.get(spec, limits.get(name, default))
 
 
+def _search_class(plan: RunPlan, policy: LoadedPolicy) -> str:
+    """The precision class a search's trials (and its held-out checkpoint) are gated under; a
+    policy without a rule for mixed checkpoints, or formats that cannot be mixed: refused here."""
+    assert plan.search is not None
+    formats = list(plan.search.formats)
+    precision = mixed_precision_class(policy, {int(get_preset(fmt).weights["num_bits"]) for fmt in formats})
+    check_mixed_formats(formats)
+    return precision
+
+
 def _search_looks(plan: RunPlan, goldens: Mapping[str, evalsets.GoldenSet], looks: Mapping[str, tuple[int, ...]],
-                  policy: LoadedPolicy) -> dict[str, tuple[int, ...]] | None:
-    """A search's split: each set's first N items (`search.limits`, at most the plan's ceiling)."""
+                  policy: LoadedPolicy, prior: Discordance) -> tuple[dict[str, tuple[int, ...]] | None, list[GatePower]]:
+    """A search's split: each set's first N items (`search.limits`, at most the plan's ceiling;
+    `planned`: the planner's, for the class trials are gated under), and each gate's power there."""
     search = plan.search
     if search is None:
-        return None
+        return None, []
+    precision = _search_class(plan, policy)
     _known_sets(search.limits, goldens, "search.limits")
-    chosen = {}
+    chosen, powers = {}, []
     for spec, golden in goldens.items():
-        ceiling = _per_set(search.limits, spec, golden.name, looks[spec][-1])
-        if ceiling > looks[spec][-1]:
-            raise InputError(f"plan: search.limits gives {spec} {ceiling} items, more than its ceiling {looks[spec][-1]}: "
+        given = _per_set(search.limits, spec, golden.name, looks[spec][-1])
+        if given != PLANNED and int(given) > looks[spec][-1]:
+            raise InputError(f"plan: search.limits gives {spec} {given} items, more than its ceiling {looks[spec][-1]}: "
                              "the search split is the first of the plan's items")
+        ceiling, gates = gate_powers(policy, spec, [precision], None if given == PLANNED else int(given), size=looks[spec][-1],
+                                     split="search", prior=prior)
         chosen[spec] = tuple(schedule(policy.policy.sequential.looks_for(golden.name), ceiling))
+        powers += gates
     _check_ceilings(chosen, policy)
-    return chosen
+    return chosen, powers
 
 
-def _known_sets(limits: Mapping[str, int], goldens: Mapping[str, evalsets.GoldenSet], field: str) -> None:
+def _known_sets(limits: Mapping[str, int | str], goldens: Mapping[str, evalsets.GoldenSet], field: str) -> None:
     names = {SetRef.parse(spec).name for spec in goldens}
     unknown = [name for name in limits if name not in goldens and name not in names]
     if unknown:
@@ -279,27 +335,33 @@ def _known_sets(limits: Mapping[str, int], goldens: Mapping[str, evalsets.Golden
 
 
 def _holdout(plan: RunPlan, goldens: Mapping[str, evalsets.GoldenSet], looks: Mapping[str, tuple[int, ...]],
-             policy: LoadedPolicy) -> Split | None:
-    """A search's held-out split: each set's items after its search ceiling, up to its held-out
-    ceiling (default: the search ceiling again), with the policy's looks; checked to fit in the
-    set and to decide every gate, and the policy checked to have a rule for mixed checkpoints."""
+             policy: LoadedPolicy, searched: Mapping[str, tuple[int, ...]] | None,
+             prior: Discordance) -> tuple[Split | None, list[GatePower]]:
+    """A search's held-out split: each set's items after the plan's ceiling, up to its held-out
+    ceiling (default: the search ceiling again; `planned`: the planner's, within the items left),
+    with the policy's looks; checked to fit in the set and to decide every gate."""
     search = plan.search
-    if search is None:
-        return None
-    mixed_precision_class(policy, {4, 8})  # a policy without a rule for mixed checkpoints: refused here
-    check_mixed_formats(list(search.formats))
+    if search is None or searched is None:
+        return None, []
+    precision = _search_class(plan, policy)
     _known_sets(search.holdout_limits, goldens, "search.holdout_limits")
     held: dict[str, tuple[int, ...]] = {}
+    powers = []
     for spec, golden in goldens.items():
         offset = looks[spec][-1]
-        searched = _per_set(search.limits, spec, golden.name, offset)
-        ceiling = _per_set(search.holdout_limits, spec, golden.name, searched)
-        if offset + ceiling > golden.size:
-            raise InputError(f"plan: {spec} has {golden.size} items: {offset} for the search split and {ceiling} held out "
-                             f"need {offset + ceiling}; lower its limit or search.holdout_limits")
+        given = _per_set(search.holdout_limits, spec, golden.name, searched[spec][-1])
+        if given == PLANNED and offset >= golden.size:
+            raise InputError(f"plan: {spec} has {golden.size} items, all of them in the plan's split: none is left to hold "
+                             "out; lower its limit")
+        if given != PLANNED and offset + int(given) > golden.size:
+            raise InputError(f"plan: {spec} has {golden.size} items: {offset} for the search split and {given} held out "
+                             f"need {offset + int(given)}; lower its limit or search.holdout_limits")
+        ceiling, gates = gate_powers(policy, spec, [precision], None if given == PLANNED else int(given),
+                                     size=golden.size - offset, split="held-out", prior=prior)
         held[spec] = tuple(schedule(policy.policy.sequential.looks_for(golden.name), ceiling))
+        powers += gates
     _check_ceilings(held, policy)
-    return Split("held-out", held, {spec: looks[spec][-1] for spec in goldens})
+    return Split("held-out", held, {spec: looks[spec][-1] for spec in goldens}), powers
 
 
 def check_budget(plan: ResolvedPlan) -> None:

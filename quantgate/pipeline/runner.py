@@ -17,26 +17,48 @@ import os
 import shutil
 import tempfile
 import time
+import traceback
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import calibration
 import evalsets
 import quantize
 from evalsets.evaluate import IDENTITY_KEYS, cache_root, model_identity
 from evalsets.served import check as serve_check
-from evalsets.served import served_summary
+from evalsets.served import probe_seconds, served_summary
 from gates.policy import Outcome, mixed_precision_class, precision_class
 from gates.report import build as build_report
 from gates.report import write as write_report
 from gates.stage import item_records, overlap_summary, record_verdict, verdict_record
-from gates.verdict import GateResult, ServingEvidence, blocked_verdict, integrity_gates, judge, lost_verdict, size_gates, tails
-from quantgate.core.artifacts import MANIFEST, read_json, remove_temporaries, sha256_file, sha256_json, verify_files, write_json
+from gates.verdict import (
+    GateResult,
+    ServingEvidence,
+    Verdict,
+    blocked_verdict,
+    integrity_gates,
+    judge,
+    lost_verdict,
+    size_gates,
+    tails,
+)
+from quantgate.core.artifacts import (
+    MANIFEST,
+    atomic_file,
+    read_json,
+    remove_temporaries,
+    sha256_file,
+    sha256_json,
+    verify_files,
+    write_json,
+)
 from quantgate.core.console import stderr
 from quantgate.core.errors import InputError, IntegrityError
+from quantgate.core.ids import SERVING, GateId
 from quantgate.core.models import weight_file_hashes
 from quantgate.core.rundir import BASELINE, RUN_KIND, RunDir
 from quantgate.core.stagecache import Cached, StageCache
@@ -54,6 +76,7 @@ from quantize.checkpoint import QuantizationFailed
 from quantize.measure import measure_and_bound
 from quantize.presets import get_preset
 
+T = TypeVar("T")
 PER_FORMAT = ("quantize", "measure", "evaluate", "gate")
 # A full disk (or quota): the environment, not a bug; the run stops in one line, resumable.
 OUT_OF_SPACE = (errno.ENOSPC, errno.EDQUOT)
@@ -97,6 +120,7 @@ class RunResult:
     stages: list[StageStatus] = field(default_factory=list)
     report: Path | None = None
     seconds: float = 0.0
+    failed_units: list[str] = field(default_factory=list)  # "quantize gptq-int4: RuntimeError: ..." (the run went on)
 
     @property
     def all_approved(self) -> bool:
@@ -118,6 +142,23 @@ def _verified_checkpoint(path: Path) -> dict[str, Any]:
     manifest: dict[str, Any] = read_json(path / MANIFEST)
     verify_files(path, manifest["files"], f"checkpoint {path}")
     return manifest
+
+
+class UnitFailed(Exception):
+    """A unit of work (a quantization, an evaluation, a serve) that raised, died or never answered:
+    its candidate is not judged on it this run, and the run goes on (a run started again does it
+    again). `reason` names the unit, what happened and its log."""
+
+    def __init__(self, kind: str, label: str, reason: str) -> None:
+        super().__init__(reason)
+        self.kind, self.label, self.reason = kind, label, reason
+
+
+def _unit_error(error: BaseException) -> bool:
+    """Whether `error` is a unit's own failure, which the run survives: not bad input or
+    configuration (exit 2 for the whole run), not a full disk, not Ctrl-C."""
+    return isinstance(error, Exception) and not isinstance(error, (InputError, IntegrityError, TaskLost)) \
+        and _out_of_space(error) is None
 
 
 @dataclass(frozen=True)
@@ -298,6 +339,25 @@ class _Run:
         self.log = StageLog(pipeline.planned_stages(plan), pipeline.show_progress, executor.where)
         self.cache = StageCache(self.dir, self.log)
         self.started = time.perf_counter()
+        self.failed_units: list[str] = []
+        # the baseline's serve record: its probe's forward pass is the base of every candidate's limit
+        self.baseline_served: Future[_Served | None] = Future()
+
+    def attempt(self, kind: str, label: str, name: str, work: Callable[[], T]) -> T:
+        """Run one unit of work; a failure of its own (it raised, ran out of memory, its worker died
+        or never answered) becomes UnitFailed, with its traceback in logs/, and the run goes on."""
+        try:
+            return work()
+        except Exception as error:
+            if not _unit_error(error):
+                raise
+            log = self.dir.unit_log(kind, name)
+            with atomic_file(log) as stream:
+                stream.write("".join(traceback.format_exception(error)).encode())
+            reason = f"{label} failed: {type(error).__name__}: {' '.join(str(error).split())[:400]} (log {log})"
+            self.failed_units.append(reason)
+            self.log.end(kind, label, "failed", 0.0, reason)
+            raise UnitFailed(kind, label, reason) from error
 
     def chain(self) -> RunResult:
         write_json(self.dir.run_file, self.manifest(status="running"))
@@ -313,7 +373,8 @@ class _Run:
         units.forget()  # the models this process kept for the run
         write_json(self.dir.run_file, self.manifest(status="finished", verdicts=verdicts))
         self.report()
-        result = RunResult(self.dir.root, verdicts, self.log.stages, self.dir.report, time.perf_counter() - self.started)
+        result = RunResult(self.dir.root, verdicts, self.log.stages, self.dir.report, time.perf_counter() - self.started,
+                           list(self.failed_units))
         write_json(self.dir.run_file, self.manifest(status="finished", verdicts=verdicts, seconds=result.seconds))
         return result
 
@@ -336,7 +397,17 @@ class _Run:
 
     def baseline(self) -> _Baseline:
         results = self.baseline_results()
-        return _Baseline(results, self.serve(BASELINE, self.plan.model_dir, results))
+        return _Baseline(results, self.serve_baseline(results))
+
+    def serve_baseline(self, results: evalsets.EvaluationResults) -> _Served | None:
+        """The baseline's serve check, handed to every candidate's (the base of its probe's limit)."""
+        try:
+            served = self.serve(BASELINE, self.plan.model_dir, results)
+        except BaseException:
+            self.baseline_served.set_result(None)
+            raise
+        self.baseline_served.set_result(served)
+        return served
 
     def baseline_results(self) -> evalsets.EvaluationResults:
         """The baseline measured, and evaluated at every set's first look."""
@@ -381,10 +452,12 @@ class _Run:
                 overlap = self.overlap(calibration_set)
                 prepared = {fmt: pool.submit(self.prepare, fmt, calibration_set, overlap, looked) for fmt in formats}
                 results = looked.result()
-                baseline = _Baseline(results, self.serve(BASELINE, self.plan.model_dir, results))
+                baseline = _Baseline(results, self.serve_baseline(results))
                 verdicts = {fmt: self.conclude(prepared[fmt].result(), baseline, overlap) for fmt in formats}
             except BaseException:
                 self.executor.cancel()  # Ctrl-C or an error: the other units' tasks stop too
+                if not self.baseline_served.done():
+                    self.baseline_served.set_result(None)  # no candidate waits for it any longer
                 raise
         return calibration_set, overlap, baseline, verdicts
 
@@ -430,18 +503,21 @@ class _Run:
         for good leaves it `lost` (blocked with the reason; nothing of it is cached as a failure)."""
         if candidate.quantized.value is None:  # it failed its own checks, or its quantization was lost
             return _Prepared(candidate, lost=candidate.quantized.record.get("lost"))
+        name = candidate.name
         try:
-            measured, measure_key = self.measure(candidate)
+            measured, measure_key = self.attempt("measure", f"measure {name}", name, lambda: self.measure(candidate))
             if baseline is not None:
                 baseline.result()  # the baseline's looks, which the candidate's evaluation reads
-            evidence = self.evaluate_sequentially(candidate, measured=measured, measure_key=measure_key, overlap=overlap)
-            served = self.serve(candidate.name, candidate.checkpoint, evidence.results)
+            evidence = self.attempt("evaluate", f"evaluate {name}", name, lambda: self.evaluate_sequentially(
+                candidate, measured=measured, measure_key=measure_key, overlap=overlap))
         except TaskLost as lost:
             self.log.end(lost.kind, lost.label, "failed", 0.0, str(lost))
             if not lose:  # a search trial: a lost one is no verdict to bisect on; the run stops (and resumes)
                 raise
             return _Prepared(candidate, lost=str(lost))
-        return _Prepared(candidate, measured, measure_key, evidence, served)
+        except UnitFailed as failed:  # no verdict on this candidate this run; the run goes on
+            return _Prepared(candidate, lost=failed.reason)
+        return _Prepared(candidate, measured, measure_key, evidence, self.serve(name, candidate.checkpoint, evidence.results))
 
     def conclude(self, prepared: _Prepared, baseline: _Baseline, overlap: _Overlap) -> dict[str, Any]:
         """The verdict on a prepared candidate: its gates (and the ledger), or blocked for what
@@ -461,10 +537,17 @@ class _Run:
         identity = model_identity(model)
         key = keys.serve_key(plan, checkpoint={item: identity[item] for item in IDENTITY_KEYS},
                              results=sha256_file(results.path / MANIFEST) if results is not None else None)
-        record = self.cache.json(kind="serve", label=f"serve {name}", path=self.dir.serve(name), key=key,
-                                 produce=lambda: self.call("serve", f"serve {name}", partial(serve_check, model, results, cfg, env,
-                                                                                   work=self.dir.serve_work(name))))
-        self.log.amend(f"serve {name}", _served_summary(record), done=False)
+        reference = None if name == BASELINE else probe_seconds(_record_of(self.baseline_served.result()))
+        label = f"serve {name}"
+        try:
+            record = self.attempt("serve", label, name, lambda: self.cache.json(
+                kind="serve", label=label, path=self.dir.serve(name), key=key,
+                produce=lambda: self.call("serve", label, partial(serve_check, model, results, cfg, env, work=self.dir.serve_work(name),
+                                                                  reference_probe=reference))))
+        except UnitFailed as failed:  # nothing cached: the next run serves it again; the verdict is pending
+            record = {"served": False, "status": "failed", "reason": failed.reason, "engine": env.identity()}
+            return _Served(record, f"failed:{key}")
+        self.log.amend(label, _served_summary(record), done=False)
         return _Served(record, key)
 
     def quantize(self, fmt: str, calibration_set: calibration.CalibrationSet) -> _Candidate:
@@ -472,14 +555,16 @@ class _Run:
         key = keys.quantize_key(plan, fmt, calibration_set.fingerprint)
         label = f"quantize {fmt}"
         try:
-            quantized = self.cache.directory(
+            quantized = self.attempt("quantize", label, fmt, lambda: self.cache.directory(
                 kind="quantize", name=f"quantize-{fmt}", label=label, key=key, artifact=checkpoint, load=_verified_checkpoint,
                 produce=lambda: self.call("quantize", label, partial(units.quantize_format, plan, fmt, calibration_set.path, checkpoint)),
                 # the checkpoint failed its own checks (no load, NaN/Inf logits): the format is
                 # blocked for it, and the same inputs give the same failure next time
-                failures=(QuantizationFailed,))
+                failures=(QuantizationFailed,)))
         except TaskLost as lost:
             quantized = self.lost(label, lost)
+        except UnitFailed as failed:  # not the inputs' fault as far as anyone knows: the next run quantizes again
+            quantized = Cached(None, {"failed": failed.reason, "lost": failed.reason})
         return _Candidate(fmt, precision_class(get_preset(fmt)), checkpoint, key, quantized)
 
     def lost(self, label: str, lost: TaskLost) -> Cached[dict[str, Any]]:
@@ -588,7 +673,8 @@ class _Run:
                                     baseline_results=evidence.baseline or baseline.results, candidate_results=evidence.results,
                                     weights=weight_file_hashes(manifest["files"]))
             summary = sequential_summary(evidence.value)
-            served_part = {"serving": served_summary(served.record)} if served else {}
+            served_part = {"serving": served_summary(served.record), "classes": serving_classes(judged, served.record, record)} \
+                if served else {}
             return _with_split({**record, "sequential": summary, "not_evaluated": summary["not_evaluated"],
                                 "tails": tails(candidate_items or {}, plan.policy.policy.statistics), **served_part}, candidate)
 
@@ -685,6 +771,26 @@ class _Run:
             "seconds": seconds,
             "quantgate_version": plan.version,
         }
+
+
+def serving_classes(judged: Verdict, served: dict[str, Any], record: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The verdict per device class, from this run's serve record: its status (approved, pending or
+    blocked), why, and for a pending one the command that adds serving evidence from a machine
+    of the class where it will serve (`quantgate serve-check --run`, docs/serving.md)."""
+    status = judged.serving
+    if status is None:
+        return {}
+    device_class = served.get("device_class") or "unknown"
+    reasons = [gate.reason for gate in judged.gates if GateId.parse(gate.gate).scope == SERVING and gate.outcome is not Outcome.passed]
+    entry: dict[str, Any] = {"status": status, "reason": reasons[0] if reasons else served.get("reason") or "served as gated"}
+    checkpoint = (record.get("checkpoint") or {}).get("path")
+    if status != "approved" and checkpoint and record.get("quality") == "passed":
+        entry["next"] = f"quantgate serve-check {checkpoint} --run {Path(checkpoint).parent.parent}"
+    return {device_class: entry}
+
+
+def _record_of(served: _Served | None) -> dict[str, Any] | None:
+    return served.record if served is not None else None
 
 
 def _served_summary(record: dict[str, Any]) -> str:

