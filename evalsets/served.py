@@ -169,9 +169,9 @@ def quantized_activations(checkpoint: Path) -> bool:
 
 
 def probe_limit(cfg: ServeCheckConfig, reference_seconds: float | None) -> serving.ProbeLimit:
-    """The probe's limits: `probe_factor` times the baseline's forward pass (`reference_seconds`;
-    None for the baseline itself: `probe_factor` times the floor), never below the floor."""
-    forward = cfg.probe_factor * max(reference_seconds or cfg.probe_floor_s, cfg.probe_floor_s)
+    """The probe's limits: `probe_factor` times the baseline's forward pass (`reference_seconds`),
+    never below the floor; for the baseline itself (None) `probe_factor` times the floor."""
+    forward = max(cfg.probe_floor_s, cfg.probe_factor * reference_seconds) if reference_seconds else cfg.probe_factor * cfg.probe_floor_s
     return serving.ProbeLimit(forward_seconds=forward, warmup_seconds=forward + PROBE_WARMUP_SECONDS)
 
 

@@ -63,14 +63,54 @@ def deployable(row: dict[str, Any]) -> bool:
 
 
 def verdict_text(row: dict[str, Any]) -> str:
-    """'approved', 'blocked', 'baseline'; a trial's 'passed the search split' or 'blocked on the
-    search split'; the held-out gate's 'approved on held-out items' or 'blocked on held-out items'."""
-    role, approved = search_role(row), row["verdict"] == "approved"
+    """'approved', 'pending serving', 'blocked', 'baseline'; a trial's 'passed the search split'
+    (', serving pending') or 'blocked on the search split'; the held-out gate's 'approved on
+    held-out items' (', serving pending') or 'blocked on held-out items'."""
+    role, verdict = search_role(row), row["verdict"]
+    pending = ", serving pending" if verdict == PENDING else ""
     if role == TRIAL:
-        return "passed the search split" if approved else "blocked on the search split"
+        return f"passed the search split{pending}" if verdict in ("approved", PENDING) else "blocked on the search split"
     if role == HELD_OUT:
-        return "approved on held-out items" if approved else "blocked on held-out items"
-    return str(row["verdict"])
+        return f"approved on held-out items{pending}" if verdict in ("approved", PENDING) else "blocked on held-out items"
+    return "pending serving" if verdict == PENDING else str(verdict)
+
+
+PENDING = "pending"  # quality passed; serving evidence that approves it is missing (gates.verdict.Verdict)
+
+
+def class_lines(row: dict[str, Any]) -> list[str]:
+    """Per device class the row's serving verdict: 'cpu-avx512 (AVX-512, no AMX): approved: ...'."""
+    lines = []
+    for device_class, entry in (row.get("classes") or {}).items():
+        line = f"{device_class}: {entry.get('status')}: {entry.get('reason')}"
+        if entry.get("next"):
+            line += f"; to attest it where it will serve: {entry['next']}"
+        lines.append(line)
+    return lines
+
+
+def pending_sentence(row: dict[str, Any]) -> str:
+    """Why a format whose quality passed is not approved yet, and what to run next."""
+    lines = class_lines(row) or [f"no serving evidence: {'; '.join(row.get('reasons') or []) or 'none recorded'}"]
+    return f"{display_name(row)} passes every quality gate and is pending serving: {' '.join(lines)}"
+
+
+def engine_default_sentence(row: dict[str, Any]) -> str | None:
+    """Where the engine's default would serve another scheme than was gated (INT4 as W4A8 on an AMX
+    CPU): what it would serve and how far that is from the gated numerics."""
+    serving = row.get("serving") or {}
+    default = serving.get("engine_default")
+    if not default:
+        return None
+    schemes = ", ".join(f"{gated} as {served}" for gated, served in (default.get("served_as") or {}).items())
+    settings = ", ".join(f"{key}={value}" for key, value in (serving.get("engine_settings") or {}).items())
+    head = (f"{display_name(row)}: vLLM's defaults on {serving.get('device_class')} would serve {schemes}; the serve stage "
+            f"served it as gated ({settings})")
+    agreement = default.get("agreement")
+    if not agreement:
+        return f"{head}; the default could not be measured: {default.get('reason', 'no record')}."
+    return (f"{head}. Under the default, served log-probs differ from gated by {agreement['mean_abs_logprob_difference']:.3f} nats "
+            f"a token (mean; p99 {agreement['p99_abs_logprob_difference']:.3f}), NLL {agreement['nll_change']:+.4f} nats a token.")
 
 
 def mix_text(groups_by_format: dict[str, int]) -> str:
@@ -489,7 +529,8 @@ def serving_table(report: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
             continue
         name = display_name(row) if row["verdict"] != "baseline" else "baseline"
         if not serving.get("served"):
-            rows.append([name, f"no: {serving.get('reason', '?')}", "–", "–", "–", "–", "–", "–"])
+            said = "pending" if serving.get("status") in (PENDING, "failed") else "no"
+            rows.append([name, f"{said}: {serving.get('reason', '?')}", "–", "–", "–", "–", "–", "–"])
             continue
         agreement, greedy = serving.get("agreement"), serving.get("greedy")
         if agreement:
@@ -525,7 +566,11 @@ def approved_sentence(report: dict[str, Any]) -> str:
     that passed the search split only is not among them (`search_sentences` names it)."""
     approved = [display_name(row) for row in report["rows"] if deployable(row)]
     candidates = [row for row in report["rows"] if row["verdict"] != "baseline" and search_role(row) != TRIAL]
+    pending = [row for row in candidates if row["verdict"] == PENDING]
     if not approved:
+        if pending:
+            return (f"No format is approved yet: {len(pending)} of {len(candidates)} pass every quality gate and are pending "
+                    f"serving ({', '.join(display_name(row) for row in pending)}), the rest are blocked.")
         return f"No format is approved: all {len(candidates)} are blocked."
     listed = approved[0] if len(approved) == 1 else ", ".join(approved[:-1]) + " and " + approved[-1]
     return f"Approved, every gate passed: {listed} ({len(approved)} of {len(candidates)} formats)."
@@ -1025,6 +1070,8 @@ def markdown(report: dict[str, Any]) -> str:
     narrowed = narrowed_sentence(report)
     lines += [f"- {narrowed}"] if narrowed else []
     lines += [f"- {blocked_sentence(row)}" for row in report["rows"] if row["verdict"] == "blocked" and search_role(row) != TRIAL]
+    lines += [f"- {pending_sentence(row)}" for row in report["rows"] if row["verdict"] == PENDING and search_role(row) != TRIAL]
+    lines += [f"- {sentence}" for sentence in serving_class_sentences(report)]
     lines += ["", "## Formats", "", _md_row(header), "|" + "---|" * len(header)]
     for row, cells in zip(report["rows"], rows, strict=True):
         note = _verdict_note(row)
@@ -1538,6 +1585,24 @@ def _search_section(report: dict[str, Any]) -> str:
     return "\n".join(parts)
 
 
+def serving_class_sentences(report: dict[str, Any]) -> list[str]:
+    """Per served checkpoint, the device class and kernels it was served with, and where the
+    engine's default would have served another scheme, what and how far from gated."""
+    sentences = []
+    for row in report["rows"]:
+        serving = row.get("serving") or {}
+        if not serving.get("device_class"):
+            continue
+        served_as = ", ".join(f"{entry['scheme']} as {entry['served_as']}" for entry in serving.get("schemes") or [])
+        kernels = "; ".join(serving.get("kernels") or []) or "no kernel line in its log"
+        name = display_name(row) if row["verdict"] != "baseline" else "baseline"
+        sentences.append(f"{name} on {serving['device_class']}: {served_as or 'unquantized'} (kernels: {kernels}).")
+        default = engine_default_sentence(row)
+        if default:
+            sentences.append(default)
+    return sentences
+
+
 def _serving_section(report: dict[str, Any]) -> str:
     """The serve stage's table (served, agreement, decode tokens/s), a failure's reason in red."""
     header, rows = serving_table(report)
@@ -1547,7 +1612,9 @@ def _serving_section(report: dict[str, Any]) -> str:
     for row in cells:
         if row[1].startswith("no"):
             row[1] = f'<td style="color: {COLOURS[FAIL]}">{row[1]}</td>'
+    classes = "".join(f"<li>{html.escape(sentence)}</li>" for sentence in serving_class_sentences(report))
     return "\n".join(['\n<h2 id="serving">Served in vLLM</h2>', _html_table(header, cells, table_id="served", numeric={2, 3, 4, 6, 7}),
+                      f'<ul id="serving-classes">{classes}</ul>' if classes else "",
                       f'<p class="muted note">{html.escape(serving_note(report))}</p>'])
 
 
@@ -1556,6 +1623,8 @@ def html_page(report: dict[str, Any]) -> str:
     recommendations = "".join(f"<li>{html.escape(sentence)}</li>" for sentence in recommendation_sentences(report))
     blocked = "".join(f"<li>{html.escape(blocked_sentence(row))}</li>" for row in report["rows"]
                       if row["verdict"] == "blocked" and search_role(row) != TRIAL)
+    blocked += "".join(f'<li class="pending">{html.escape(pending_sentence(row))}</li>' for row in report["rows"]
+                       if row["verdict"] == PENDING and search_role(row) != TRIAL)
     searched = "".join(f"<li>{html.escape(sentence)}</li>" for sentence in search_sentences(report))
     searched_html = f'\n<ul id="search-summary">{searched}</ul>' if searched else ""
     candidates = "\n".join(_candidate_section(row, profiles) for row in report["rows"] if row["verdict"] != "baseline")
@@ -1660,6 +1729,8 @@ def _row(name: str, measured: dict[str, Any] | None, results: dict[str, Any] | N
         # its serve check (evalsets.served.served_summary): served by vLLM or not, the agreement with
         # what was gated, decode tokens/s and the bound; None where the run had no serve stage
         "serving": None if verdict is None else verdict.get("serving"),
+        # per device class: approved, pending (with the command that attests it) or blocked
+        "classes": {} if verdict is None else dict(verdict.get("classes") or {}),
     }
 
 

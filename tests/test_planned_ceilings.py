@@ -122,7 +122,7 @@ def test_past_the_last_look_the_ceiling_is_the_items_needed(tmp_path: Path) -> N
     policy = load_policy(tmp_path / "policy.yaml")
     ceiling, powers = gate_powers(policy, "lambada@v1", ["8bit"], None, size=5153)
     needed = items_needed(2.5, math.sqrt(0.05) * 100, confidence=0.95, looks=3)
-    assert 150 < ceiling == needed == powers[0].items < 5153
+    assert 150 < ceiling == needed < 5153 and powers[0].items == needed
     assert powers[0].power == pytest.approx(DEFAULT_POWER, abs=0.002)  # the power the formula solves for
 
 
@@ -265,7 +265,27 @@ def test_the_demo_plans_comments_give_the_planners_numbers() -> None:
     arc, arc_power = powers("arc-easy@v1", None, both, 570)
     lambada, lambada_power = powers("lambada@v1", None, both, 5153)
     assert arc == 570 and f"arc-easy {arc} (the whole set, capped: power {arc_power})" in comments
-    assert f"lambada {lambada} ({lambada_power})" in comments and lambada > plan.evaluation.limits["lambada@v1"]
+    assert f"lambada {lambada} ({lambada_power})" in comments and lambada > 240 == plan.evaluation.limits["lambada@v1"]
     search = f"120 items give power {powers('arc-easy@v1', 120, ['4bit'], 240)[1]} and 240 give {powers('lambada@v1', 240, ['4bit'], 240)[1]}"
     assert search in comments
     assert f"would give lambada {powers('lambada@v1', None, ['4bit'], lambada)[0]} on both splits" in comments
+
+
+def test_the_docs_example_plan_validates_and_its_worked_example_is_the_planners() -> None:
+    text = (Path(__file__).resolve().parent.parent / "docs" / "gates.md").read_text(encoding="utf-8")
+    body = text[text.index("### Planned ceilings"):text.index("### Size and integrity gates")]
+    example = yaml.safe_load(re.search(r"```yaml\n(.*?)```", body, re.DOTALL).group(1))  # type: ignore[union-attr]
+    formats = ["gptq-int4", "smoothquant-w8a8"]
+    example["search"]["formats"] = formats  # the rest of a search, which the example leaves out
+    plan = from_mapping({"model": "x", "formats": formats, **example}).plan
+    assert plan.evaluation.limit == "planned" and plan.evaluation.discordance is not None
+    assert plan.search is not None and plan.search.holdout_limits == {"lambada@v1": "planned"}
+    rows = re.findall(r"^\| (\d+) \((\d)\) \| ([\d.]+) \| (\d+), ([\d.]+) \| (\d+), ([\d.]+) \|$", body, re.MULTILINE)
+    assert len(rows) == 4
+    for ceiling, k, _, *numbers in rows:
+        for (items, power), (effect, d) in zip(zip(numbers[::2], numbers[1::2], strict=True), ((2.5, 0.05), (5.0, 0.15)), strict=True):
+            sd = math.sqrt(d) * 100
+            assert int(items) == max(110, items_needed(effect, sd, confidence=0.95, looks=int(k)))
+            assert power == f"{power_at(int(ceiling), effect, sd, confidence=0.95, looks=int(k)):.2f}"
+    lambada, _ = gate_powers(small_model(), "lambada@v1", ["8bit", "4bit"], None, size=5153)
+    assert f"lambada (5,153 items) is planned at {lambada}" in " ".join(body.split())

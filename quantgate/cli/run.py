@@ -9,7 +9,18 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from gates.report import build, deployable, measured_recommendation, measured_sentence, recommendation, verdict_text, write
+from gates.report import (
+    build,
+    class_lines,
+    deployable,
+    display_name,
+    measured_recommendation,
+    measured_sentence,
+    recommendation,
+    serving_class_sentences,
+    verdict_text,
+    write,
+)
 from quantgate.core.artifacts import sha256_json
 from quantgate.core.errors import Interrupted
 from quantgate.pipeline import runner as pipeline
@@ -87,7 +98,7 @@ def _print_summary(data: dict[str, Any], result: Any = None) -> None:
         # a search trial's own verdict approves nothing: "passed the search split" (gates.report)
         text = verdict_text(row)
         colour = "green" if deployable(row) else "red" if row["verdict"] == "blocked" else "yellow"
-        verdict = f"[{colour}]{text}[/{colour}]" if row["verdict"] in ("approved", "blocked") else text
+        verdict = f"[{colour}]{text}[/{colour}]" if row["verdict"] in ("approved", "blocked", "pending") else text
         reasons = row["reasons"]
         cells = [row["format"], f"{row['bytes'] / 1e6:.1f}" if row["bytes"] else "-",
                  f"{row['ratio_to_baseline']:.3f}" if row["ratio_to_baseline"] else "-",
@@ -106,6 +117,15 @@ def _print_summary(data: dict[str, Any], result: Any = None) -> None:
         console.print(measured)
     if data.get("search"):
         console.print(f"search: {data['search'].get('conclusion')}")
+    for row in data["rows"]:  # per device class: approved, pending (what to run next) or blocked
+        for line in class_lines(row):
+            console.print(f"{display_name(row)} serving on {line}", highlight=False, soft_wrap=True)
+    for sentence in serving_class_sentences(data):
+        if "would serve" in sentence:  # the engine's default differs from what was gated
+            console.print(sentence, highlight=False, soft_wrap=True)
+    for failed in getattr(result, "failed_units", None) or []:
+        console.print(f"[red]failed unit[/red] (the run went on without it; the same command tries it again): {failed}",
+                      highlight=False, soft_wrap=True)
     if result is not None:
         redone = len(result.redone)
         console.print(f"run directory {result.out} ({redone} of {len(result.stages)} stages run, {len(result.stages) - redone} reused) "

@@ -46,6 +46,10 @@ def measure_key(plan: ResolvedPlan, checkpoint_sha: str) -> str:
                         "hardware": plan.profile_key, "quantgate": plan.version})
 
 
+# Bump when what the looks record changes (2: every decided gate carries its stability).
+SEQUENTIAL_VERSION = 2
+
+
 def sequential_key(plan: ResolvedPlan, checkpoint_sha: str, *, precision: str, blocked_before: str | None,
                    split: dict[str, Any] | None = None) -> str:
     """A candidate's looks: its checkpoint, the settings and each set's looks, the baseline, and
@@ -55,7 +59,7 @@ def sequential_key(plan: ResolvedPlan, checkpoint_sha: str, *, precision: str, b
            "looks": plan.looks_json, "sets": plan.golden_shas,
            "baseline": plan.identity_key, "policy": plan.policy.identity, "precision": precision,
            "blocked_before": blocked_before, "evaluator": EVALUATOR_VERSION, "libraries": library_versions(),
-           "quantgate": plan.version}
+           "quantgate": plan.version, "version": SEQUENTIAL_VERSION}
     if split is not None:  # a search trial's split (absent otherwise: a format's key stays what it was)
         key["split"] = split
     return sha256_json(key)

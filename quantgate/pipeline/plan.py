@@ -75,7 +75,7 @@ def _ceiling(value: Any) -> Any:
 Ceiling = Annotated[int | Literal["planned"], BeforeValidator(_ceiling)]
 
 
-class Discordance(Strict):
+class DiscordancePrior(Strict):
     """The share of items two models answer differently that `planned` ceilings assume for
     accuracy gates, per precision class (a class not given: quantgate's default), and where that
     number comes from: recorded with every gate's power."""
@@ -112,7 +112,7 @@ class EvaluationPlan(Strict):
     limit: Ceiling | None = Field(default=None, description="ceiling: first N items of every set at most, or `planned`")
     limits: dict[str, Ceiling] = Field(default_factory=dict, description="ceiling per set (NAME or NAME@vN); beats `limit`")
     # the prior of `planned` ceilings for accuracy gates: {8bit: D, 4bit: D, source: "..."}
-    discordance: Discordance | None = None
+    discordance: DiscordancePrior | None = None
     batch_size: int = Field(default=4, gt=0)
     max_tokens: int = Field(default=512, gt=1)
     top_k: int = Field(default=64, gt=0)

