@@ -60,6 +60,9 @@ class SharedContextScorer:
         # A sliding window counts cache slots, and a shorter context's padding would take slots
         # inside it: with one, contexts share a forward pass only with contexts of their length.
         self.equal_lengths_only = isinstance(window, int) and not isinstance(window, bool)
+        # the work done so far, for benchmarks and tests: decoder passes, the positions they ran
+        # (padding included) and the rows the output layer was applied to
+        self.work = {"passes": 0, "positions": 0, "head_rows": 0}
 
     @property
     def device(self) -> Any:
@@ -93,6 +96,7 @@ class SharedContextScorer:
                 ours = self.token_logprobs(probe, batch_size=4)
             except (TypeError, ValueError, RuntimeError, AttributeError, IndexError) as error:
                 return f"the decoder cannot continue a cached context ({type(error).__name__}: {error})"
+        self.work = dict.fromkeys(self.work, 0)  # the probe's own work is not the requests'
         worst = max(float((mine.double() - theirs.double()).abs().max()) for (mine, _), theirs in zip(ours, truth, strict=True))
         if not worst <= PROBE_TOLERANCE:  # a NaN is a failure too
             return f"its log-probabilities differ from the model's own by {worst:.2e} nats on the probe"
@@ -155,7 +159,7 @@ class SharedContextScorer:
     def _alone(self, pairs: Sequence[Pair], batch: list[int]) -> list[_Scored]:
         """Requests with a context of their own: context and continuation in one pass, as HFLM."""
         rows = [list(pairs[index][0]) + list(pairs[index][1])[:-1] for index in batch]
-        hidden = self.decoder(input_ids=self._padded(rows), use_cache=False).last_hidden_state
+        hidden = self._decode(self._padded(rows), use_cache=False).last_hidden_state
         scored = []
         for row, index in enumerate(batch):
             context, continuation = pairs[index]
@@ -171,7 +175,7 @@ class SharedContextScorer:
         import torch
 
         contexts = [context for context, _ in groups]
-        out = self.decoder(input_ids=self._padded(contexts), use_cache=True)
+        out = self._decode(self._padded(contexts), use_cache=True)
         last = [out.last_hidden_state[g, len(context) - 1 : len(context)] for g, context in enumerate(contexts)]
         longer = [(g, index) for g, (_, members) in enumerate(groups) for index in members if len(pairs[index][1]) > 1]
         following: dict[int, Any] = {}
@@ -186,7 +190,7 @@ class SharedContextScorer:
             for row, (g, _) in enumerate(longer):
                 mask[row, len(contexts[g]) : width] = 0
             positions = start[:, None] + torch.arange(steps, device=self.device)[None, :]
-            hidden = self.decoder(input_ids=self._padded(rows), attention_mask=mask, position_ids=positions,
+            hidden = self._decode(self._padded(rows), attention_mask=mask, position_ids=positions,
                                   past_key_values=cache, use_cache=True).last_hidden_state
             following = {index: hidden[row, : len(rows[row])] for row, (_, index) in enumerate(longer)}
         scored = []
@@ -196,12 +200,18 @@ class SharedContextScorer:
                 scored.append(_Scored(index, torch.cat(parts) if len(parts) > 1 else parts[0], pairs[index][1]))
         return scored
 
+    def _decode(self, input_ids: Any, **kwargs: Any) -> Any:
+        self.work["passes"] += 1
+        self.work["positions"] += int(input_ids.numel())
+        return self.decoder(input_ids=input_ids, **kwargs)
+
     def _finish(self, scored: list[_Scored], results: list[tuple[Any, bool] | None]) -> None:
         """The output layer at the scored positions only, then log-softmax and the greedy check
         (as HFLM: the argmax of every scored position equals the continuation)."""
         import torch
 
         hidden = torch.cat([item.hidden for item in scored])
+        self.work["head_rows"] += int(hidden.shape[0])
         tokens = torch.tensor([token for item in scored for token in item.tokens], device=self.device)
         logprobs, greedy = [], []
         for start in range(0, hidden.shape[0], HEAD_ROWS):

@@ -26,6 +26,9 @@ GENESIS = "0" * 64
 SCHEMA_VERSION = 1
 
 
+SERVING_KIND = "serving"  # a serving record's `kind` (gates/attest.py)
+
+
 class LedgerTampered(QuantgateError):
     exit_code = 1
 
@@ -158,6 +161,7 @@ def append(ledger: Path, entry: dict[str, Any]) -> dict[str, Any]:
 
 class Status(str, Enum):
     approved = "approved"
+    pending = "pending serving"  # quality passed; no class has served it as gated yet
     blocked = "blocked"
     unknown = "unknown"
     changed = "changed since approval"
@@ -195,6 +199,9 @@ def verify_checkpoint(checkpoint: Path, ledger: Path, public_key: Path | None = 
         return Verification(Status.tampered, str(error))
     weights = weight_hashes(checkpoint)
     matching = [record for record in records if (record.get("checkpoint") or {}).get("weights") == weights]
+    # serving records (quantgate serve-check --run) add evidence to the verdict before them; they judge nothing alone
+    attested = [record for record in matching if record.get("kind") == SERVING_KIND]
+    matching = [record for record in matching if record.get("kind") != SERVING_KIND]
     # a search trial's verdict was reached on the search split, the items the search selected on:
     # it approves nothing; the held-out gate of the chosen trial does (docs/search.md)
     trials = [record for record in matching if record.get("split") == "search" and record.get("verdict") == "approved"]
@@ -206,6 +213,8 @@ def verify_checkpoint(checkpoint: Path, ledger: Path, public_key: Path | None = 
         record = matching[-1]
         if record.get("verdict") == "approved":
             return _approved(Path(checkpoint), record, key)
+        if record.get("verdict") == "pending":
+            return _pending(Path(checkpoint), record, [entry for entry in attested if records.index(entry) > records.index(record)], key)
         reasons = "; ".join(record.get("reasons") or []) or "no reason recorded"
         return Verification(Status.blocked, f"blocked {record['time']}: {reasons}", record)
     resolved = str(Path(checkpoint).resolve())
@@ -217,7 +226,26 @@ def verify_checkpoint(checkpoint: Path, ledger: Path, public_key: Path | None = 
     return Verification(Status.unknown, "no verdict in the ledger for these weights")
 
 
+def _pending(checkpoint: Path, record: dict[str, Any], attested: list[dict[str, Any]], key: signing.Key | None) -> Verification:
+    """A verdict whose quality passed and whose serving was pending: approved by the newest serving
+    record after it that served it as gated on some device class, else pending with what is missing."""
+    served = [entry for entry in attested if entry.get("serving_status") == "approved"]
+    if served:
+        found = _approved(checkpoint, served[-1], key)
+        where = f"served as gated on {served[-1].get('device_class')} (attested {served[-1]['time']})"
+        return Verification(found.status, f"quality passed {record['time']}; {where}; {found.reason}", served[-1])
+    classes = record.get("classes") or {}
+    missing = "; ".join(f"{name}: {entry.get('status')}: {entry.get('reason')}" for name, entry in classes.items()) \
+        or "; ".join(record.get("reasons") or []) or "no serving evidence"
+    tried = "; ".join(f"{entry.get('device_class')}: {entry.get('serving_status')} ({entry['time']})" for entry in attested)
+    nexts = [entry["next"] for entry in classes.values() if entry.get("next")]
+    return Verification(Status.pending, f"quality passed {record['time']}, serving pending: {missing}"
+                        + (f"; attested since: {tried}" if tried else "")
+                        + (f"; serve it where it will run: {nexts[0]}" if nexts else ""), record)
+
+
 def _approved(checkpoint: Path, record: dict[str, Any], key: signing.Key | None) -> Verification:
+    """An approval (a verdict, or a serving record that completes a pending one) as it verifies."""
     policy = record["policy"]
     narrowed = (f" narrowed to {', '.join(policy['narrowed_to'])} (not gated: {', '.join(policy.get('dropped') or [])})"
                 if policy.get("narrowed_to") is not None else "")

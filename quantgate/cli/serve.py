@@ -12,6 +12,7 @@ import typer
 import evalsets
 import serving
 from evalsets.served import SERVE_FILE, ServeCheckConfig, check, not_comparable
+from gates.attest import attest
 from quantgate.cli.options import config
 from quantgate.core.artifacts import atomic_directory, write_json
 from quantgate.core.errors import InputError
@@ -71,11 +72,24 @@ def serve_check_command(
     runs: int = typer.Option(3, "--runs", help="timed decode runs per batch size (the median is reported)"),
     overwrite: bool = typer.Option(False, "--overwrite", help="replace an existing result at --out"),
     as_json: bool = typer.Option(False, "--json", help="print the serve record as JSON"),
+    run: Path | None = typer.Option(None, "--run", help="attest: the run directory whose verdict on CHECKPOINT this serving "
+                                                       "evidence completes; its baseline is served too, the run's serving gates "
+                                                       "judge both, and a serving record is appended to its ledger"),
+    baseline: Path | None = typer.Option(None, "--baseline", help="with --run: the baseline model on this machine "
+                                                                 "(default: the path the run used)"),
+    ledger: Path | None = typer.Option(None, "--ledger", help="with --run: the ledger to append to (default: the run's)"),
+    signing_key: Path | None = typer.Option(None, "--signing-key", help="with --run: sign the serving record (and the "
+                                                                       "checkpoint's model.sig) when it makes the checkpoint deployable"),
 ) -> None:
     """Serve a checkpoint in vLLM and compare it with what was gated: exit 0 served, 1 not served, 2 bad input.
+    With --run, add the result to the run's ledger as serving evidence from this machine's device
+    class (exit 0 when served as gated here).
 
-    Example: quantgate serve-check demo-out/checkpoints/gptq-int4 --results demo-out/results/gptq-int4 --out serve-gptq/
+    Example: quantgate serve-check demo-out/checkpoints/gptq-int4 --run demo-out --out serve-gptq/
     """
+    if run is not None:
+        _attest(checkpoint, run, out, baseline=baseline, ledger=ledger, signing_key=signing_key, overwrite=overwrite)
+        return
     model = resolve_model(checkpoint)
     sizes = _batch_sizes(batch_sizes)
     cfg = config(ServeCheckConfig, evalset=evalset, items=items, batch_sizes=sizes, decode_tokens=decode_tokens, runs=runs)
@@ -94,6 +108,18 @@ def serve_check_command(
             typer.echo(line)
         typer.echo(f"written: {out / SERVE_FILE}")
     if not record["served"]:
+        raise typer.Exit(1)
+
+
+def _attest(checkpoint: str, run: Path, out: Path, *, baseline: Path | None, ledger: Path | None, signing_key: Path | None,
+            overwrite: bool) -> None:
+    with atomic_directory(out, overwrite=overwrite) as staging:
+        record = attest(resolve_model(checkpoint), run, staging, baseline=baseline, ledger=ledger, signing_key=signing_key)
+    typer.echo(f"{record['format']} on {record['device_class']}: serving {record['serving_status']}"
+               + ("" if record["serving_status"] == "approved" else f" ({'; '.join(record['reasons'][:2])})"))
+    typer.echo(f"ledger {ledger or run / 'ledger.jsonl'}: serving record appended ({'signed' if record['signed'] else 'unsigned'}); "
+               f"quantgate verify {checkpoint} --ledger ... says whether it is deployable now")
+    if record["serving_status"] != "approved":
         raise typer.Exit(1)
 
 

@@ -764,10 +764,14 @@ class _Run:
             "policy": plan.policy.identity | {"path": str(plan.policy.path)},
             "confidence": plan.policy.policy.statistics.confidence,
             "looks": plan.looks_json,
+            # each gate's planned power at its ceiling (gates.samplesize; docs/gates.md, "Planned ceilings")
+            "planned_power": plan.planned_power,
             "plot": dict(plan.plot_metric),
             "ledger": str(self.pipeline.ledger),
             "stages": [vars(stage) for stage in self.log.stages],
-            "verdicts": {fmt: {"verdict": entry["verdict"], "reasons": entry["reasons"]} for fmt, entry in (verdicts or {}).items()},
+            "verdicts": {fmt: {"verdict": entry["verdict"], "reasons": entry["reasons"], "classes": entry.get("classes") or {}}
+                         for fmt, entry in (verdicts or {}).items()},
+            "failed_units": list(self.failed_units),
             "seconds": seconds,
             "quantgate_version": plan.version,
         }

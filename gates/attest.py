@@ -1,0 +1,96 @@
+"""Serving evidence from where a checkpoint will serve: `quantgate serve-check CKPT --run RUN_DIR`
+serves the run's baseline and the checkpoint on this machine's engine, judges them with the
+serving gates of the policy the run gated under, and appends a serving record to the run's ledger
+(the same hash chain; signed when a key is given and it makes the checkpoint deployable).
+`quantgate verify` then reads the checkpoint's newest verdict with the serving records after it:
+a verdict pending serving is deployable once a class the policy accepts has served it as gated.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import evalsets
+import serving
+from evalsets.served import ServeCheckConfig, check, probe_seconds, served_summary
+from gates import ledger as ledger_module
+from gates import signing
+from gates.ledger import SERVING_KIND
+from gates.policy import LoadedPolicy, load_policy
+from gates.verdict import APPROVED, ServingEvidence, Verdict, serving_gates
+from quantgate.core.artifacts import read_json, sibling_lock
+from quantgate.core.errors import InputError
+from quantgate.core.models import weight_hashes
+from quantgate.core.rundir import BASELINE, RunDir
+
+
+def _run_record(run_dir: Path) -> dict[str, Any]:
+    file = RunDir(run_dir).run_file
+    if not file.is_file():
+        raise InputError(f"--run {run_dir}: no run.json there (a `quantgate run` output directory)")
+    record: dict[str, Any] = read_json(file)
+    return record
+
+
+def run_policy(run: dict[str, Any]) -> LoadedPolicy:
+    """The policy the run gated under: its file where it still is, else the built-in name@version."""
+    policy = run["policy"]
+    path = Path(policy.get("path") or "")
+    return load_policy(path if path.is_file() else f"{policy['name']}@{policy['version']}")
+
+
+def verdict_of(records: list[dict[str, Any]], weights: dict[str, str]) -> dict[str, Any] | None:
+    """The newest verdict (not a serving record, not a search trial's) on these weights."""
+    verdicts = [record for record in records if record.get("kind", "verdict") != SERVING_KIND and record.get("split") != "search"
+                and (record.get("checkpoint") or {}).get("weights") == weights]
+    return verdicts[-1] if verdicts else None
+
+
+def attest(checkpoint: Path, run_dir: Path, work: Path, *, baseline: Path | None = None, ledger: Path | None = None,
+           signing_key: Path | None = None) -> dict[str, Any]:
+    """Serve the run's baseline and `checkpoint` here, judge them with the run's serving gates, and
+    append the serving record to the ledger; returns it (its `status`: approved, pending, blocked)."""
+    run_dir = Path(run_dir).absolute()
+    run = _run_record(run_dir)
+    ledger = Path(ledger or run["ledger"])
+    if not ledger.is_file():
+        raise InputError(f"ledger {ledger} does not exist (the run's ledger; name another with --ledger)")
+    policy = run_policy(run)
+    if policy.policy.serving is None:
+        raise InputError(f"policy {policy.policy.name}@{policy.policy.version} gates no serving: nothing to attest")
+    weights = weight_hashes(checkpoint)
+    verdict = verdict_of(ledger_module.read(ledger), weights)
+    if verdict is None:
+        raise InputError(f"ledger {ledger} holds no verdict on {checkpoint}'s weights: gate it first (quantgate run)")
+    layout = RunDir(run_dir)
+    name = str(verdict["format"])
+    baseline_model = Path(baseline or run["model"])
+    if not baseline_model.is_dir():
+        raise InputError(f"the run's baseline {baseline_model} is not on this machine: name it with --baseline")
+    cfg = ServeCheckConfig(**(run["plan"].get("serving") or {}))
+    env = serving.require()
+    reference = check(baseline_model, evalsets.load_results(layout.results(BASELINE)), cfg, env, work / BASELINE)
+    results = evalsets.load_results(layout.results(name))
+    record = check(Path(checkpoint), results, cfg, env, work / name, reference_probe=probe_seconds(reference))
+    gates = serving_gates(policy, ServingEvidence(record, reference))
+    status = Verdict(all(gate.outcome.value == "pass" for gate in gates), gates, quality_passed=True).serving or APPROVED
+    entry: dict[str, Any] = {
+        "kind": SERVING_KIND, "format": name, "verdict": None, "serving_status": status,
+        "device_class": record.get("device_class"), "checkpoint": {"path": str(Path(checkpoint).resolve()), "format": name,
+                                                                   "weights": weights},
+        "policy": policy.identity, "attests": verdict.get("verdict_sha256"),
+        "reasons": [gate.reason for gate in gates], "gates": [gate.as_dict() for gate in gates],
+        "serving": served_summary(record), "baseline_serving": served_summary(reference),
+    }
+    key = signing.load_signing_key(signing_key) if signing_key is not None else None
+    with sibling_lock(ledger):
+        if key is not None and status == APPROVED and verdict.get("verdict") in (APPROVED, "pending"):
+            entry["signed"] = True
+            entry["time"] = datetime.now(timezone.utc).isoformat(timespec="seconds")  # signed with the rest
+            entry["signature"] = signing.sign(Path(checkpoint), entry, key)
+        else:
+            entry["signed"] = False
+        return ledger_module.append(ledger, entry)
+
