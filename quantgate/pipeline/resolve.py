@@ -32,6 +32,7 @@ from quantgate.pipeline.plan import PLANNED, LoadedPlan, RunPlan
 from quantize.llmcompressor_backend import check_mixed_formats
 from quantize.measure.hardware import HardwareProfile, load_profile
 from quantize.presets import get_preset
+from serving import device
 
 # the fields of a model's identity that decide its numbers (its path does not)
 
@@ -263,10 +264,34 @@ def resolve_plan(loaded: LoadedPlan, show_progress: bool = True) -> ResolvedPlan
     if plan.search is not None:
         check_budget(resolved)
     resolved = _with_serving(resolved)
-    if show_progress:  # a user may accept less power: named, not refused
+    if show_progress:  # a user may accept less power, or serve elsewhere: named, not refused
         for line in resolved.power_warnings:
             stderr.print(f"quantgate: warning: plan: {line}", highlight=False, soft_wrap=True, markup=False)
+        for line in unservable_here(resolved):
+            stderr.print(f"quantgate: note: {line}", highlight=False, soft_wrap=True, markup=False)
     return resolved
+
+
+def unservable_here(resolved: ResolvedPlan) -> list[str]:
+    """Before any quantization, the candidates this machine's engine is known not to serve usably
+    (serving.device.KNOWN_GAPS): each will be pending serving here, and needs serving evidence from
+    a machine of another class (`quantgate serve-check --run`). The serve stage's probe decides on
+    the machine itself; this only says what to expect."""
+    env = resolved.serving_env
+    if resolved.serve_cfg is None or env is None:
+        return []
+    device_class = device.local_class("cuda" if env.engine == "vllm" else "cpu")
+    search = resolved.plan.search
+    lines = []
+    for fmt in dict.fromkeys([*resolved.plan.formats, *(search.formats if search else ())]):
+        preset = get_preset(fmt)
+        dynamic = fmt in resolved.quantize_cfgs and getattr(resolved.quantize_cfgs[fmt], "fp8_dynamic", False)
+        activations = preset.dynamic_input_activations if dynamic and preset.dynamic_input_activations else preset.input_activations
+        scheme = device.scheme_of({"weights": preset.weights, "input_activations": activations})
+        for gap in device.known_gaps(env.engine, device_class, [scheme]):
+            lines.append(f"{fmt} ({scheme}): {env.label} on {device.describe_class(device_class)} has {gap.what} for it "
+                         f"({gap.source}); it will be pending serving on this machine")
+    return lines
 
 
 def _with_serving(resolved: ResolvedPlan) -> ResolvedPlan:
