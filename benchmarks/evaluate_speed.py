@@ -118,6 +118,8 @@ def main() -> int:
                         help=f"a golden set and its items (repeatable; default {' '.join(DEFAULT_SETS)})")
     parser.add_argument("--batch-size", type=int, default=4, help="quantgate's default")
     parser.add_argument("--repeats", type=int, default=1, help="runs of each side per set (medians reported)")
+    parser.add_argument("--threads", type=int, help="torch threads (default: torch's, as `quantgate evaluate`); on a "
+                        "machine shared with other work, 1 thread times steadily where 2 wait on each other")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     arguments = parser.parse_args()
 
@@ -128,6 +130,8 @@ def main() -> int:
     from evalsets.evaluate import _LoadedModel
     from quantgate.core.models import resolve_model
 
+    if arguments.threads:
+        torch.set_num_threads(arguments.threads)
     model_dir = resolve_model(arguments.model)  # from the real cache home; lm-eval's datasets cache in ours
     work = Path(tempfile.mkdtemp(prefix="quantgate-evaluate-speed-"))
     os.environ.update({"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "QUANTGATE_HOME": str(work / "home")})

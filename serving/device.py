@@ -178,3 +178,22 @@ def kernels_in_log(log: str) -> list[str]:
             if entry not in found:
                 found.append(entry)
     return found
+
+
+# ---- where a cluster serves each scheme ---------------------------------------------------------
+
+SCHEMES = ("W4A16", "W8A8", "FP8")  # the schemes of the project's formats (quantize/presets.py)
+RESOURCE_PREFIX = "quantgate-serves-"
+
+
+def serve_resource(scheme: str) -> str:
+    """The Ray resource a node advertises when its engine serves `scheme` usably (and a serve of a
+    checkpoint of that scheme asks for)."""
+    return f"{RESOURCE_PREFIX}{scheme}"
+
+
+def node_resources(engine: str, device_class: str) -> dict[str, float]:
+    """What a node advertises (`ray start --resources`): its device class, and each scheme its
+    engine is not known to lack a usable path for on that class (KNOWN_GAPS)."""
+    usable = [scheme for scheme in SCHEMES if not known_gaps(engine, device_class, [scheme])]
+    return {f"{RESOURCE_PREFIX}{device_class}": 1.0, **{serve_resource(scheme): 1.0 for scheme in usable}}

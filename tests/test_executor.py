@@ -11,7 +11,7 @@ import json
 import pickle
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -50,7 +50,7 @@ class Recording(LocalExecutor):
         self.lock = threading.Lock()
         self.working = threading.Lock()  # one unit at a time
 
-    def call(self, kind: str, label: str, work: Callable[[], T]) -> T:
+    def call(self, kind: str, label: str, work: Callable[[], T], needs: Sequence[str] = ()) -> T:
         with self.lock:
             self.calls.append((kind, label, threading.current_thread().name))
             self.events.append(("call", label))
@@ -80,7 +80,7 @@ class FirstFormatLast(Recording):
         self.second_evaluated = threading.Event()
         self.waited: bool | None = None
 
-    def call(self, kind: str, label: str, work: Callable[[], T]) -> T:
+    def call(self, kind: str, label: str, work: Callable[[], T], needs: Sequence[str] = ()) -> T:
         if label == "evaluate fp8-e4m3":
             self.waited = self.second_evaluated.wait(timeout=90)
         value = super().call(kind, label, work)
@@ -92,7 +92,7 @@ class FirstFormatLast(Recording):
 class Losing(Recording):
     """The cluster loses gptq-int4's quantization for good (after Ray's retries)."""
 
-    def call(self, kind: str, label: str, work: Callable[[], T]) -> T:
+    def call(self, kind: str, label: str, work: Callable[[], T], needs: Sequence[str] = ()) -> T:
         if label == "quantize gptq-int4":
             raise TaskLost(kind, label, LOST)
         return super().call(kind, label, work)
@@ -106,7 +106,7 @@ class Interrupting(Recording):
         self.staging = out / "checkpoints" / ".gptq-int4.partial-test"
         self.interrupted = False
 
-    def call(self, kind: str, label: str, work: Callable[[], T]) -> T:
+    def call(self, kind: str, label: str, work: Callable[[], T], needs: Sequence[str] = ()) -> T:
         if label == "quantize gptq-int4":
             self.staging.mkdir(parents=True)
             (self.staging / "model.safetensors").write_bytes(b"half")

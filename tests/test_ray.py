@@ -30,8 +30,10 @@ import torch
 import yaml
 
 import evalsets
+import serving
 from quantgate.pipeline import runner as pipeline
 from quantgate.pipeline.plan import from_mapping
+from serving import environment
 from tests.helpers import TINY_FORMATS, plan_mapping
 
 BIN = Path(sys.executable).parent
@@ -44,15 +46,20 @@ def _default_sigint() -> None:
 
 
 class Cluster:
-    """A head and a second node, one CPU each, in a network namespace that has only loopback."""
+    """A head and a second node, one CPU each, in a network namespace that has only loopback; the
+    second advertises the schemes its serving engine serves (Ray resources)."""
 
     def __init__(self, home: Path) -> None:
         self.temp = Path(tempfile.mkdtemp(prefix="qg-ray-", dir="/tmp"))  # short: Ray's socket paths
         self.env = {**os.environ, "QUANTGATE_HOME": str(home), "HF_HUB_OFFLINE": "1", "RAY_USAGE_STATS_ENABLED": "0"}
         common = "--node-ip-address=127.0.0.1 --num-cpus=1 --disable-usage-stats"
+        engine = serving.find()  # the machine's serving environment (the cluster's QUANTGATE_HOME is a test's own)
+        advertise = f"{environment.PYTHON_ENV}={engine.python} {BIN}/quantgate serving resources" if engine else "echo '{}'"
         script = (f"ip link set lo up && {BIN}/ray start --head --port={PORT} --include-dashboard=false "
                   f"--temp-dir={self.temp} {common} >{self.temp}/head.log 2>&1 && "
-                  f"{BIN}/ray start --address=127.0.0.1:{PORT} {common} >{self.temp}/node.log 2>&1 && "
+                  # the second node alone advertises what its serving engine serves (`quantgate serving resources`)
+                  f"{BIN}/ray start --address=127.0.0.1:{PORT} {common} --resources \"$({advertise})\" "
+                  f">{self.temp}/node.log 2>&1 && "
                   "echo ready && exec sleep infinity")
         self.anchor = subprocess.Popen(["unshare", "-n", "sh", "-c", script], stdout=subprocess.PIPE, text=True, env=self.env)
         assert self.anchor.stdout is not None
@@ -265,3 +272,33 @@ def test_a_tasks_own_error_comes_back_as_itself_and_a_dying_worker_is_retried_th
     assert len([line for line in lines if "quantize dying running on node" in line]) == 2, done.stdout  # the first try and one retry
     assert re.search(r"lost: quantize \| quantize dying was lost on the Ray cluster after 2 attempts: \S", done.stdout), done.stdout
     assert re.search(r"value: 6 node \d \(127\.0\.0\.1, host \S+, pid \d+\)", done.stdout), done.stdout
+
+
+PLACEMENT = """
+import functools, json, sys
+import ray
+from quantgate.pipeline.executor import RayExecutor
+from quantgate.pipeline.plan import ExecutorPlan
+from serving import device
+
+executor = RayExecutor(ExecutorPlan(kind="ray", address=sys.argv[1]), {}, show=lambda line: None)
+needed = device.serve_resource("W8A8")  # a scheme every CPU class serves usably
+advertising = sorted(executor.nodes[node["NodeID"]][0] for node in ray.nodes() if node["Alive"] and needed in node["Resources"])
+placed = []
+for index in range(4):
+    executor.call("serve", f"serve {index}", functools.partial(sum, [index]), needs=[needed])
+    placed.append(executor.where(f"serve {index}").split(" (")[0])
+executor.call("serve", "serve nowhere", functools.partial(sum, [9]), needs=[device.serve_resource("NO-SUCH-SCHEME")])
+print(json.dumps({"advertising": advertising, "placed": placed, "anywhere": executor.where("serve nowhere")}))
+executor.close()
+"""
+
+
+def test_a_serve_goes_to_the_node_whose_engine_advertises_the_scheme(cluster: Cluster) -> None:
+    done = subprocess.run(cluster.inside(sys.executable, "-c", PLACEMENT, f"127.0.0.1:{PORT}"), capture_output=True, text=True,
+                          env=cluster.env, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(next(line for line in done.stdout.splitlines() if line.startswith("{")))
+    (node,) = found["advertising"]  # one node of the two advertises it
+    assert found["placed"] == [node] * 4
+    assert found["anywhere"]  # a resource no node advertises is not asked for: the task still runs

@@ -31,7 +31,7 @@ COMMANDS: dict[str, Entry] = {
     "bounds": Entry("quantgate.cli.measure", "Lower bounds on decode step time per weight format, and what speculative decoding buys."),
     "evalsets": Entry("quantgate.cli.evaluate", "Versioned golden sets: list, show, verify, add your own."),
     "evaluate": Entry("quantgate.cli.evaluate", "Evaluate a model on golden sets: metrics, per-item results, agreement with a baseline."),
-    "serving": Entry("quantgate.cli.serve", "The serving environment: vLLM in a virtual environment of its own (setup, info)."),
+    "serving": Entry("quantgate.cli.serve", "The serving environment: vLLM in a virtual environment of its own (setup, info, resources)."),
     "serve-check": Entry("quantgate.cli.serve", "Serve a checkpoint in vLLM and compare it with what was gated: exit 0 served, "
                          "1 not served, 2 bad input."),
     "gate": Entry("quantgate.cli.gate", "Gate one candidate against its baseline under a policy: exit 0 approved, 1 blocked, 2 bad input."),

@@ -17,7 +17,7 @@ from quantgate.cli.options import config
 from quantgate.core.artifacts import atomic_directory, write_json
 from quantgate.core.errors import InputError
 from quantgate.core.models import resolve_model
-from serving import environment
+from serving import device, environment
 
 # This module's commands; quantgate.cli.app.COMMANDS names each, so `quantgate --help` need not import it.
 commands = typer.Typer(add_completion=False)
@@ -57,6 +57,18 @@ def info_command(as_json: bool = typer.Option(False, "--json", help="print JSON"
         typer.echo(f"{found.label}, torch {found.torch}: {found.python}")
     if found is None:
         raise typer.Exit(1)
+
+
+@serving_group.command("resources")
+def resources_command() -> None:
+    """The Ray resources this node advertises for the serve stage: its device class and each scheme its
+    engine serves usably here (docs/scale-out.md). Give them to `ray start --resources`.
+
+    Example: ray start --address HEAD:6379 --resources "$(quantgate serving resources)"
+    """
+    found = serving.require()
+    kind = "cuda" if found.engine == "vllm" else "cpu"
+    typer.echo(json.dumps(device.node_resources(found.engine, device.local_class(kind)), sort_keys=True))
 
 
 @commands.command("serve-check")

@@ -17,7 +17,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -51,6 +51,11 @@ class TaskLost(QuantgateError):
         return (TaskLost, (self.kind, self.label, str(self)))
 
 
+# A custom resource a task needs, in units a node advertises as 1: small, so that any number of
+# tasks needing it run side by side there (it places, it does not ration).
+NEED_AMOUNT = 0.001
+
+
 class Executor(Protocol):
     """Runs a unit of stage work. A concurrent executor (units side by side, called from several
     driver threads) must run each unit in a process of its own: the units keep per-process state
@@ -59,7 +64,7 @@ class Executor(Protocol):
     name: str
     concurrent: bool  # whether independent units may run side by side
 
-    def call(self, kind: str, label: str, work: Callable[[], T]) -> T: ...
+    def call(self, kind: str, label: str, work: Callable[[], T], needs: Sequence[str] = ()) -> T: ...
 
     def where(self, label: str) -> str: ...
 
@@ -76,7 +81,7 @@ class LocalExecutor:
     name = "local"
     concurrent = False
 
-    def call(self, kind: str, label: str, work: Callable[[], T]) -> T:
+    def call(self, kind: str, label: str, work: Callable[[], T], needs: Sequence[str] = ()) -> T:
         return work()
 
     def where(self, label: str) -> str:
@@ -217,12 +222,19 @@ class RayExecutor:
 
     # ---- the units ----------------------------------------------------------------------------
 
-    def call(self, kind: str, label: str, work: Callable[[], T]) -> T:
+    def call(self, kind: str, label: str, work: Callable[[], T], needs: Sequence[str] = ()) -> T:
         """`work` (a function of picklable arguments: functools.partial of a module's function) as
-        a task with the resources of its stage kind; its value, or its own error, here."""
+        a task with the resources of its stage kind; its value, or its own error, here. `needs`:
+        custom resources a node must advertise to run it (a serve goes to a node whose engine has
+        the scheme's kernel: `quantgate serving resources`); one no node advertises is not asked
+        for (the task would wait forever): the serve then runs anywhere, its probe decides."""
         asked = self.resources.get(kind, StageResources())
         options: dict[str, Any] = {"num_cpus": asked.cpus, "num_gpus": asked.gpus, "max_retries": self.max_retries,
                                    "retry_exceptions": False, "name": label}
+        advertised = {name for node in self.ray.nodes() if node["Alive"] for name in node["Resources"]}
+        wanted = {name: NEED_AMOUNT for name in needs if name in advertised}
+        if wanted:
+            options["resources"] = wanted
         if asked.memory_gib is not None:
             options["memory"] = int(asked.memory_gib * 2**30)
         with self.lock:  # a cancel() either sees this task or comes first and stops it starting

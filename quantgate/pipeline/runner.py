@@ -58,6 +58,7 @@ from quantgate.core.artifacts import (
 )
 from quantgate.core.console import stderr
 from quantgate.core.errors import InputError, IntegrityError
+from quantgate.core.headers import read_checkpoint
 from quantgate.core.ids import SERVING, GateId
 from quantgate.core.models import weight_file_hashes
 from quantgate.core.rundir import BASELINE, RUN_KIND, RunDir
@@ -75,6 +76,7 @@ from quantize.allocation import Allocation
 from quantize.checkpoint import QuantizationFailed
 from quantize.measure import measure_and_bound
 from quantize.presets import get_preset
+from serving import device
 
 T = TypeVar("T")
 PER_FORMAT = ("quantize", "measure", "evaluate", "gate")
@@ -539,11 +541,13 @@ class _Run:
                              results=sha256_file(results.path / MANIFEST) if results is not None else None)
         reference = None if name == BASELINE else probe_seconds(_record_of(self.baseline_served.result()))
         label = f"serve {name}"
+        # on a cluster: a node whose engine serves the checkpoint's schemes (serving.device.node_resources)
+        needs = [device.serve_resource(scheme) for scheme in device.checkpoint_schemes(read_checkpoint(model).config)]
         try:
             record = self.attempt("serve", label, name, lambda: self.cache.json(
                 kind="serve", label=label, path=self.dir.serve(name), key=key,
                 produce=lambda: self.call("serve", label, partial(serve_check, model, results, cfg, env, work=self.dir.serve_work(name),
-                                                                  reference_probe=reference))))
+                                                                  reference_probe=reference), needs=needs)))
         except UnitFailed as failed:  # nothing cached: the next run serves it again; the verdict is pending
             record = {"served": False, "status": "failed", "reason": failed.reason, "engine": env.identity()}
             return _Served(record, f"failed:{key}")
