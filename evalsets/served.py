@@ -244,7 +244,9 @@ def _not_served(failure: serving.WorkerFailed, env: serving.ServingEnv, device_c
         return {"served": False, "status": PENDING, "reason": f"{where}: {failure.reason}", "probe": failure.probe, **log}
     if failure.timed_out or failure.phase in ("import", None):
         raise serving.ServingError(f"{failure.reason} (serving {failure.log.parent}; log {failure.log})") from failure
-    gaps = device.known_gaps(env.engine, device_class, schemes) if failure.phase == "load" else []
+    # a kernel missing from this class's build shows at the load or at the first forward pass (the probe):
+    # on an AVX2-only CPU a W4A16 checkpoint loads, then its first forward pass finds no cpu_gemm_wna16
+    gaps = device.known_gaps(env.engine, device_class, schemes) if failure.phase in ("load", "probe") else []
     if gaps:
         gap = gaps[0]
         return {"served": False, "status": PENDING, **log,

