@@ -22,7 +22,7 @@ from serving import device, environment
 # This module's commands; quantgate.cli.app.COMMANDS names each, so `quantgate --help` need not import it.
 commands = typer.Typer(add_completion=False)
 serving_group = typer.Typer(add_completion=False, no_args_is_help=True,
-                            help="The serving environment: vLLM in a virtual environment of its own (setup, info).")
+                            help="The serving environment: vLLM in a virtual environment of its own (setup, info, resources).")
 commands.add_typer(serving_group, name="serving")
 
 
@@ -64,7 +64,7 @@ def resources_command() -> None:
     """The Ray resources this node advertises for the serve stage: its device class and each scheme its
     engine serves usably here (docs/scale-out.md). Give them to `ray start --resources`.
 
-    Example: ray start --address HEAD:6379 --resources "$(quantgate serving resources)"
+    Example: quantgate serving resources   # then: ray start --address HEAD:6379 --resources "$(quantgate serving resources)"
     """
     found = serving.require()
     kind = "cuda" if found.engine == "vllm" else "cpu"
