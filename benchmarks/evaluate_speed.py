@@ -12,7 +12,8 @@ which goes first. Tokens are the requests' tokens as HFLM feeds them (context + 
 - 1 each): the same count on both sides, so tokens per second compare directly; "model
 GFLOP/s" is that rate times the FLOPs HFLM spends on a token (2 x the decoder's weights
 outside the embedding, plus 2 x the output layer's; attention scores left out) and "of matmul"
-that as a share of a 1024^3 FP32 torch matmul's rate, measured before and after the sets.
+that as a share of a 1024^3 FP32 torch matmul's rate, measured before and after the sets (in
+brackets after: the FLOPs the scorer itself ran, its positions and output rows, per second).
 The scores must be equal: every item's accuracy fields identical (acc, acc_norm, the
 predicted choices, the greedy flag), every log-likelihood within 1e-4 nats. Target:
 multiple-choice items at least 2x faster. Exit 1 when the scores differ.
@@ -52,13 +53,12 @@ def matmul_gflops(size: int = 1024, repeats: int = 20) -> float:
     return best
 
 
-def flops_per_token(model: Any) -> float:
-    """What HFLM's forward pass costs a token: every weight of the decoder outside its embedding
-    once (a multiply and an add), and the output layer, which it applies at every position."""
+def flops(model: Any) -> tuple[float, float]:
+    """FLOPs of a position through the decoder (every weight outside the embedding once: a multiply
+    and an add) and of a row through the output layer. HFLM spends both on every token."""
     embedding = model.get_input_embeddings().weight
     decoder = sum(p.numel() for p in model.get_decoder().parameters() if p is not embedding)
-    head = model.get_output_embeddings().weight.numel()
-    return 2.0 * (decoder + head)
+    return 2.0 * decoder, 2.0 * model.get_output_embeddings().weight.numel()
 
 
 def cpu_class() -> str:
@@ -137,7 +137,8 @@ def main() -> int:
     os.environ.update({"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "QUANTGATE_HOME": str(work / "home")})
     rate_before = matmul_gflops()
     model, tokenizer = _LoadedModel(model_dir, "cpu", "float32").transformers()
-    per_token = flops_per_token(model)
+    decoder_flops, head_flops = flops(model)
+    per_token = decoder_flops + head_flops
     before_lm = lm_eval_tasks.hf_model(model, tokenizer, arguments.batch_size, shared_context=False)
     after_lm = lm_eval_tasks.hf_model(model, tokenizer, arguments.batch_size)
     started = time.perf_counter()
@@ -163,8 +164,10 @@ def main() -> int:
             row[side] = {"seconds": seconds, "wall_seconds": statistics.median(run["wall"] for run in runs[side]),
                          "tokens_per_second": row["tokens"] / seconds}
         row["speedup"] = row["before"]["seconds"] / row["after"]["seconds"]
-        row["after"]["scorer_work"] = dict(after_lm.scorer.work) if after_lm.scorer is not None else None
-        if after_lm.scorer is not None:
+        if after_lm.scorer is not None:  # what the scorer ran: positions (padding included) and output rows
+            done = {key: value / arguments.repeats for key, value in after_lm.scorer.work.items()}
+            row["after"]["scorer_work"] = done
+            row["after"]["flops"] = done["positions"] * decoder_flops + done["head_rows"] * head_flops
             after_lm.scorer.work = dict.fromkeys(after_lm.scorer.work, 0)
         rows.append(row)
         print(f"{golden.spec}: before {row['before']['seconds']:.1f} s, after {row['after']['seconds']:.1f} s "
@@ -177,14 +180,17 @@ def main() -> int:
           f"loglikelihood scorer: {after_lm.get_model_info()['loglikelihood_scorer']} (its probe: {probe_seconds:.2f} s "
           "once per loaded model, not in the table)\n")
     header = ("set", "kind", "items", "tokens", "before s", "after s", "before tok/s", "after tok/s",
-              "before of matmul", "after of matmul", "speedup", "acc equal", "max |d ll|")
+              "before of matmul", "after of matmul (its own work)", "speedup", "acc equal", "max |d ll|")
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
     for row in rows:
+        # before: HFLM's work per second as a share of the matmul rate; after: the same tokens
+        # (HFLM's work) per second, and in brackets the FLOPs the scorer itself ran
         shares = [row[side]["tokens_per_second"] * per_token / 1e9 / rate for side in ("before", "after")]
+        own = row["after"].get("flops", 0.0) / row["after"]["seconds"] / 1e9 / rate
         print(f"| {row['set']} | {row['kind']} | {row['items']} | {row['tokens']} | {row['before']['seconds']:.1f} | "
               f"{row['after']['seconds']:.1f} | {row['before']['tokens_per_second']:.0f} | "
-              f"{row['after']['tokens_per_second']:.0f} | {shares[0]:.1%} | {shares[1]:.1%} | x{row['speedup']:.2f} | "
+              f"{row['after']['tokens_per_second']:.0f} | {shares[0]:.0%} | {shares[1]:.0%} ({own:.0%}) | x{row['speedup']:.2f} | "
               f"{'yes' if row['accuracy_identical'] else 'NO'} | {row['max_loglikelihood_difference']:.1e} |")
     if arguments.json:
         arguments.json.write_text(json.dumps({

@@ -24,6 +24,7 @@ import yaml
 
 import serving
 from evalsets.config import Kind
+from evalsets.loglikelihood import SharedContextScorer
 from evalsets.sets import GoldenSet
 from quantgate.core.artifacts import read_json
 from quantgate.core.errors import InputError
@@ -134,8 +135,6 @@ def hf_model(model: Any, tokenizer: Any, batch_size: int, shared_context: bool =
     seq2seq models, mixed precision or an automatic batch size, HFLM's own loop)."""
     from lm_eval.models.huggingface import HFLM
 
-    from evalsets.loglikelihood import SharedContextScorer
-
     class ProgressHFLM(HFLM):
         # lm-eval's own tqdm bars are turned off; each model call advances quantgate's bar instead
         on_rows: Callable[[int], None] = staticmethod(lambda rows: None)
@@ -168,6 +167,8 @@ def hf_model(model: Any, tokenizer: Any, batch_size: int, shared_context: bool =
                 else:
                     self.scorer = SharedContextScorer(self.model, softmax_dtype=self.softmax_dtype)
                     self.scorer_unusable = self.scorer.unusable()
+                if self.scorer_unusable:
+                    self.scorer = None
                 if self.scorer_unusable and shared_context:
                     logging.getLogger(__name__).warning("log-likelihoods through HFLM's own loop: %s", self.scorer_unusable)
             return None if self.scorer_unusable else self.scorer

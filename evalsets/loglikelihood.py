@@ -1,8 +1,8 @@
 """Log-likelihoods of lm-eval's (context, continuation) requests with the numbers of HFLM's own
 loop and less of its work: a context that several continuations share (a multiple-choice
-item's choices) runs once, its continuations run against its cached keys and values, and the
-output layer is applied only at the positions that are scored (docs/evaluate.md, "Less work,
-the same scores")."""
+item's choices) runs once, in one row with its continuations under an attention mask that
+keeps them apart, and the output layer is applied only at the positions that are scored
+(docs/evaluate.md, "Less work, the same scores")."""
 
 from __future__ import annotations
 
@@ -11,17 +11,22 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from quantgate.core.errors import InputError
+
 # (context tokens, continuation tokens), as HFLM._loglikelihood_tokens receives them
 Pair = tuple[Sequence[int], Sequence[int]]
 # (summed log-probability of the continuation in nats, whether it is the greedy continuation)
 Answer = tuple[float, bool]
 
 # How far the probe's log-probabilities may be from the model's own forward pass, nats per
-# token: FP32 products in another order move them by ~1e-6; soft-capped or scaled logits, a
-# cache that does not continue a padded context, move them by far more.
+# token: FP32 products in another order move them by ~1e-5; soft-capped or scaled logits, a
+# model that ignores a custom attention mask or position ids, move them by far more.
 PROBE_TOLERANCE = 1e-4
 # Rows of the output layer computed at once: [rows, vocab] FP32 logits, ~200 MB at a 49k vocab
 HEAD_ROWS = 1024
+# The longest row a shared context and its continuations make together; its attention mask is
+# width^2 numbers (64 MB in FP32 at 4096), so a longer group runs its requests alone.
+SHARED_ROW_LIMIT = 4096
 
 
 @dataclass(frozen=True)
@@ -38,8 +43,6 @@ def effective_pair(context: Sequence[int], continuation: Sequence[int], max_leng
     1):][:-1]`, so a request longer than the model's positions loses context tokens from the left
     (never continuation tokens: lm-eval requires the continuation to fit)."""
     if not context or not continuation or len(continuation) > max_length:
-        from quantgate.core.errors import InputError
-
         raise InputError(f"a loglikelihood request with {len(context)} context and {len(continuation)} continuation tokens "
                          f"cannot be scored in {max_length} positions")
     keep = max_length + 1 - len(continuation)
@@ -57,21 +60,27 @@ class SharedContextScorer:
         self.head = model.get_output_embeddings()
         self.softmax_dtype = softmax_dtype  # HFLM's: None keeps the logits' dtype
         window = getattr(model.config, "sliding_window", None)
-        # A sliding window counts cache slots, and a shorter context's padding would take slots
-        # inside it: with one, contexts share a forward pass only with contexts of their length.
-        self.equal_lengths_only = isinstance(window, int) and not isinstance(window, bool)
+        # A custom attention mask replaces the model's own, sliding window included: a request
+        # that reaches past a sliding window runs alone, under the model's own masks.
+        self.window = window if isinstance(window, int) and not isinstance(window, bool) else None
         # the work done so far, for benchmarks and tests: decoder passes, the positions they ran
         # (padding included) and the rows the output layer was applied to
         self.work = {"passes": 0, "positions": 0, "head_rows": 0}
 
     @property
     def device(self) -> Any:
-        return self.head.weight.device
+        # the embedding's, not the output layer's: a quantized output layer may keep no `weight`
+        return self.model.get_input_embeddings().weight.device
+
+    @property
+    def dtype(self) -> Any:
+        """The hidden states' dtype, which an additive attention mask must have."""
+        return self.model.get_input_embeddings().weight.dtype
 
     def unusable(self) -> str:
         """Why this model cannot be scored this way ('' when it can): a seeded probe of requests,
         two shared contexts of different lengths and two requests alone, scored here and by the
-        model's own full forward pass, one request at a time, must agree to PROBE_TOLERANCE. The
+        model's own full forward pass on HFLM's rows, must agree to PROBE_TOLERANCE. The
         first call into the model is that full forward pass: compressed-tensors checkpoints
         decompress their weights on it, before the decoder is called on its own."""
         import torch
@@ -86,16 +95,17 @@ class SharedContextScorer:
             (ids[:5], ids[5:8]), (ids[3:12], ids[12:14]),
         ]
         with torch.no_grad():
+            # HFLM's rows, right-padded into one pass of the whole model
+            every = self.model(input_ids=self._padded([list(c) + list(x)[:-1] for c, x in probe])).logits
             truth = []
-            for context, continuation in probe:
-                inputs = torch.tensor([list(context) + list(continuation)[:-1]], device=self.device)
-                logits = self.model(input_ids=inputs).logits[0, len(context) - 1 :]
+            for row, (context, continuation) in enumerate(probe):
+                logits = every[row, len(context) - 1 : len(context) - 1 + len(continuation)]
                 logprobs = torch.log_softmax(logits, dim=-1, dtype=self.softmax_dtype)
                 truth.append(logprobs.gather(1, torch.tensor(continuation, device=self.device)[:, None])[:, 0])
             try:
                 ours = self.token_logprobs(probe, batch_size=4)
-            except (TypeError, ValueError, RuntimeError, AttributeError, IndexError) as error:
-                return f"the decoder cannot continue a cached context ({type(error).__name__}: {error})"
+            except (TypeError, ValueError, RuntimeError, AttributeError, IndexError, KeyError) as error:
+                return f"the decoder refuses a custom attention mask or position ids ({type(error).__name__}: {error})"
         self.work = dict.fromkeys(self.work, 0)  # the probe's own work is not the requests'
         worst = max(float((mine.double() - theirs.double()).abs().max()) for (mine, _), theirs in zip(ours, truth, strict=True))
         if not worst <= PROBE_TOLERANCE:  # a NaN is a failure too
@@ -113,40 +123,36 @@ class SharedContextScorer:
     def token_logprobs(self, pairs: Sequence[Pair], batch_size: int,
                        on_rows: Callable[[int], None] = lambda rows: None) -> list[tuple[Any, bool]]:
         """Per request, the log-probability of each continuation token ([len(continuation)]) and the
-        greedy flag. Requests are grouped by identical context: a group of two or more runs its
-        context once; a request alone runs as HFLM runs it. Either way, longest first in batches
-        of `batch_size` contexts, so that a batch pads little."""
+        greedy flag. Requests are grouped by identical context: a group of two or more shares one
+        row; a request alone (or one whose group reaches past a sliding window or makes a row
+        longer than SHARED_ROW_LIMIT) runs as HFLM runs it.
+        Either way `batch_size` rows a forward pass, longest first, so that a batch pads little."""
         import torch
 
         groups: dict[tuple[int, ...], list[int]] = {}
         for index, (context, _) in enumerate(pairs):
             groups.setdefault(tuple(context), []).append(index)
-        alone = sorted((members[0] for members in groups.values() if len(members) == 1),
-                       key=lambda index: -(len(pairs[index][0]) + len(pairs[index][1])))
-        shared = sorted(((list(context), members) for context, members in groups.items() if len(members) > 1),
-                        key=lambda group: -len(group[0]))
+        alone, shared = [], []
+        for context, members in groups.items():
+            longest = len(context) + max(len(pairs[index][1]) for index in members) - 1
+            packed = len(context) + sum(len(pairs[index][1]) - 1 for index in members)
+            if len(members) == 1 or packed > SHARED_ROW_LIMIT or (self.window is not None and longest > self.window):
+                alone += members
+            else:
+                shared.append((list(context), members))
+        alone.sort(key=lambda index: -(len(pairs[index][0]) + len(pairs[index][1])))
+        shared.sort(key=lambda group: -(len(group[0]) + sum(len(pairs[index][1]) - 1 for index in group[1])))
         results: list[tuple[Any, bool] | None] = [None] * len(pairs)
         with torch.no_grad():
             for start in range(0, len(alone), batch_size):
                 batch = alone[start : start + batch_size]
                 self._finish(self._alone(pairs, batch), results)
                 on_rows(len(batch))
-            for batch_groups in self._context_batches(shared, batch_size):
+            for start in range(0, len(shared), batch_size):
+                batch_groups = shared[start : start + batch_size]
                 self._finish(self._shared(pairs, batch_groups), results)
                 on_rows(sum(len(members) for _, members in batch_groups))
         return [result for result in results if result is not None]
-
-    def _context_batches(self, groups: list[tuple[list[int], list[int]]],
-                         batch_size: int) -> list[list[tuple[list[int], list[int]]]]:
-        batches: list[list[tuple[list[int], list[int]]]] = []
-        for group in groups:
-            last = batches[-1] if batches else None
-            if (last is None or len(last) == batch_size
-                    or (self.equal_lengths_only and len(last[0][0]) != len(group[0]))):
-                batches.append([group])
-            else:
-                last.append(group)
-        return batches
 
     def _padded(self, rows: list[list[int]]) -> Any:
         """Token rows right-padded (with token 0) into one tensor. A causal model's position never
@@ -168,36 +174,43 @@ class SharedContextScorer:
         return scored
 
     def _shared(self, pairs: Sequence[Pair], groups: list[tuple[list[int], list[int]]]) -> list[_Scored]:
-        """Contexts with several continuations: the contexts in one pass, keeping their keys and
-        values; then every continuation longer than one token (all but its last token) in one
-        pass against its context's cache, the padding after a shorter context masked out and
-        positions counted from the context's real end."""
+        """Contexts with several continuations, one row per context: the context, then each
+        continuation but its last token, side by side. Each continuation's positions count on from
+        the context's end, and it attends to the context and to itself only (a 4D attention mask,
+        0 where allowed and the dtype's lowest number elsewhere), so every position sees exactly
+        what it sees in HFLM's row of that request alone."""
         import torch
 
-        contexts = [context for context, _ in groups]
-        out = self._decode(self._padded(contexts), use_cache=True)
-        last = [out.last_hidden_state[g, len(context) - 1 : len(context)] for g, context in enumerate(contexts)]
-        longer = [(g, index) for g, (_, members) in enumerate(groups) for index in members if len(pairs[index][1]) > 1]
-        following: dict[int, Any] = {}
-        if longer:
-            cache = out.past_key_values
-            width = max(len(context) for context in contexts)
-            rows = [list(pairs[index][1])[:-1] for _, index in longer]
-            steps = max(len(row) for row in rows)
-            cache.batch_select_indices(torch.tensor([g for g, _ in longer], device=self.device))
-            mask = torch.ones((len(longer), width + steps), dtype=torch.long, device=self.device)
-            start = torch.tensor([len(contexts[g]) for g, _ in longer], device=self.device)
-            for row, (g, _) in enumerate(longer):
-                mask[row, len(contexts[g]) : width] = 0
-            positions = start[:, None] + torch.arange(steps, device=self.device)[None, :]
-            hidden = self._decode(self._padded(rows), attention_mask=mask, position_ids=positions,
-                                  past_key_values=cache, use_cache=True).last_hidden_state
-            following = {index: hidden[row, : len(rows[row])] for row, (_, index) in enumerate(longer)}
+        rows, segments, positions = [], [], []
+        for context, members in groups:
+            tokens, segment, position = list(context), [0] * len(context), list(range(len(context)))
+            for number, index in enumerate(members, start=1):
+                tail = list(pairs[index][1])[:-1]
+                tokens += tail
+                segment += [number] * len(tail)
+                position += range(len(context), len(context) + len(tail))
+            rows.append(tokens)
+            segments.append(segment)
+            positions.append(position)
+        ids = self._padded(rows)
+        width = ids.shape[1]
+        # padding: a segment of its own (-1), so that no real position attends to it
+        segment_ids = torch.tensor([seg + [-1] * (width - len(seg)) for seg in segments], device=self.device)
+        position_ids = torch.tensor([pos + [0] * (width - len(pos)) for pos in positions], device=self.device)
+        key, query = segment_ids[:, None, :], segment_ids[:, :, None]
+        causal = torch.ones((width, width), dtype=torch.bool, device=self.device).tril()
+        allowed = ((key == 0) | (key == query)) & causal
+        mask = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device).masked_fill(~allowed, torch.finfo(self.dtype).min)
+        hidden = self._decode(ids, attention_mask=mask[:, None], position_ids=position_ids, use_cache=False).last_hidden_state
         scored = []
-        for g, (_, members) in enumerate(groups):
+        for row, (context, members) in enumerate(groups):
+            offset = len(context)
             for index in members:
-                parts = [last[g]] + ([following[index]] if index in following else [])
-                scored.append(_Scored(index, torch.cat(parts) if len(parts) > 1 else parts[0], pairs[index][1]))
+                continuation = pairs[index][1]
+                # the context's last position predicts the first token, the continuation's own the rest
+                picks = [len(context) - 1, *range(offset, offset + len(continuation) - 1)]
+                scored.append(_Scored(index, hidden[row, picks], continuation))
+                offset += len(continuation) - 1
         return scored
 
     def _decode(self, input_ids: Any, **kwargs: Any) -> Any:

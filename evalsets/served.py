@@ -228,7 +228,8 @@ def check(checkpoint: Path, results: EvaluationResults | None, cfg: ServeCheckCo
         record["agreement"] = gated.compare(response.result("prompt_logprobs")["prompts"])
         if prompts:
             record["greedy"] = gated.compare_greedy(prompts, response.result("greedy")["continuations"])
-        record.update(_engine_default(checkpoint, gated, env, device_class, schemes, engine_cfg, work, cfg))
+        record.update(_engine_default(checkpoint, gated, env, device_class=device_class, schemes=schemes,
+                                      engine_cfg=engine_cfg, work=work, cfg=cfg))
     bandwidth = response.result("bandwidth")
     record["throughput"] = throughput(response.result("throughput")["batches"], bandwidth, checkpoint, cfg)
     return record
@@ -255,7 +256,7 @@ def _not_served(failure: serving.WorkerFailed, env: serving.ServingEnv, device_c
     return {"served": False, "status": NOT_SERVED, "reason": f"{env.label} {cannot}: {failure.reason}", **log}
 
 
-def _engine_default(checkpoint: Path, gated: _Gated, env: serving.ServingEnv, device_class: str, schemes: list[str],
+def _engine_default(checkpoint: Path, gated: _Gated, env: serving.ServingEnv, *, device_class: str, schemes: list[str],
                     engine_cfg: dict[str, Any], work: Path, cfg: ServeCheckConfig) -> dict[str, Any]:
     """Where the engine's default would compute another scheme on this class (INT4 as W4A8 on AMX),
     what it would serve and how far that is from the gated numerics: the same prompts served

@@ -1461,7 +1461,7 @@ def row_class(row: dict[str, Any]) -> str:
     'held-out approved' or 'held-out blocked'."""
     role = search_role(row)
     if role == TRIAL:
-        return "trial passed" if row["verdict"] == "approved" else "trial blocked"
+        return "trial passed" if row["verdict"] in ("approved", PENDING) else "trial blocked"
     return f"held-out {row['verdict']}" if role == HELD_OUT else str(row["verdict"])
 
 
@@ -1530,6 +1530,7 @@ table.gates td:first-child, table.gates td:nth-child(7) { white-space: nowrap; }
 tr.approved td.verdict b, .badge.approved { color: #1a7f37; }
 tr.blocked td.verdict b, .badge.blocked { color: #cf222e; }
 tr.passed td.verdict b, .badge.passed { color: #8250df; }
+tr.pending td.verdict b, .badge.pending, li.pending { color: #9a6700; }
 #formats .mix { font-size: 11px; }
 #search-trials td:last-child { overflow-wrap: anywhere; min-width: 14em; }
 #held-out.approved b { color: #1a7f37; } #held-out.blocked b { color: #cf222e; }

@@ -459,7 +459,7 @@ class GatePower:
                 f"{effect} with power {self.power or 0.0:.2f}, not {self.target:g}: that needs {self.items} items ({prior})")
 
 
-def _prior_plan(set_name: str, name: str, gate: MetricGate, policy: LoadedPolicy, precision: str, ceiling: int,
+def _prior_plan(set_name: str, name: str, gate: MetricGate, policy: LoadedPolicy, precision: str, *, ceiling: int,
                 prior: Discordance, power: float) -> tuple[GatePlan, float | None, str]:
     """`plan_gate` at a ceiling (the looks of its schedule split the confidence), with the prior."""
     metric = _gated(name)
@@ -472,7 +472,7 @@ def _prior_plan(set_name: str, name: str, gate: MetricGate, policy: LoadedPolicy
     return planned, discordance, source
 
 
-def _own_ceiling(set_name: str, name: str, gate: MetricGate, policy: LoadedPolicy, precision: str, size: int,
+def _own_ceiling(set_name: str, name: str, gate: MetricGate, policy: LoadedPolicy, precision: str, *, size: int,
                  prior: Discordance, power: float) -> int | None:
     """The smallest ceiling of a set of `size` items at which one gate needs no more items than
     it holds, the confidence split over that ceiling's looks: the first look of the set's
@@ -480,7 +480,7 @@ def _own_ceiling(set_name: str, name: str, gate: MetricGate, policy: LoadedPolic
     where none does (capped); None without a prior spread."""
     looks = policy.policy.sequential.looks_for(set_name)
     for ceiling in schedule(looks, size):
-        planned, _, _ = _prior_plan(set_name, name, gate, policy, precision, ceiling, prior, power)
+        planned, _, _ = _prior_plan(set_name, name, gate, policy, precision, ceiling=ceiling, prior=prior, power=power)
         if planned.items is None:
             return None
         if planned.items <= ceiling:
@@ -500,7 +500,7 @@ def gate_powers(policy: LoadedPolicy, spec: str, precisions: Sequence[str], ceil
     pairs = [(name, gate, precision) for key, by_metric in policy.policy.metrics.items() if SetRef.parse(key).matches(ref)
              for name, gate in by_metric.items() for precision in precisions if precision in getattr(gate, gate.kind)]
     if ceiling is None:
-        owns = [_own_ceiling(ref.name, name, gate, policy, precision, size, prior, power) for name, gate, precision in pairs]
+        owns = [_own_ceiling(ref.name, name, gate, policy, precision, size=size, prior=prior, power=power) for name, gate, precision in pairs]
         known = [own for own in owns if own is not None]
         if not known:
             gated = ", ".join(sorted({name for name, *_ in pairs}))
@@ -511,7 +511,7 @@ def gate_powers(policy: LoadedPolicy, spec: str, precisions: Sequence[str], ceil
         chosen, planned = ceiling, False
     powers = []
     for name, gate, precision in pairs:
-        gate_plan, discordance, source = _prior_plan(ref.name, name, gate, policy, precision, chosen, prior, power)
+        gate_plan, discordance, source = _prior_plan(ref.name, name, gate, policy, precision, ceiling=chosen, prior=prior, power=power)
         at = None if gate_plan.sd is None else power_at(
             chosen, gate_plan.effect, gate_plan.sd, confidence=policy.policy.statistics.confidence, looks=len(gate_plan.looks),
             min_items=gate_plan.min_items)

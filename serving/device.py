@@ -111,8 +111,8 @@ class EngineRule:
 RULES = (
     # vllm/envs.py: VLLM_CPU_INT4_W4A8 defaults to "1"; model_executor/kernels/linear/mixed_precision/cpu.py:
     # use_w4a8 where AMX tiles are supported and the activations are BF16, then ops.int4_scaled_mm_cpu
-    EngineRule("vllm-cpu", AVX512_AMX, "W4A16", "W4A8", ("VLLM_CPU_INT4_W4A8", "0"),
-               "vLLM 0.32 CPU build: vllm/envs.py (VLLM_CPU_INT4_W4A8, default 1) and "
+    EngineRule(engine="vllm-cpu", device_class=AVX512_AMX, scheme="W4A16", default_scheme="W4A8",
+               setting=("VLLM_CPU_INT4_W4A8", "0"), source="vLLM 0.32 CPU build: vllm/envs.py (VLLM_CPU_INT4_W4A8, default 1) and "
                "model_executor/kernels/linear/mixed_precision/cpu.py (use_w4a8 with AMX and BF16 activations)"),
 )
 

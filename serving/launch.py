@@ -117,7 +117,8 @@ def run(env: ServingEnv, request: dict[str, Any], work: Path, timeout: float, *,
         # its own session: a worker stopped early is stopped with every process it started
         worker = subprocess.Popen(command, stdout=stream, stderr=subprocess.STDOUT, env=environment, cwd=work, start_new_session=True)
         try:
-            returncode = _watch(worker, env, log, time.monotonic() + timeout, timeout, progress if probe else None, probe)
+            returncode = _watch(worker, env, log, deadline=time.monotonic() + timeout, timeout=timeout,
+                                progress=progress if probe else None, probe=probe)
         finally:
             if worker.poll() is None:
                 _stop(worker)
@@ -129,7 +130,7 @@ def run(env: ServingEnv, request: dict[str, Any], work: Path, timeout: float, *,
     return Response(answer, log, bool(prefix))
 
 
-def _watch(worker: subprocess.Popen[bytes], env: ServingEnv, log: Path, deadline: float, timeout: float, progress: Path | None,
+def _watch(worker: subprocess.Popen[bytes], env: ServingEnv, log: Path, *, deadline: float, timeout: float, progress: Path | None,
            probe: ProbeLimit | None) -> int:
     """Wait for the worker; stop it past the deadline, or as soon as its probe shows no usable path."""
     while True:

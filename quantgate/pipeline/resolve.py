@@ -252,7 +252,7 @@ def resolve_plan(loaded: LoadedPlan, show_progress: bool = True) -> ResolvedPlan
     looks = {spec: tuple(schedule(policy.policy.sequential.looks_for(golden.name), ceilings[spec])) for spec, golden in goldens.items()}
     _check_ceilings(looks, policy)
     search_looks, searched = _search_looks(plan, goldens, looks, policy, prior)
-    holdout, held = _holdout(plan, goldens, looks, policy, search_looks, prior)
+    holdout, held = _holdout(plan, goldens, looks, policy, searched=search_looks, prior=prior)
     if (signing_key := loaded.signing_key) is not None:
         load_signing_key(signing_key, "signing_key")  # a key that cannot sign is refused before any work
     model_dir = _baseline(plan, show_progress)
@@ -360,7 +360,7 @@ def _known_sets(limits: Mapping[str, int | str], goldens: Mapping[str, evalsets.
 
 
 def _holdout(plan: RunPlan, goldens: Mapping[str, evalsets.GoldenSet], looks: Mapping[str, tuple[int, ...]],
-             policy: LoadedPolicy, searched: Mapping[str, tuple[int, ...]] | None,
+             policy: LoadedPolicy, *, searched: Mapping[str, tuple[int, ...]] | None,
              prior: Discordance) -> tuple[Split | None, list[GatePower]]:
     """A search's held-out split: each set's items after the plan's ceiling, up to its held-out
     ceiling (default: the search ceiling again; `planned`: the planner's, within the items left),

@@ -375,8 +375,8 @@ class _Run:
         units.forget()  # the models this process kept for the run
         write_json(self.dir.run_file, self.manifest(status="finished", verdicts=verdicts))
         self.report()
-        result = RunResult(self.dir.root, verdicts, self.log.stages, self.dir.report, time.perf_counter() - self.started,
-                           list(self.failed_units))
+        result = RunResult(self.dir.root, verdicts, self.log.stages, self.dir.report, seconds=time.perf_counter() - self.started,
+                           failed_units=list(self.failed_units))
         write_json(self.dir.run_file, self.manifest(status="finished", verdicts=verdicts, seconds=result.seconds))
         return result
 
