@@ -50,7 +50,7 @@ from quantgate.core.validation import is_file_name, is_path, manifest_files
 RESULTS_KIND = "evaluation-results"
 SCHEMA_VERSION = 1
 # Bump when a change to this package changes a number: every cached result is then recomputed.
-EVALUATOR_VERSION = 2
+EVALUATOR_VERSION = 3  # 3: log-likelihoods from one pass over a shared context (evalsets.loglikelihood), equal within 1e-4
 RECORD_FILE = "record.json"
 ITEMS_FILE = "items.json"
 TOPK_FILE = "topk.safetensors"

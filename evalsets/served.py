@@ -63,8 +63,13 @@ SCHEMA_VERSION = 2
 # Bump when a change to the serve check or the worker changes a number: cached serve records are redone.
 SERVE_CHECK_VERSION = 2
 SERVED, PENDING, NOT_SERVED = "served", "pending", "not_served"
+FAILED = "failed"  # a serve that timed out or whose worker died: no evidence (the run's record of the unit, never cached)
 # The probe's first forward pass also warms the kernels up: it may take this much longer.
 PROBE_WARMUP_SECONDS = 30.0
+# The baseline's own probe is only the reference of the others': a 16-bit model always has a path;
+# this bounds it only against a hang (a large model's forward pass on a CPU takes seconds).
+BASELINE_PROBE_SECONDS = 60.0
+PROBE_PASSES = 3  # the first warms the kernels up; the fastest of the others is the probe's time
 MIB = 2**20
 BOUND_NOTE = ("an upper bound on tokens/s: every stored tensor byte read once a step at the copy bandwidth measured "
               "here; this CPU's peak FLOP/s is not known, so compute is not bounded")
@@ -88,10 +93,10 @@ class ServeCheckConfig(Strict):
     # The probe (docs/serving.md, "The probe"): a forward pass over `prompt_tokens` tokens may take
     # at most probe_factor times the baseline's (and never less than probe_floor_s); past that the
     # engine has no usable path for the scheme on this machine and the check stops: pending here.
-    # 10x: a path that slow serves nobody (the AMX FP8 path: ~1,800x the INT4 one, measured); the floor keeps
-    # a fast baseline's jitter from deciding
-    probe_factor: float = Field(default=10.0, gt=1, description="a forward pass at most this many times the baseline's")
-    probe_floor_s: float = Field(default=1.0, gt=0, description="the probe's limit is never below this (seconds)")
+    # 5x and 0.25 s, chosen after measuring the demo's paths on an AVX-512 CPU (docs/serving.md):
+    # usable ones at 0.7-1.2x the baseline's 0.054 s, FP8's at 9.4x (it decodes at 0.05x)
+    probe_factor: float = Field(default=5.0, gt=1, description="a forward pass at most this many times the baseline's")
+    probe_floor_s: float = Field(default=0.25, gt=0, description="the probe's limit is never below this (seconds)")
     # GPUs vLLM splits the model over (its tensor_parallel_size): on a Ray cluster, give the serve
     # stage as many (`resources: {serve: {gpus: N}}`); they are the GPUs Ray hands the task
     tensor_parallel: int = Field(default=1, ge=1, description="GPUs vLLM shards the model over (tensor parallelism)")
@@ -163,15 +168,13 @@ def load_record(path: Path) -> dict[str, Any]:
 def quantized_activations(checkpoint: Path) -> bool:
     """Whether any layer of the checkpoint quantizes its input activations (W8A8, FP8): its served
     and gated numbers then differ by more than compute precision (docs/serving.md)."""
-    config = read_checkpoint(checkpoint).config or {}
-    groups = (config.get("quantization_config") or {}).get("config_groups") or {}
-    return any(isinstance(group, dict) and group.get("input_activations") for group in groups.values())
+    return any(scheme == "FP8" or not scheme.endswith("A16") for scheme in device.checkpoint_schemes(read_checkpoint(checkpoint).config))
 
 
 def probe_limit(cfg: ServeCheckConfig, reference_seconds: float | None) -> serving.ProbeLimit:
     """The probe's limits: `probe_factor` times the baseline's forward pass (`reference_seconds`),
-    never below the floor; for the baseline itself (None) `probe_factor` times the floor."""
-    forward = max(cfg.probe_floor_s, cfg.probe_factor * reference_seconds) if reference_seconds else cfg.probe_factor * cfg.probe_floor_s
+    never below the floor; for the baseline itself (None) BASELINE_PROBE_SECONDS."""
+    forward = max(cfg.probe_floor_s, cfg.probe_factor * reference_seconds) if reference_seconds else BASELINE_PROBE_SECONDS
     return serving.ProbeLimit(forward_seconds=forward, warmup_seconds=forward + PROBE_WARMUP_SECONDS)
 
 
@@ -198,7 +201,7 @@ def check(checkpoint: Path, results: EvaluationResults | None, cfg: ServeCheckCo
                   "kv_cache_bytes": cfg.kv_cache_mib * MIB, "tensor_parallel": cfg.tensor_parallel}
     probe_prompt = prompts[0] if prompts else [0] * cfg.prompt_tokens
     request = {"model": str(checkpoint.absolute()), "engine": engine_cfg,
-               "tasks": [{"kind": "probe", "prompt": probe_prompt, "runs": 2}, *_tasks(cfg, gated, prompts)]}
+               "tasks": [{"kind": "probe", "prompt": probe_prompt, "runs": PROBE_PASSES}, *_tasks(cfg, gated, prompts)]}
     device_class = device.local_class("cuda" if env.engine == "vllm" else "cpu")
     schemes = device.checkpoint_schemes(read_checkpoint(checkpoint).config)
     settings = device.serve_settings(env.engine, device_class, schemes)
@@ -264,12 +267,14 @@ def _engine_default(checkpoint: Path, gated: _Gated, env: serving.ServingEnv, *,
     rules = device.default_differs(env.engine, device_class, schemes)
     if not rules:
         return {}
-    described = {"settings": "the engine's defaults", "served_as": {rule.scheme: rule.default_scheme for rule in rules},
+    described = {"settings": {rule.setting[0]: rule.default for rule in rules}, "served_as": {rule.scheme: rule.default_scheme for rule in rules},
                  "because": [rule.source for rule in rules]}
     request = {"model": str(checkpoint.absolute()), "engine": engine_cfg,
                "tasks": [{"kind": "prompt_logprobs", "prompts": gated.prompts(), "top_k": cfg.top_k}]}
+    # the default set explicitly: a variable in this process's environment would otherwise reach the worker
+    defaults = {rule.setting[0]: rule.default for rule in rules}
     try:
-        response = serving.run(env, request, work / "engine-default", cfg.timeout_s)
+        response = serving.run(env, request, work / "engine-default", cfg.timeout_s, settings=defaults)
     except serving.WorkerFailed as failure:
         return {"engine_default": {**described, "served": False, "reason": failure.reason}}
     agreement = gated.compare(response.result("prompt_logprobs")["prompts"])

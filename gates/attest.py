@@ -48,6 +48,13 @@ def verdict_of(records: list[dict[str, Any]], weights: dict[str, str]) -> dict[s
     return verdicts[-1] if verdicts else None
 
 
+def _verdict(ledger: Path, weights: dict[str, str], checkpoint: Path) -> dict[str, Any]:
+    found = verdict_of(ledger_module.read(ledger), weights)
+    if found is None:
+        raise InputError(f"ledger {ledger} holds no verdict on {checkpoint}'s weights: gate it first (quantgate run)")
+    return found
+
+
 def attest(checkpoint: Path, run_dir: Path, work: Path, *, baseline: Path | None = None, ledger: Path | None = None,
            signing_key: Path | None = None) -> dict[str, Any]:
     """Serve the run's baseline and `checkpoint` here, judge them with the run's serving gates, and
@@ -61,9 +68,7 @@ def attest(checkpoint: Path, run_dir: Path, work: Path, *, baseline: Path | None
     if policy.policy.serving is None:
         raise InputError(f"policy {policy.policy.name}@{policy.policy.version} gates no serving: nothing to attest")
     weights = weight_hashes(checkpoint)
-    verdict = verdict_of(ledger_module.read(ledger), weights)
-    if verdict is None:
-        raise InputError(f"ledger {ledger} holds no verdict on {checkpoint}'s weights: gate it first (quantgate run)")
+    verdict = _verdict(ledger, weights, checkpoint)
     layout = RunDir(run_dir)
     name = str(verdict["format"])
     baseline_model = Path(baseline or run["model"])
@@ -86,11 +91,14 @@ def attest(checkpoint: Path, run_dir: Path, work: Path, *, baseline: Path | None
     }
     key = signing.load_signing_key(signing_key) if signing_key is not None else None
     with sibling_lock(ledger):
+        if _verdict(ledger, weights, checkpoint).get("verdict_sha256") != verdict.get("verdict_sha256"):
+            raise InputError(f"ledger {ledger}: a newer verdict on {checkpoint}'s weights was appended while it was served; "
+                             "run the same command again to attest that one")
         if key is not None and status == APPROVED and verdict.get("verdict") in (APPROVED, "pending"):
             entry["signed"] = True
             entry["time"] = datetime.now(timezone.utc).isoformat(timespec="seconds")  # signed with the rest
             entry["signature"] = signing.sign(Path(checkpoint), entry, key)
         else:
             entry["signed"] = False
-        return ledger_module.append(ledger, entry)
+        return {**ledger_module.append(ledger, entry), "ledger": str(ledger)}
 

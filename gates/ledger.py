@@ -182,7 +182,7 @@ class Verification:
         return self.status is Status.approved
 
 
-def verify_checkpoint(checkpoint: Path, ledger: Path, public_key: Path | None = None) -> Verification:
+def verify_checkpoint(checkpoint: Path, ledger: Path, public_key: Path | None = None, device_class: str | None = None) -> Verification:
     """Is this checkpoint, byte for byte, approved in this ledger? The newest matching record
     decides. With `public_key`, only an approval signed by that key over this very record and
     these files is (gates/signing.py); without it, the reason says whether the approval is
@@ -211,10 +211,9 @@ def verify_checkpoint(checkpoint: Path, ledger: Path, public_key: Path | None = 
                             f"{trials[-1]['time']}): only its held-out gate can approve it", trials[-1])
     if matching:
         record = matching[-1]
-        if record.get("verdict") == "approved":
-            return _approved(Path(checkpoint), record, key)
-        if record.get("verdict") == "pending":
-            return _pending(Path(checkpoint), record, [entry for entry in attested if records.index(entry) > records.index(record)], key)
+        if record.get("verdict") in ("approved", "pending"):
+            later = [entry for entry in attested if records.index(entry) > records.index(record)]
+            return _by_class(Path(checkpoint), record, later, key, device_class)
         reasons = "; ".join(record.get("reasons") or []) or "no reason recorded"
         return Verification(Status.blocked, f"blocked {record['time']}: {reasons}", record)
     resolved = str(Path(checkpoint).resolve())
@@ -226,21 +225,42 @@ def verify_checkpoint(checkpoint: Path, ledger: Path, public_key: Path | None = 
     return Verification(Status.unknown, "no verdict in the ledger for these weights")
 
 
-def _pending(checkpoint: Path, record: dict[str, Any], attested: list[dict[str, Any]], key: signing.Key | None) -> Verification:
-    """A verdict whose quality passed and whose serving was pending: approved by the newest serving
-    record after it that served it as gated on some device class, else pending with what is missing."""
-    served = [entry for entry in attested if entry.get("serving_status") == "approved"]
-    if served:
-        found = _approved(checkpoint, served[-1], key)
-        where = f"served as gated on {served[-1].get('device_class')} (attested {served[-1]['time']})"
-        return Verification(found.status, f"quality passed {record['time']}; {where}; {found.reason}", served[-1])
-    classes = record.get("classes") or {}
-    missing = "; ".join(f"{name}: {entry.get('status')}: {entry.get('reason')}" for name, entry in classes.items()) \
-        or "; ".join(record.get("reasons") or []) or "no serving evidence"
-    tried = "; ".join(f"{entry.get('device_class')}: {entry.get('serving_status')} ({entry['time']})" for entry in attested)
-    nexts = [entry["next"] for entry in classes.values() if entry.get("next")]
-    return Verification(Status.pending, f"quality passed {record['time']}, serving pending: {missing}"
-                        + (f"; attested since: {tried}" if tried else "")
+def class_evidence(record: dict[str, Any], attested: list[dict[str, Any]]) -> dict[str, tuple[str, str, dict[str, Any]]]:
+    """Per device class the newest serving evidence on a verdict: (status, why, the record that
+    says so): the run's own serve (the verdict's `classes`), then each serving record after it that
+    attests this very verdict under the same policy; others are not evidence about it."""
+    evidence = {name: (str(entry.get("status")), str(entry.get("reason")), record) for name, entry in (record.get("classes") or {}).items()}
+    policy = {key: (record.get("policy") or {}).get(key) for key in ("name", "version", "sha256")}
+    for entry in attested:
+        same_policy = {key: (entry.get("policy") or {}).get(key) for key in policy} == policy
+        if entry.get("attests") == record.get("verdict_sha256") and same_policy and entry.get("device_class"):
+            reasons = "; ".join(entry.get("reasons") or []) if entry.get("serving_status") != "approved" else "served as gated"
+            evidence[str(entry["device_class"])] = (str(entry.get("serving_status")), f"{reasons} (attested {entry['time']})", entry)
+    return evidence
+
+
+def _by_class(checkpoint: Path, record: dict[str, Any], attested: list[dict[str, Any]], key: signing.Key | None,
+              device_class: str | None) -> Verification:
+    """A verdict whose quality passed: approved where a class (`device_class`, or any) served it as
+    gated, blocked where that class's engine disagrees, else pending with what is missing."""
+    evidence = class_evidence(record, attested)
+    if not evidence and record.get("verdict") == "approved":
+        return _approved(checkpoint, record, key)  # a policy that gates no serving
+    wanted = {device_class: evidence[device_class]} if device_class in evidence else {} if device_class else evidence
+    approved = [(name, found) for name, found in wanted.items() if found[0] == "approved"]
+    if approved:
+        name, (_, why, source) = approved[-1]
+        found = _approved(checkpoint, source, key)
+        blocked = [other for other, entry in evidence.items() if entry[0] == "blocked"]
+        also = f"; blocked on {', '.join(blocked)}" if blocked else ""
+        return Verification(found.status, f"quality passed {record['time']}; served as gated on {name}{also}; {found.reason}", source)
+    if device_class and device_class in evidence and evidence[device_class][0] == "blocked":
+        return Verification(Status.blocked, f"blocked on {device_class}: {evidence[device_class][1]}", evidence[device_class][2])
+    missing = "; ".join(f"{name}: {status}: {why}" for name, (status, why, _) in evidence.items()) or \
+        "; ".join(record.get("reasons") or []) or "no serving evidence"
+    where = f"no serving evidence from {device_class}; " if device_class and device_class not in evidence else ""
+    nexts = [entry["next"] for entry in (record.get("classes") or {}).values() if entry.get("next")]
+    return Verification(Status.pending, f"quality passed {record['time']}, serving pending: {where}{missing}"
                         + (f"; serve it where it will run: {nexts[0]}" if nexts else ""), record)
 
 

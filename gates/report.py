@@ -25,7 +25,9 @@ from pathlib import Path
 from typing import Any, TypeGuard
 
 import evalsets
-from evalsets.served import served_summary
+from evalsets.served import FAILED, served_summary
+from gates.stats import STABILITY_BAR
+from gates.verdict import PENDING
 from quantgate.core.artifacts import MANIFEST, atomic_directory, read_json
 from quantgate.core.errors import InputError
 from quantgate.core.ids import GateId, SetRef
@@ -75,7 +77,6 @@ def verdict_text(row: dict[str, Any]) -> str:
     return "pending serving" if verdict == PENDING else str(verdict)
 
 
-PENDING = "pending"  # quality passed; serving evidence that approves it is missing (gates.verdict.Verdict)
 
 
 def class_lines(row: dict[str, Any]) -> list[str]:
@@ -529,7 +530,7 @@ def serving_table(report: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
             continue
         name = display_name(row) if row["verdict"] != "baseline" else "baseline"
         if not serving.get("served"):
-            said = "pending" if serving.get("status") in (PENDING, "failed") else "no"
+            said = "pending" if serving.get("status") in (PENDING, FAILED) else "no"
             rows.append([name, f"{said}: {serving.get('reason', '?')}", "–", "–", "–", "–", "–", "–"])
             continue
         agreement, greedy = serving.get("agreement"), serving.get("greedy")
@@ -872,8 +873,7 @@ def forest_svg(row: dict[str, Any]) -> str:
 # ---- a candidate's verdict stability ------------------------------------------------------------
 
 # A decided metric gate is flagged unstable below this share of its items' resamples deciding the
-# same (gates.stats.STABILITY_BAR; the report reads stored records, so it keeps the number itself).
-STABILITY_BAR = 0.9
+# same (gates.stats.STABILITY_BAR).
 _DECIDED = (PASS, FAIL, INSUFFICIENT)
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from evalsets.served import FAILED
 from gates import stats
 from gates.policy import LoadedPolicy, MetricGate, Outcome, Statistics
 from gates.sequential import decide_at_look, detectable_regression
@@ -471,7 +472,7 @@ def serving_gates(policy: LoadedPolicy, evidence: ServingEvidence) -> list[GateR
     if record is None:
         return [_serving_undecided("loads", 1.0, "", "not checked (no serve record: run the serve stage, or "
                                                      "`quantgate gate --served`)")]
-    if record.get("status") in (PENDING, "failed"):
+    if record.get("status") in (PENDING, FAILED):
         where = record.get("device_class") or "this machine"
         return [_serving_undecided("loads", 1.0, "", f"pending on {where}: {record['reason']}")]
     if not record["served"]:
@@ -513,6 +514,8 @@ def _reference(record: dict[str, Any], reference: dict[str, Any] | None, ceiling
         return f"the baseline's served-vs-gated difference is unknown ({reference.get('not_compared') or 'not compared'})"
     if reference.get("engine") != record.get("engine"):
         return f"the baseline was served by {reference.get('engine')}, the candidate by {record.get('engine')}"
+    if reference.get("device_class") != record.get("device_class"):  # another class's kernels: another compute difference
+        return f"the baseline was served on {reference.get('device_class')}, the candidate on {record.get('device_class')}"
     if base.get("evalset") != measured.get("evalset", base.get("evalset")):
         return f"the baseline was compared on {base.get('evalset')}, the candidate on {measured.get('evalset')}"
     if not base["mean_abs_logprob_difference"] <= ceiling:

@@ -105,6 +105,7 @@ class EngineRule:
     scheme: str  # the checkpoint's
     default_scheme: str  # what the engine's default computes instead
     setting: tuple[str, str]  # the environment variable and value that serve `scheme` as it is
+    default: str  # the variable's value when it is not set (the engine's default)
     source: str
 
 
@@ -112,7 +113,7 @@ RULES = (
     # vllm/envs.py: VLLM_CPU_INT4_W4A8 defaults to "1"; model_executor/kernels/linear/mixed_precision/cpu.py:
     # use_w4a8 where AMX tiles are supported and the activations are BF16, then ops.int4_scaled_mm_cpu
     EngineRule(engine="vllm-cpu", device_class=AVX512_AMX, scheme="W4A16", default_scheme="W4A8",
-               setting=("VLLM_CPU_INT4_W4A8", "0"), source="vLLM 0.32 CPU build: vllm/envs.py (VLLM_CPU_INT4_W4A8, default 1) and "
+               setting=("VLLM_CPU_INT4_W4A8", "0"), default="1", source="vLLM 0.32 CPU build: vllm/envs.py (VLLM_CPU_INT4_W4A8, default 1) and "
                "model_executor/kernels/linear/mixed_precision/cpu.py (use_w4a8 with AMX and BF16 activations)"),
 )
 

@@ -120,7 +120,7 @@ time.sleep(120)
     with pytest.raises(serving.WorkerFailed) as failed:
         serving.run(env, {"model": "m", "engine": {}, "tasks": []}, tmp_path / "work", 300,
                     probe=serving.ProbeLimit(forward_seconds=1.0, warmup_seconds=31.0))
-    assert "a forward pass took 4.0 s (limit 1.0 s)" in failed.value.reason
+    assert "its fastest forward pass after warm-up took 4.00 s (limit 1.00 s)" in failed.value.reason
     assert failed.value.probe == {"reason": failed.value.reason, "forward_seconds": [9.0, 4.0], "limit_seconds": 1.0,
                                   "warmup_limit_seconds": 31.0}
 
@@ -150,7 +150,8 @@ def test_the_probe_limit_is_a_multiple_of_the_baselines_forward_pass_with_a_floo
     cfg = served.ServeCheckConfig(probe_factor=10, probe_floor_s=1.0)
     assert served.probe_limit(cfg, 0.5).forward_seconds == 5.0
     assert served.probe_limit(cfg, 0.01).forward_seconds == 1.0  # never below the floor
-    assert served.probe_limit(cfg, None).forward_seconds == 10.0  # the baseline itself: the floor times the factor
+    assert served.probe_limit(cfg, None).forward_seconds == served.BASELINE_PROBE_SECONDS  # the baseline: only against a hang
+    assert served.probe_limit(served.ServeCheckConfig(), 0.054).forward_seconds == pytest.approx(0.27)  # the defaults: 5x, at least 0.25 s
     assert served.probe_seconds({"probe": {"forward_seconds": [3.0, 0.2, 0.3]}}) == 0.2  # after warm-up
     assert served.probe_seconds({"probe": {"forward_seconds": [0.4]}}) == 0.4
     assert served.probe_seconds(None) is None
@@ -210,7 +211,8 @@ def _verdict(serving_policy, record: dict | None) -> Verdict:
 
     quality = GateResult(gate="wiki-text@v1 kl_divergence", outcome=Outcome.passed, estimate=0.01, low=0.0, high=0.02,
                          limit=0.05, unit="nats", reason="kl passes")
-    gates = serving_gates(serving_policy, ServingEvidence(record, BASE))
+    reference = {**BASE, "device_class": (record or BASE).get("device_class")}  # the baseline served on the same class
+    gates = serving_gates(serving_policy, ServingEvidence(record, reference))
     approved = all(gate.outcome.value == "pass" for gate in gates)
     return Verdict(approved, [quality, *gates], quality_passed=True)
 
@@ -246,3 +248,63 @@ def test_quality_that_fails_blocks_whatever_serving_says(serving_policy) -> None
                         limit=0.05, unit="nats", reason="kl fails")
     verdict = Verdict(False, [failed, *serving_gates(serving_policy, ServingEvidence(BASE, BASE))], quality_passed=False)
     assert verdict.status == BLOCKED and verdict.serving == APPROVED
+
+
+def test_a_baseline_served_on_another_class_is_no_bound(serving_policy) -> None:
+    amx = {**BASE, "device_class": device.AVX512_AMX, "agreement": _agreement(0.04, 0.2, 0.0)}
+    gates = serving_gates(serving_policy, ServingEvidence(amx, BASE))  # the baseline's record is AVX-512's
+    assert any("the baseline was served on cpu-avx512, the candidate on cpu-avx512-amx" in gate.reason for gate in gates)
+    assert Verdict(False, gates, quality_passed=True).status == PENDING
+
+
+# ---- verify, per device class ---------------------------------------------------------------------
+
+def _ledger_with(tmp_path: Path, verdict: dict, *serving_records: dict) -> tuple[Path, Path]:
+    from gates import ledger
+    from quantgate.core.models import weight_hashes
+
+    checkpoint = tmp_path / "ckpt"
+    checkpoint.mkdir()
+    (checkpoint / "model.safetensors").write_bytes(b"weights")
+    weights = weight_hashes(checkpoint)
+    path = tmp_path / "ledger.jsonl"
+    policy = {"name": "p", "version": "v1", "sha256": "abc"}
+    first = ledger.append(path, {"kind": "verdict", "format": "gptq-int4", "policy": policy, "reasons": [],
+                                 "checkpoint": {"path": str(checkpoint), "format": "gptq-int4", "weights": weights},
+                                 "verdict_sha256": "v1-sha", **verdict})
+    for record in serving_records:
+        ledger.append(path, {"kind": "serving", "format": "gptq-int4", "verdict": None, "policy": policy, "attests": "v1-sha",
+                             "checkpoint": first["checkpoint"], "reasons": ["why"], "signed": False, **record})
+    return checkpoint, path
+
+
+def test_verify_says_per_device_class_approved_pending_or_blocked(tmp_path: Path) -> None:
+    from gates import ledger
+
+    pending = {"verdict": "pending", "classes": {device.AVX512_AMX: {"status": "blocked", "reason": "disagrees: 0.256 nats"}}}
+    checkpoint, path = _ledger_with(tmp_path, pending, {"serving_status": "approved", "device_class": "cuda-sm90"})
+    anywhere = ledger.verify_checkpoint(checkpoint, path)
+    assert anywhere.deployable and "served as gated on cuda-sm90; blocked on cpu-avx512-amx" in anywhere.reason
+    assert ledger.verify_checkpoint(checkpoint, path, device_class="cuda-sm90").deployable
+    amx = ledger.verify_checkpoint(checkpoint, path, device_class=device.AVX512_AMX)
+    assert amx.status is ledger.Status.blocked and "blocked on cpu-avx512-amx: disagrees" in amx.reason
+    avx2 = ledger.verify_checkpoint(checkpoint, path, device_class=device.AVX2)
+    assert avx2.status is ledger.Status.pending and "no serving evidence from cpu-avx2" in avx2.reason
+
+
+def test_an_attestation_of_another_verdict_or_policy_is_no_evidence(tmp_path: Path) -> None:
+    from gates import ledger
+
+    pending = {"verdict": "pending", "classes": {device.AVX2: {"status": "pending", "reason": "no kernel", "next": "quantgate serve-check X --run R"}}}
+    checkpoint, path = _ledger_with(tmp_path, pending,
+                                    {"serving_status": "approved", "device_class": "cuda-sm90", "attests": "another-verdict"},
+                                    {"serving_status": "approved", "device_class": "cuda-sm80",
+                                     "policy": {"name": "p", "version": "v1", "sha256": "edited"}})
+    found = ledger.verify_checkpoint(checkpoint, path)
+    assert found.status is ledger.Status.pending and "serve it where it will run: quantgate serve-check X --run R" in found.reason
+    # an approved verdict of this class needs evidence from the class it will serve on
+    approved = {"verdict": "approved", "classes": {device.AVX512: {"status": "approved", "reason": "served as gated"}}}
+    (tmp_path / "b").mkdir()
+    other, path2 = _ledger_with(tmp_path / "b", approved)
+    assert ledger.verify_checkpoint(other, path2, device_class=device.AVX512).deployable
+    assert ledger.verify_checkpoint(other, path2, device_class="cuda-sm90").status is ledger.Status.pending

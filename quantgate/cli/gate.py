@@ -21,10 +21,14 @@ def verify_command(
     ledger_path: Path = typer.Option(..., "--ledger", help="the approval ledger (JSONL)"),
     public_key: Path | None = typer.Option(None, "--public-key", help="accept only an approval signed by this key "
                                            "(PEM public key; needs the signing extra)"),
+    device_class: str | None = typer.Option(None, "--device-class", help="the device class it will serve on (cpu-avx2, "
+                                            "cpu-avx512, cpu-avx512-amx, cuda-smXY): it must have served as gated there; "
+                                            "default: any class"),
 ) -> None:
     """Exit 0 only if the checkpoint's current weight bytes match an approved ledger record.
 
-    Otherwise exit 1 and say why: blocked, unknown, changed since approval, or ledger tampered.
+    Otherwise exit 1 and say why: pending serving (what is missing, the command that attests it),
+    blocked (on the device class, where one disagrees), unknown, changed since approval, or ledger tampered.
 
     With --public-key, only an approval signed by that key: also unsigned, signed by another key, or ledger rewritten.
 
@@ -32,7 +36,7 @@ def verify_command(
 
     Example: quantgate verify ckpt/gptq-int4 --ledger runs/demo/ledger.jsonl --public-key key.pub
     """
-    result = verify_checkpoint(checkpoint, ledger_path, public_key)
+    result = verify_checkpoint(checkpoint, ledger_path, public_key, device_class)
     typer.echo(f"{checkpoint}: {result.status.value}: {result.reason}")
     raise typer.Exit(0 if result.deployable else 1)
 

@@ -129,8 +129,8 @@ def _attest(checkpoint: str, run: Path, out: Path, *, baseline: Path | None, led
         record = attest(resolve_model(checkpoint), run, staging, baseline=baseline, ledger=ledger, signing_key=signing_key)
     typer.echo(f"{record['format']} on {record['device_class']}: serving {record['serving_status']}"
                + ("" if record["serving_status"] == "approved" else f" ({'; '.join(record['reasons'][:2])})"))
-    typer.echo(f"ledger {ledger or run / 'ledger.jsonl'}: serving record appended ({'signed' if record['signed'] else 'unsigned'}); "
-               f"quantgate verify {checkpoint} --ledger ... says whether it is deployable now")
+    typer.echo(f"ledger {record['ledger']}: serving record appended ({'signed' if record['signed'] else 'unsigned'}); "
+               f"`quantgate verify {checkpoint} --ledger {record['ledger']}` says whether it is deployable now")
     if record["serving_status"] != "approved":
         raise typer.Exit(1)
 

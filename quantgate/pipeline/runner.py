@@ -29,8 +29,8 @@ import calibration
 import evalsets
 import quantize
 from evalsets.evaluate import IDENTITY_KEYS, cache_root, model_identity
+from evalsets.served import FAILED, probe_seconds, served_summary
 from evalsets.served import check as serve_check
-from evalsets.served import probe_seconds, served_summary
 from gates.policy import Outcome, mixed_precision_class, precision_class
 from gates.report import build as build_report
 from gates.report import write as write_report
@@ -132,7 +132,8 @@ class RunResult:
 
     @property
     def exit_code(self) -> int:
-        return 0 if self.all_approved else 1
+        """0 only when every format is approved and no unit of the run failed."""
+        return 0 if self.all_approved and not self.failed_units else 1
 
     @property
     def redone(self) -> list[str]:
@@ -519,6 +520,10 @@ class _Run:
             return _Prepared(candidate, lost=str(lost))
         except UnitFailed as failed:  # no verdict on this candidate this run; the run goes on
             return _Prepared(candidate, lost=failed.reason)
+        if evidence.value.get("blocked_by") and self.plan.serve_cfg is not None:  # blocked by quality: no serve changes that
+            begun = self.cache.begin(f"serve {name}")
+            self.cache.finish("serve", f"serve {name}", "skipped", begun, "blocked by its quality gates")
+            return _Prepared(candidate, measured, measure_key, evidence, None)
         return _Prepared(candidate, measured, measure_key, evidence, self.serve(name, candidate.checkpoint, evidence.results))
 
     def conclude(self, prepared: _Prepared, baseline: _Baseline, overlap: _Overlap) -> dict[str, Any]:
@@ -549,7 +554,7 @@ class _Run:
                 produce=lambda: self.call("serve", label, partial(serve_check, model, results, cfg, env, work=self.dir.serve_work(name),
                                                                   reference_probe=reference), needs=needs)))
         except UnitFailed as failed:  # nothing cached: the next run serves it again; the verdict is pending
-            record = {"served": False, "status": "failed", "reason": failed.reason, "engine": env.identity()}
+            record = {"served": False, "status": FAILED, "reason": failed.reason, "engine": env.identity()}
             return _Served(record, f"failed:{key}")
         self.log.amend(label, _served_summary(record), done=False)
         return _Served(record, key)
@@ -657,7 +662,9 @@ class _Run:
         gates_serving = plan.policy.policy.serving is not None
         reference = baseline.served
         # the serve records themselves (a record made again under the same key may differ)
-        serve_keys = [sha256_json(part.record) if part else None for part in (served, reference)] if plan.serve_cfg is not None else None
+        # (a serve that failed is no evidence: one key for every such failure, so a rerun that fails again judges nothing anew)
+        serve_keys = [(FAILED if part.record.get("status") == FAILED else sha256_json(part.record)) if part else None
+                      for part in (served, reference)] if plan.serve_cfg is not None else None
         key = keys.gate_key(plan, precision=candidate.precision, evidence=evidence.key, measure=measure_key, overlap=overlap.key,
                             results=[sha256_file(results.path / MANIFEST) for results in (evidence.results, evidence.baseline) if results],
                             allocation=candidate.allocation, serve=serve_keys)
@@ -677,7 +684,7 @@ class _Run:
                                     baseline_results=evidence.baseline or baseline.results, candidate_results=evidence.results,
                                     weights=weight_file_hashes(manifest["files"]))
             summary = sequential_summary(evidence.value)
-            served_part = {"serving": served_summary(served.record), "classes": serving_classes(judged, served.record, record)} \
+            served_part = {"serving": served_summary(served.record), "classes": serving_classes(judged, served.record, record, self.dir.root)} \
                 if served else {}
             return _with_split({**record, "sequential": summary, "not_evaluated": summary["not_evaluated"],
                                 "tails": tails(candidate_items or {}, plan.policy.policy.statistics), **served_part}, candidate)
@@ -781,7 +788,7 @@ class _Run:
         }
 
 
-def serving_classes(judged: Verdict, served: dict[str, Any], record: dict[str, Any]) -> dict[str, dict[str, Any]]:
+def serving_classes(judged: Verdict, served: dict[str, Any], record: dict[str, Any], run_dir: Path) -> dict[str, dict[str, Any]]:
     """The verdict per device class, from this run's serve record: its status (approved, pending or
     blocked), why, and for a pending one the command that adds serving evidence from a machine
     of the class where it will serve (`quantgate serve-check --run`, docs/serving.md)."""
@@ -793,7 +800,7 @@ def serving_classes(judged: Verdict, served: dict[str, Any], record: dict[str, A
     entry: dict[str, Any] = {"status": status, "reason": reasons[0] if reasons else served.get("reason") or "served as gated"}
     checkpoint = (record.get("checkpoint") or {}).get("path")
     if status != "approved" and checkpoint and record.get("quality") == "passed":
-        entry["next"] = f"quantgate serve-check {checkpoint} --run {Path(checkpoint).parent.parent}"
+        entry["next"] = f"quantgate serve-check {checkpoint} --run {run_dir}"
     return {device_class: entry}
 
 

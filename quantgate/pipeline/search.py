@@ -123,7 +123,9 @@ def run_search(plan: ResolvedPlan, space: Space, trials: Trials) -> dict[str, An
                               "ceiling_bytes": ceiling, "lo_bytes": lo, "space": space.as_dict(),
                               "trials": [], "repeats": [], "verdicts": {}, "chosen": None, "held_out": None}
     if passes_here(trials.uniform.get(smallest, {})):
-        record["conclusion"] = f"the smallest format it mixes, {smallest}, is approved as it is: no mixed checkpoint can be smaller"
+        pending = "" if trials.uniform[smallest].get("verdict") == "approved" else " (its quality passed; serving is pending)"
+        record["conclusion"] = (f"the smallest format it mixes, {smallest}, is approved as it is{pending}: "
+                                "no mixed checkpoint can be smaller")
         return record
     # the uniform formats, judged on the same items: known points of the bisection
     tried = [Tried(fmt, space.uniform[fmt], space.uniform[fmt], passes_here(trials.uniform.get(fmt, {})),
