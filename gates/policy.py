@@ -80,6 +80,11 @@ class Sequential(Strict):
     # the confidence is split evenly over a set's planned looks (docs/gates.md, "Sequential evaluation")
     error_control: str = Field(default="bonferroni", pattern="^bonferroni$")
     min_items: int = Field(default=1, gt=0, description="no gate is decided on fewer items")
+    # a gate decided before the set's last look stays open (the next look evaluates more items)
+    # unless at least this share of bootstrap resamples of its items decides it the same way
+    # (its stability, gates.stats.verdict_stability); 0: the first decision stands. The Bonferroni
+    # split holds for any stopping rule, so looking further costs items, not error control.
+    min_stability: float = Field(default=0.0, ge=0.0, lt=1.0, description="a decision before the last look needs this stability")
 
     @field_validator("looks")
     @classmethod

@@ -170,14 +170,14 @@ def test_missing_plan_and_broken_yaml_exit_2(cli, tmp_path: Path) -> None:
 
 def test_demo_plan_is_embedded_and_validates() -> None:
     plan = load_plan("demo").plan
-    assert plan.formats == ("gptq-int4", "smoothquant-w8a8", "fp8-e4m3")
-    assert plan.model == "smollm2-135m" and plan.policy == "small-model@v4"
-    assert plan.serving is not None and plan.serving.items == 16 and plan.serving.batch_sizes == (1, 8)
-    assert plan.narrow_policy == ("arc-easy", "lambada", "wiki-text")
+    assert plan.formats == ("gptq-int4", "smoothquant-w8a8")
+    assert plan.model == "smollm2-135m" and plan.policy == "small-model@v5"
+    assert plan.serving is not None and plan.serving.items == 16 and plan.serving.batch_sizes == (1,)
+    assert plan.narrow_policy == ("lambada", "wiki-text")
     assert plan.search is not None and plan.search.formats == ("gptq-int4", "smoothquant-w8a8") and plan.search.max_bytes_ratio == 0.5
     assert plan.out == "demo-out" and plan.hardware == ("reference", "h200")
     assert set(plan.evaluation.limits) == set(plan.evaluation.sets)  # every set has its ceiling
-    assert plan.quantize["fp8-e4m3"] == {"fp8_dynamic": True}
+    assert plan.search.max_trials == 1
 
 
 def test_a_format_that_fails_its_checks_is_blocked_and_stays_blocked(quant_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

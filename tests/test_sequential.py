@@ -37,7 +37,7 @@ import pytest
 
 import evalsets
 from gates.policy import MetricGate, Outcome, Statistics, load_policy
-from gates.samplesize import zero_loss_floor
+from gates.samplesize import gate_powers, zero_loss_floor
 from gates.sequential import critical_value, decide_at_look, detectable_regression, look_confidence, schedule
 from gates.stats import mean_difference, paired_bootstrap
 from gates.verdict import Look, metric_gate
@@ -189,9 +189,11 @@ UNSPLIT = Scenario(LIMIT - 0.05, 1500, split=False, stream=8)
 
 # small-model@v2's accuracy gate as shipped (its looks, its min_items), just past its 8-bit bound: on
 # arc-easy@v1, its ceiling the whole set (570 items: looks 120, 240, 480, 570), and on lambada@v1
-# as the demo plan evaluates it (its limit, 240, is the ceiling: looks 120, 240)
+# as the demo plan evaluates it (its planned ceiling, 960: looks 120, 240, 480, 960)
 SMALL_MODEL = load_policy("small-model@v2").policy
 DEMO_PLAN = load_plan("demo").plan
+DEMO_LAMBADA_CEILING, _ = gate_powers(load_policy(DEMO_PLAN.policy), "lambada@v1", ["8bit", "4bit"], None,
+                                      size=evalsets.load("lambada@v1").size)
 
 
 def shipped(name: str, ceiling: int, replications: int, stream: int) -> Scenario:
@@ -201,8 +203,7 @@ def shipped(name: str, ceiling: int, replications: int, stream: int) -> Scenario
 
 
 SHIPPED_ARC_EASY = shipped("arc-easy", evalsets.load("arc-easy@v1").size, 3000, stream=10)
-DEMO_LAMBADA = shipped("lambada", min(evalsets.load("lambada@v1").size, DEMO_PLAN.evaluation.limits["lambada@v1"]), 3000,
-                       stream=11)
+DEMO_LAMBADA = shipped("lambada", DEMO_LAMBADA_CEILING, 3000, stream=11)
 
 
 def paired_counts(rng: np.random.Generator, scenario: Scenario, ceiling: int) -> tuple[np.ndarray, np.ndarray]:
@@ -424,14 +425,14 @@ def test_small_model_v2s_shipped_schedule_keeps_false_approval_near_the_one_side
     assert abs(result.sequential_rate - result.fixed_rate) <= 0.01, result
 
 
-def test_the_demos_two_looks_keep_false_approval_under_five_percent() -> None:
-    """The demo's lambada@v1: small-model@v4's looks (v2's) under the plan's 240-item ceiling are 120
-    and 240, each at 97.5%, min_items 110; the same truth just past the bound. The rate stays
-    under the nominal 5% (upper end of its Wilson interval), and is the fixed-size test's on all
-    240 items at 95% to within a point: what it has above the one-sided 2.5% is the percentile
-    bootstrap's shortfall at 120 and 240 items, which the fixed-size test shares, not the looks'."""
-    assert DEMO_PLAN.policy == "small-model@v4" and "lambada" in (DEMO_PLAN.narrow_policy or ["lambada"])
-    assert schedule(DEMO_LAMBADA.looks, DEMO_LAMBADA.ceiling) == [120, 240] and DEMO_LAMBADA.min_items == 110
+def test_the_demos_looks_keep_false_approval_under_five_percent() -> None:
+    """The demo's lambada@v1: small-model@v5's looks (v2's) under the plan's planned 960-item
+    ceiling are 120, 240, 480 and 960, each at 98.75%, min_items 110; the same truth just past the
+    bound. The rate stays under the nominal 5% (upper end of its Wilson interval), and is the
+    fixed-size test's on all 960 items at 95% to within a point. (v5's stable decisions only ever
+    look further: the Bonferroni split holds for any stopping rule.)"""
+    assert DEMO_PLAN.policy == "small-model@v5" and "lambada" in (DEMO_PLAN.narrow_policy or ["lambada"])
+    assert schedule(DEMO_LAMBADA.looks, DEMO_LAMBADA.ceiling) == [120, 240, 480, 960] and DEMO_LAMBADA.min_items == 110
     assert SMALL_MODEL.metrics["lambada"]["acc"].threshold("8bit") == -LIMIT
     result = simulate(DEMO_LAMBADA)
     assert upper_limit(result.sequential_approvals, result.replications) <= NOMINAL, result

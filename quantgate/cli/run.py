@@ -118,7 +118,7 @@ def _print_summary(data: dict[str, Any], result: Any = None) -> None:
     if data.get("search"):
         console.print(f"search: {data['search'].get('conclusion')}")
     for row in data["rows"]:  # per device class: approved, pending (what to run next) or blocked
-        for line in class_lines(row):
+        for line in class_lines(row) if row["verdict"] != "blocked" else []:
             console.print(f"{display_name(row)} serving on {line}", highlight=False, soft_wrap=True)
     for sentence in serving_class_sentences(data):
         if "would serve" in sentence:  # the engine's default differs from what was gated

@@ -111,7 +111,9 @@ class Looks:
                     result = metric_gate(spec, METRICS[metric_name], gate, pair, settings=policy.policy.statistics,
                                          precision=precision, look=look)
                     trace.append(_trace_entry(spec, metric_name, look, items, result))
-                    if result.outcome is Outcome.undecided:
+                    unstable = not look.final and result.stability is not None and \
+                        result.stability < policy.policy.sequential.min_stability
+                    if result.outcome is Outcome.undecided or unstable:  # looked at again, on more items
                         last[str(GateId(spec, metric_name))] = result
                         continue
                     decided[str(GateId(spec, metric_name))] = result
@@ -142,7 +144,7 @@ class Looks:
 def _trace_entry(spec: str, metric: str, look: Look, items: int, result: GateResult) -> dict[str, Any]:
     return {"set": spec, "metric": metric, "look": look.index, "looks": look.looks, "items": items, "confidence": look.confidence,
             "outcome": result.outcome.value, "estimate": result.estimate, "low": result.low, "high": result.high,
-            "limit": result.limit}
+            "limit": result.limit, "stability": result.stability}
 
 
 def _show(spec: str, items: int, look: Look, trace: list[dict[str, Any]]) -> None:

@@ -524,6 +524,11 @@ class _Run:
             begun = self.cache.begin(f"serve {name}")
             self.cache.finish("serve", f"serve {name}", "skipped", begun, "blocked by its quality gates")
             return _Prepared(candidate, measured, measure_key, evidence, None)
+        if name != candidate.fmt and self.dir.results(candidate.fmt).is_dir():
+            # a search trial's held-out gate: the same checkpoint its trial served, and how it serves is the
+            # weights' and the kernels' (not the items'): the trial's serve record answers it, no vLLM starts again
+            trial = evalsets.load_results(self.dir.results(candidate.fmt))
+            return _Prepared(candidate, measured, measure_key, evidence, self.serve(candidate.fmt, candidate.checkpoint, trial))
         return _Prepared(candidate, measured, measure_key, evidence, self.serve(name, candidate.checkpoint, evidence.results))
 
     def conclude(self, prepared: _Prepared, baseline: _Baseline, overlap: _Overlap) -> dict[str, Any]:
