@@ -368,7 +368,7 @@ def test_the_trace_holds_one_entry_for_each_open_gate_at_each_look(approved) -> 
     for entry in outcome.trace:
         assert entry["low"] <= entry["estimate"] <= entry["high"]
         assert set(entry) == {"set", "metric", "look", "looks", "items", "confidence", "outcome", "estimate", "low", "high",
-                              "limit"}
+                              "limit", "stability"}
         if entry["outcome"] != "undecided":  # the look that decided a gate: the gate's own numbers
             gate = gates[f"{entry['set']} {entry['metric']}"]
             assert (entry["estimate"], entry["low"], entry["high"], entry["look"], entry["items"]) == (
@@ -411,3 +411,30 @@ def test_the_held_out_looks_read_other_items_and_block_what_the_search_split_pas
     assert [gate.outcome for gate in held.gates] == [Outcome.failed] and held.blocked_by
     # the held-out looks live apart from the search split's: `<set>+<offset>@<items>`
     assert {call.out.name for call in evaluator.calls} == {"arc-easy@v1@60", "arc-easy@v1+60@60"}
+
+
+@pytest.mark.parametrize("min_stability, decided_at", [(0.9, 40), (0.0, 10)])
+def test_a_decision_a_resample_of_its_items_would_overturn_waits_for_the_next_look(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, min_stability: float, decided_at: int) -> None:
+    """small-model@v5's stable decisions: a gate decided before the last look stays open while
+    fewer than `min_stability` of the resamples of its items decide it the same way; at the
+    ceiling it is decided as it stands."""
+    from dataclasses import replace
+
+    from quantgate.pipeline import looks as looks_module
+
+    real = looks_module.metric_gate
+
+    def shaky_first_look(*args: Any, **kwargs: Any) -> Any:  # the first look's decision: a coin flip away
+        result = real(*args, **kwargs)
+        return replace(result, stability=0.5) if kwargs["look"].index == 1 else result
+
+    monkeypatch.setattr(looks_module, "metric_gate", shaky_first_look)
+    body = (f"statistics: {{resamples: 400}}\nsequential: {{min_stability: {min_stability}}}\n"
+            "metrics:\n  lambada: {acc: {max_drop_points: {8bit: 5.0}}}\n")
+    evaluator = Evaluator({"lambada@v1": same_answers(80)})
+    sets = {"lambada@v1": (Kind.last_word, (10, 40, 80))}
+    outcome = Looks(plan(policy(tmp_path, body), sets), RunDir(tmp_path / "run"), evaluator).run(FMT, "8bit", None)
+    gate = by_gate(outcome)["lambada@v1 acc"]
+    assert gate.outcome is Outcome.passed and gate.items == decided_at
+    assert [(entry["items"], entry["stability"]) for entry in outcome.trace][0] == (10, 0.5)
