@@ -1525,7 +1525,7 @@ th, td { border: 1px solid #d0d7de; padding: 3px 8px; text-align: left; vertical
 th { background: #f6f8fa; }
 .n { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
 table.gates { width: 100%; font-size: 12px; }
-table.gates td.reason { overflow-wrap: anywhere; min-width: 18em; }
+table.gates td.reason { overflow-wrap: anywhere; min-width: 15em; }
 table.gates td:first-child, table.gates td:nth-child(7) { white-space: nowrap; }
 tr.approved td.verdict b, .badge.approved { color: #1a7f37; }
 tr.blocked td.verdict b, .badge.blocked { color: #cf222e; }
