@@ -68,6 +68,25 @@ metrics:
     acc: {max_drop_points: {8bit: 5.0, 4bit: 10.0}, undecided_margin_points: 50.0}
 """
 TINY_FORMATS = ["fp8-e4m3", "gptq-int4"]
+# A policy's serving section (the margins of small-model@v4's serving gate), for tests that serve.
+SERVING_RULES = """
+serving:
+  require_loads: true
+  max_baseline_mean_logprob_difference: 0.1
+  mean_logprob_difference_margin: {weight_only: 0.05, quantized_activations: 0.25}
+  p99_logprob_difference_margin: {weight_only: 0.3, quantized_activations: 1.5}
+  nll_increase_margin: 0.02
+"""
+# quality bounds no tiny random model misses: serving alone decides approved or pending
+LENIENT_POLICY = """\
+name: lenient
+version: v1
+metrics:
+  wiki-text:
+    kl_divergence: {max_value: {8bit: 50.0, 4bit: 50.0}, undecided_margin: 0.01}
+  lambada:
+    acc: {max_drop_points: {8bit: 100.0, 4bit: 100.0}, undecided_margin_points: 1.0}
+"""
 
 
 def write_policy(path: Path, text: str = TINY_POLICY) -> Path:

@@ -20,24 +20,8 @@ from gates import ledger
 from quantgate import pipeline
 from quantgate.pipeline.plan import from_mapping
 from serving import device, environment
-from tests.helpers import SERVED_FORMAT, plan_mapping, write_policy
+from tests.helpers import LENIENT_POLICY, SERVED_FORMAT, SERVING_RULES, plan_mapping, write_policy
 
-# bounds no tiny random model can miss: quality passes, and serving alone decides approved or pending
-LENIENT_POLICY = """\
-name: lenient
-version: v1
-metrics:
-  wiki-text:
-    kl_divergence: {max_value: {8bit: 50.0, 4bit: 50.0}, undecided_margin: 0.01}
-  lambada:
-    acc: {max_drop_points: {8bit: 100.0, 4bit: 100.0}, undecided_margin_points: 1.0}
-serving:
-  require_loads: true
-  max_baseline_mean_logprob_difference: 0.1
-  mean_logprob_difference_margin: {weight_only: 0.05, quantized_activations: 0.25}
-  p99_logprob_difference_margin: {weight_only: 0.3, quantized_activations: 1.5}
-  nll_increase_margin: 0.02
-"""
 SERVE_SETTINGS = {"items": 4, "greedy_prompts": 2, "prompt_tokens": 8, "greedy_tokens": 4, "batch_sizes": [1], "decode_tokens": 4,
                   "runs": 1, "kv_cache_mib": 64, "bandwidth_mib": 16, "timeout_s": 600}
 
@@ -56,7 +40,7 @@ def pending_run(quant_model: Path, serving_env: serving.ServingEnv, tmp_path_fac
     """A run whose serves never answered (its machine's engine hung): the format is pending serving."""
     root = tmp_path_factory.mktemp("pending-run")
     mapping = plan_mapping(quant_model, root, formats=[SERVED_FORMAT], serving={**SERVE_SETTINGS, "timeout_s": 3})
-    mapping["policy"] = str(write_policy(root / "lenient.yaml", LENIENT_POLICY))
+    mapping["policy"] = str(write_policy(root / "lenient.yaml", LENIENT_POLICY + SERVING_RULES))
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("QUANTGATE_HOME", str(tmp_path_factory.mktemp("pending-home")))
         patch.setenv(environment.PYTHON_ENV, str(_hanging_python(root)))

@@ -178,20 +178,12 @@ def test_a_worker_the_probe_stopped_is_pending_and_a_known_missing_kernel_too(tm
 
 # ---- what serving evidence does to a verdict ----------------------------------------------------------
 
-SERVING_RULES = """
-serving:
-  require_loads: true
-  max_baseline_mean_logprob_difference: 0.1
-  mean_logprob_difference_margin: {weight_only: 0.05, quantized_activations: 0.25}
-  p99_logprob_difference_margin: {weight_only: 0.3, quantized_activations: 1.5}
-  nll_increase_margin: 0.02
-"""
 
 
 @pytest.fixture
 def serving_policy(tmp_path: Path):
     from gates.policy import load_policy
-    from tests.helpers import TINY_POLICY, write_policy
+    from tests.helpers import SERVING_RULES, TINY_POLICY, write_policy
 
     return load_policy(write_policy(tmp_path / "policy.yaml", TINY_POLICY.replace("version: v1", "version: v2") + SERVING_RULES))
 

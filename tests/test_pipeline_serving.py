@@ -15,16 +15,9 @@ from quantgate import pipeline
 from quantgate.core.artifacts import read_json
 from quantgate.pipeline.plan import from_mapping
 from serving import environment
-from tests.helpers import SERVED_FORMAT, TINY_POLICY, plan_mapping, write_policy
+from tests.helpers import SERVED_FORMAT, SERVING_RULES, TINY_POLICY, plan_mapping, write_policy
 
-SERVING_POLICY = TINY_POLICY.replace("version: v1", "version: v2") + """
-serving:
-  require_loads: true
-  max_baseline_mean_logprob_difference: 0.1
-  mean_logprob_difference_margin: {weight_only: 0.05, quantized_activations: 0.25}
-  p99_logprob_difference_margin: {weight_only: 0.3, quantized_activations: 1.5}
-  nll_increase_margin: 0.02
-"""
+SERVING_POLICY = TINY_POLICY.replace("version: v1", "version: v2") + SERVING_RULES
 SERVE_SETTINGS = {"items": 4, "greedy_prompts": 2, "prompt_tokens": 8, "greedy_tokens": 4, "batch_sizes": [1, 8],
                   "decode_tokens": 4, "runs": 1, "kv_cache_mib": 64, "bandwidth_mib": 16}
 

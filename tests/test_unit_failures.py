@@ -17,26 +17,9 @@ from quantgate.core.artifacts import read_json
 from quantgate.pipeline import units
 from quantgate.pipeline.plan import from_mapping
 from serving import environment
-from tests.helpers import plan_mapping, write_policy
+from tests.helpers import LENIENT_POLICY, SERVING_RULES, plan_mapping, write_policy
 
-# quality bounds no tiny random model misses: serving alone decides approved or pending
-LENIENT_POLICY = """\
-name: lenient
-version: v1
-metrics:
-  wiki-text:
-    kl_divergence: {max_value: {8bit: 50.0, 4bit: 50.0}, undecided_margin: 0.01}
-  lambada:
-    acc: {max_drop_points: {8bit: 100.0, 4bit: 100.0}, undecided_margin_points: 1.0}
-"""
-SERVING_POLICY = LENIENT_POLICY + """
-serving:
-  require_loads: true
-  max_baseline_mean_logprob_difference: 0.1
-  mean_logprob_difference_margin: {weight_only: 0.05, quantized_activations: 0.25}
-  p99_logprob_difference_margin: {weight_only: 0.3, quantized_activations: 1.5}
-  nll_increase_margin: 0.02
-"""
+SERVING_POLICY = LENIENT_POLICY + SERVING_RULES
 
 
 def _fake_serving_python(root: Path, worker_body: str) -> Path:
