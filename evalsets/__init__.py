@@ -2,10 +2,10 @@
 tasks generated from the sets' manifests, per-item results, KL / top-1 agreement with the baseline."""
 
 from evalsets.config import AddConfig, EvalBackend, EvaluateConfig, GenerationSettings, Kind
-from evalsets.evaluate import EvaluationResults, Evaluator, load_results, run
+from evalsets.evaluate import EvaluationResults, Evaluator, as_served, load_results, run
 from evalsets.sets import AddedSet, GoldenSet, add, demo_limits, list_sets, load, verify
 
 __all__ = [
-    "AddConfig", "AddedSet", "EvalBackend", "EvaluateConfig", "EvaluationResults", "Evaluator", "GenerationSettings",
+    "AddConfig", "AddedSet", "as_served", "EvalBackend", "EvaluateConfig", "EvaluationResults", "Evaluator", "GenerationSettings",
     "GoldenSet", "Kind", "add", "demo_limits", "list_sets", "load", "load_results", "run", "verify",
 ]

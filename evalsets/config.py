@@ -224,6 +224,9 @@ class EvaluateConfig(Strict):
     # (a held-out split: the items after those a search was judged on)
     offsets: dict[str, int] = Field(default_factory=dict)
     backend: EvalBackend = EvalBackend.hf
+    # --backend vllm: the engine settings (environment variables) vLLM runs under, e.g.
+    # {"VLLM_CPU_INT4_W4A8": "1"}: the settings that decide which scheme it computes (serving.device)
+    engine_settings: dict[str, str] = Field(default_factory=dict)
     batch_size: int = Field(default=4, gt=0, le=512)
     # text sets: tokens scored per item (longer items are truncated, recorded per item)
     max_tokens: int = Field(default=512, gt=1)
@@ -267,6 +270,12 @@ class EvaluateConfig(Strict):
             if offset < 0:
                 raise ValueError(f"the offset of {name} must not be negative, got {offset}")
         return value
+
+    @model_validator(mode="after")
+    def _settings_need_the_engine(self) -> EvaluateConfig:
+        if self.engine_settings and self.backend is not EvalBackend.vllm:
+            raise ValueError("engine settings apply to --backend vllm only")
+        return self
 
     def offset_for(self, name: str, spec: str) -> int:
         return self.offsets.get(spec, self.offsets.get(name, 0))

@@ -178,6 +178,20 @@ def _check_results_manifest(path: Path, manifest: dict[str, Any], what: str) -> 
 # ---- identities and the cache key -----------------------------------------------------------
 
 
+def as_served(results: EvaluationResults, settings: dict[str, str]) -> EvaluateConfig | None:
+    """The settings that evaluate, through the serving engine under `settings`, the items
+    `results` hold of its multiple-choice, last-word and generation sets (text sets are scored in
+    the reference numerics only: the serve check compares them as served); None: no such set."""
+    sets = {spec: entry for spec, entry in results.manifest["sets"].items() if entry.get("kind") != Kind.text.value}
+    if not sets:
+        return None
+    made = EvaluateConfig.model_validate(results.manifest["config"])
+    return EvaluateConfig(evalsets=tuple(sets), limits={spec: entry["limit"] for spec, entry in sets.items() if entry.get("limit")},
+                          offsets={spec: entry["offset"] for spec, entry in sets.items() if entry.get("offset")},
+                          backend=EvalBackend.vllm, engine_settings=dict(settings), batch_size=made.batch_size,
+                          bootstrap_iters=made.bootstrap_iters, use_cache=made.use_cache, allow_pickle=made.allow_pickle)
+
+
 def model_identity(model_dir: Path) -> dict[str, Any]:
     """What decides a model's numbers: its weight bytes, its config (quantization scheme
     included: two checkpoints may share weights and differ in activation quantization), its tokenizer."""
@@ -201,6 +215,8 @@ def run_settings(cfg: EvaluateConfig, golden: GoldenSet, device: str, dtype: str
     settings = {**common, "runner": f"lm-eval/{cfg.backend.value}", "num_fewshot": 0, "bootstrap_iters": cfg.bootstrap_iters}
     if cfg.backend is EvalBackend.vllm:  # vLLM's own dtype (the checkpoint's), and its release: an upgrade recomputes
         settings.update(dtype="auto", engine=serving_env().identity())
+        if cfg.engine_settings:  # absent when none: keys made before settings existed stay valid
+            settings["engine_settings"] = dict(sorted(cfg.engine_settings.items()))
     grown = [n for n in cfg.grown_from_for(golden.name, golden.spec) if common["limit"] is None or n < common["limit"]]
     if grown:  # these items extend the cached results of the earlier looks (in the key: other bits)
         settings["grown_from"] = grown
@@ -505,7 +521,7 @@ class _LoadedModel:
         self.model_dir, self.device, self.dtype = model_dir, device, dtype
         self._model: Any = None
         self._tokenizer: Any = None
-        self._lm: Any = None
+        self._lms: dict[EvalBackend, Any] = {}
 
     def transformers(self) -> tuple[Any, Any]:
         if self._model is None:
@@ -524,13 +540,18 @@ class _LoadedModel:
         return self._model, self._tokenizer
 
     def lm(self, cfg: EvaluateConfig) -> Any:
-        if self._lm is None:
+        """lm-eval's model for `cfg.backend`, one per backend (a process keeps an evaluator per model,
+        and a run may evaluate one checkpoint both ways: in the reference numerics, and as vLLM serves it)."""
+        if cfg.backend not in self._lms:
             if cfg.backend is EvalBackend.vllm:
-                self._lm = lm_eval_tasks.served_model(self.model_dir, serving_env(), cfg.batch_size)
+                self._lms[cfg.backend] = lm_eval_tasks.served_model(self.model_dir, serving_env(), cfg.batch_size)
             else:
                 model, tokenizer = self.transformers()
-                self._lm = lm_eval_tasks.hf_model(model, tokenizer, cfg.batch_size)
-        return self._lm
+                self._lms[cfg.backend] = lm_eval_tasks.hf_model(model, tokenizer, cfg.batch_size)
+        lm = self._lms[cfg.backend]
+        if cfg.backend is EvalBackend.vllm:  # this run's own settings (the engine starts per lm-eval call)
+            lm.settings = dict(cfg.engine_settings)
+        return lm
 
 
 def _earlier_look(cfg: EvaluateConfig, loaded: _LoadedModel, job: _SetJob, *, identity: dict[str, Any],

@@ -230,6 +230,7 @@ def served_model(model_dir: Path, env: serving.ServingEnv, batch_size: int) -> A
                 eos = None
             self.stop_ids = {self.tokenizer.eos_token_id, *(eos if isinstance(eos, list) else [eos])} - {None}
             self.served: dict[str, Any] = {}  # what the last worker run reported of the engine
+            self.settings: dict[str, str] = {}  # the engine settings (environment variables) each worker run gets
 
         @property
         def eot_token_id(self) -> int:
@@ -313,13 +314,15 @@ def served_model(model_dir: Path, env: serving.ServingEnv, batch_size: int) -> A
             prompts = sum(len(task.get("requests", task.get("prompts", []))) for task in tasks)
             work = Path(tempfile.mkdtemp(prefix="quantgate-vllm-eval-"))
             try:
-                response = serving.run(self.env, request, work, timeout=ENGINE_START_S + prompts * longest / MIN_TOKENS_PER_S)
+                response = serving.run(self.env, request, work, timeout=ENGINE_START_S + prompts * longest / MIN_TOKENS_PER_S,
+                                       settings=self.settings)
             except serving.WorkerFailed as failure:  # the work directory stays, with the worker's log
                 raise serving.WorkerFailed(f"{self.env.label} on {self.model_dir}: {failure.reason} (log: {failure.log})",
                                            failure.log, failure.phase) from failure
             shutil.rmtree(work, ignore_errors=True)
             self.served = {key: response.value.get(key) for key in ("vllm_version", "torch_version", "dtype", "quantization",
                                                                     "device", "threads", "load_seconds")}
+            self.served["engine_settings"] = dict(self.settings)
             return list(response.value["results"])  # the tasks' answers, in their order
 
         def get_model_info(self) -> dict[str, Any]:

@@ -86,8 +86,17 @@ def class_lines(row: dict[str, Any]) -> list[str]:
         line = f"{device_class}: {entry.get('status')}: {entry.get('reason')}"
         if entry.get("next"):
             line += f"; to attest it where it will serve: {entry['next']}"
-        lines.append(line)
+        lines.append(line + "".join(f"; {as_served_text(gated)}" for gated in entry.get("as_served") or []))
     return lines
+
+
+def as_served_text(gated: dict[str, Any]) -> str:
+    """'as vLLM's default serves it (VLLM_CPU_INT4_W4A8=1: W4A16 as W4A8), its golden sets passed: lambada acc ...'."""
+    settings = ", ".join(f"{key}={value}" for key, value in (gated.get("settings") or {}).items()) or "no settings"
+    schemes = ", ".join(f"{asked} as {computed}" for asked, computed in (gated.get("served_as") or {}).items())
+    how = "as the engine's default serves it" if gated.get("numerics") == "engine_default" else "as the serve stage served it"
+    outcome = {"passed": "its golden sets pass", "failed": "its golden sets fail"}.get(str(gated.get("status")), "not evaluated")
+    return f"{how} ({settings}{': ' + schemes if schemes else ''}), {outcome}: {gated.get('reason')}"
 
 
 def pending_sentence(row: dict[str, Any]) -> str:
@@ -1601,6 +1610,8 @@ def serving_class_sentences(report: dict[str, Any]) -> list[str]:
         default = engine_default_sentence(row)
         if default:
             sentences.append(default)
+        for device_class, entry in (row.get("classes") or {}).items():
+            sentences += [f"{name} on {device_class}, {as_served_text(gated)}." for gated in entry.get("as_served") or []]
     return sentences
 
 

@@ -486,11 +486,22 @@ def serving_gates(policy: LoadedPolicy, evidence: ServingEvidence) -> list[GateR
         results.append(_single(SERVING, "weights", False, value=0.0, limit=1.0, unit="",
                                reason="serving: the served checkpoint's weights or config are not those its gated results "
                                       f"were computed on ({gated.get('results')})"))
-    measured, base = record.get("agreement"), _reference(record, evidence.reference, rules.max_baseline_mean_logprob_difference)
+    return results + _agreement_gates(policy, record, record.get("agreement"), evidence.reference)
+
+
+def _agreement_gates(policy: LoadedPolicy, record: dict[str, Any], measured: dict[str, Any] | None,
+                     reference: dict[str, Any] | None) -> list[GateResult]:
+    """The three agreement gates (mean and p99 |difference|, NLL change) on `measured`: the
+    agreement of what a serve record's engine served (its own, or its engine default's) with what
+    was gated, against the baseline's own plus the policy's margins."""
+    rules = policy.policy.serving
+    assert rules is not None
+    base = _reference(record, reference, rules.max_baseline_mean_logprob_difference)
     quantized = bool(record.get("quantized_activations"))
     checks = [("mean_logprob_difference", "mean_abs_logprob_difference", rules.mean_logprob_difference_margin.for_record(quantized)),
               ("p99_logprob_difference", "p99_abs_logprob_difference", rules.p99_logprob_difference_margin.for_record(quantized)),
               ("nll_change", "nll_change", rules.nll_increase_margin)]
+    results = []
     for check, key, margin in checks:
         if measured is None:
             why = record.get("not_compared") or "no gated text-set results to compare with"
@@ -499,6 +510,71 @@ def serving_gates(policy: LoadedPolicy, evidence: ServingEvidence) -> list[GateR
             results.append(_serving_undecided(check, margin, "nats", f"no bound: {base}"))
         else:
             results.append(_serving_check(check, measured, base[key], margin, quantized))
+    return results
+
+
+# ---- gate what serves (docs/serving.md, "Gating what serves") ---------------------------------
+
+SERVED, ENGINE_DEFAULT = "served", "engine_default"
+
+
+@dataclass(frozen=True)
+class ServedNumerics:
+    """Numerics a device class's engine computes that differ from the gated ones beyond the
+    agreement bound: what the serve stage served (`served`, under the settings it ran with), or
+    what the engine's default settings would serve there (`engine_default`: INT4 as W4A8 on an AMX
+    CPU). Its golden sets, evaluated through the engine under `settings`, are that class's quality
+    evidence for those numerics."""
+
+    which: str
+    device_class: str
+    settings: dict[str, str]
+    served_as: dict[str, str]  # scheme asked for -> scheme the engine computes under `settings`
+    why: str  # the agreement gate it failed
+
+
+def differing_numerics(policy: LoadedPolicy, evidence: ServingEvidence) -> list[ServedNumerics]:
+    """The served numerics of a serve record that the agreement gates find beyond their bound:
+    the serve stage's own (a disagreeing serve), and its engine default's where the record measured
+    one. None where the policy gates no serving, nothing was served, or no bound exists."""
+    record = evidence.record
+    if policy.policy.serving is None or record is None or not record.get("served"):
+        return []
+    device_class = str(record.get("device_class") or "unknown")
+    found = []
+    own = [gate for gate in _agreement_gates(policy, record, record.get("agreement"), evidence.reference)
+           if gate.outcome is Outcome.failed]
+    if own:
+        found.append(ServedNumerics(SERVED, device_class, dict(record.get("engine_settings") or {}),
+                                    {entry["scheme"]: entry["served_as"] for entry in record.get("schemes") or []}, own[0].reason))
+    default = record.get("engine_default") or {}
+    if default.get("served") and default.get("agreement"):
+        failed = [gate for gate in _agreement_gates(policy, record, default["agreement"], evidence.reference)
+                  if gate.outcome is Outcome.failed]
+        if failed:
+            found.append(ServedNumerics(ENGINE_DEFAULT, device_class, dict(default.get("settings") or {}),
+                                        dict(default.get("served_as") or {}), failed[0].reason))
+    return found
+
+
+def served_quality_gates(baseline_items: dict[str, Records], served_items: dict[str, Records], policy: LoadedPolicy,
+                         precision: str) -> list[GateResult]:
+    """The policy's metric gates on the sets the serving engine evaluated (multiple-choice,
+    last-word and generation sets: text sets are scored in the reference numerics only, and the
+    agreement gates judge them as served), each served result paired item by item with the
+    baseline's, at one look: its last, always decided."""
+    results: list[GateResult] = []
+    look = Look(confidence=policy.policy.statistics.confidence, min_items=policy.policy.sequential.min_items)
+    for set_name, gates in policy.policy.metrics.items():
+        wanted = SetRef.parse(set_name)
+        spec = next((s for s in served_items if wanted.matches(SetRef.parse(s))), None)
+        if spec is None:
+            continue
+        if spec not in baseline_items:
+            raise InputError(f"{spec}: served results with no baseline results on the same set")
+        items = _aligned(baseline_items[spec], served_items[spec], spec)
+        results += [metric_gate(spec, _gated(metric), gate, items, settings=policy.policy.statistics, precision=precision, look=look)
+                    for metric, gate in gates.items()]
     return results
 
 

@@ -172,9 +172,15 @@ def _publish_at_once(final: Path, writers: int, mode: str) -> list[int]:
     import time
 
     start = time.time() + 1.5  # every writer has its entry staged by then
-    processes = [subprocess.Popen([sys.executable, "-c", PUBLISHER, str(final), str(start), mode], stderr=subprocess.DEVNULL)
+    processes = [subprocess.Popen([sys.executable, "-c", PUBLISHER, str(final), str(start), mode], stderr=subprocess.PIPE)
                  for _ in range(writers)]
-    return [process.wait() for process in processes]
+    codes = []
+    for process in processes:
+        _, err = process.communicate()
+        if process.returncode:
+            print(err.decode(errors="replace"))  # shown by pytest when the test fails
+        codes.append(process.returncode)
+    return codes
 
 
 def test_writers_publishing_the_same_cache_entry_at_once_all_succeed_and_leave_one_whole_entry(tmp_path: Path) -> None:

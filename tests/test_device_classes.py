@@ -249,6 +249,42 @@ def test_a_baseline_served_on_another_class_is_no_bound(serving_policy) -> None:
     assert Verdict(False, gates, quality_passed=True).status == PENDING
 
 
+def test_the_numerics_a_class_serves_beyond_the_bound_are_named_for_gating(serving_policy) -> None:
+    from gates.verdict import ENGINE_DEFAULT, SERVED, differing_numerics
+
+    amx = {**BASE, "device_class": device.AVX512_AMX}
+    schemes = [{"scheme": "W4A16", "served_as": "W4A16", "engine_default": "W4A8"}]
+    default = {"settings": {"VLLM_CPU_INT4_W4A8": "1"}, "served_as": {"W4A16": "W4A8"}, "served": True,
+               "agreement": _agreement(0.221, 1.1, 0.067)}  # measured on AMX: the demo's gptq-int4 under vLLM's default
+    as_gated = {**amx, "agreement": _agreement(0.041, 0.2, 0.004), "engine_settings": {"VLLM_CPU_INT4_W4A8": "0"},
+                "schemes": schemes, "engine_default": default}
+    [found] = differing_numerics(serving_policy, ServingEvidence(as_gated, amx))
+    assert (found.which, found.device_class, found.settings, found.served_as) == \
+        (ENGINE_DEFAULT, device.AVX512_AMX, {"VLLM_CPU_INT4_W4A8": "1"}, {"W4A16": "W4A8"})
+    assert "beyond the bound" in found.why
+    # an engine default within the bound computes what was gated: nothing to gate again
+    close = {**as_gated, "engine_default": {**default, "agreement": _agreement(0.05, 0.3, 0.005)}}
+    assert differing_numerics(serving_policy, ServingEvidence(close, amx)) == []
+    # a disagreeing serve: its own numerics, under the settings it ran with
+    disagrees = {**as_gated, "agreement": _agreement(0.256, 1.30, 0.072), "engine_default": {}}
+    assert [(item.which, item.settings, item.served_as) for item in differing_numerics(serving_policy, ServingEvidence(disagrees, amx))] \
+        == [(SERVED, {"VLLM_CPU_INT4_W4A8": "0"}, {"W4A16": "W4A16"})]
+    # nothing served, or no bound (the baseline served on another class): nothing to gate
+    assert differing_numerics(serving_policy, ServingEvidence({**disagrees, "served": False}, amx)) == []
+    assert differing_numerics(serving_policy, ServingEvidence(disagrees, BASE)) == []
+
+
+def test_served_results_are_gated_by_the_policys_gates_on_the_sets_the_engine_evaluated(serving_policy) -> None:
+    from gates.verdict import served_quality_gates
+
+    baseline = [{"id": str(index), "metrics": {"acc": 1.0 if index % 2 else 0.0}} for index in range(200)]
+    worse = [{"id": str(index), "metrics": {"acc": 0.0}} for index in range(200)]
+    [gate] = served_quality_gates({"lambada@v1": baseline}, {"lambada@v1": baseline}, serving_policy, "4bit")
+    assert gate.gate == "lambada@v1 acc" and gate.outcome.value == "pass"  # wiki-text (a text set) is not asked for
+    [gate] = served_quality_gates({"lambada@v1": baseline}, {"lambada@v1": worse}, serving_policy, "4bit")
+    assert gate.outcome.value == "fail" and gate.estimate == pytest.approx(-50.0)
+
+
 # ---- verify, per device class ---------------------------------------------------------------------
 
 def _ledger_with(tmp_path: Path, verdict: dict, *serving_records: dict) -> tuple[Path, Path]:

@@ -5,6 +5,7 @@ before any work."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ from quantgate import pipeline
 from quantgate.core.artifacts import read_json
 from quantgate.pipeline.plan import from_mapping
 from serving import environment
-from tests.helpers import SERVED_FORMAT, SERVING_RULES, TINY_POLICY, plan_mapping, write_policy
+from tests.helpers import LENIENT_POLICY, SERVED_FORMAT, SERVING_RULES, TINY_POLICY, plan_mapping, write_policy
 
 SERVING_POLICY = TINY_POLICY.replace("version: v1", "version: v2") + SERVING_RULES
 SERVE_SETTINGS = {"items": 4, "greedy_prompts": 2, "prompt_tokens": 8, "greedy_tokens": 4, "batch_sizes": [1, 8],
@@ -92,3 +93,44 @@ def test_a_policy_that_gates_serving_without_the_environment_is_refused_before_a
     assert result.code == 2 and not (tmp_path / "run").exists()
     assert result.err.strip().splitlines()[-1].endswith("the serving environment is not built: run `quantgate serving setup` "
                                                         "(or `make serving`)")
+
+
+# serving margins no quantized checkpoint meets (its served log-probs differ from gated more than
+# the unquantized baseline's own), and quality bounds every tiny model meets: its serve disagrees,
+# its quality passes, and what it serves is gated on the golden sets the engine evaluates
+DISAGREEING_POLICY = LENIENT_POLICY.replace("name: lenient", "name: strict-serving") + SERVING_RULES.replace(
+    "weight_only: 0.05, quantized_activations: 0.25", "weight_only: 1.0e-9, quantized_activations: 1.0e-9")
+
+
+def test_what_a_disagreeing_class_serves_is_gated_on_the_golden_sets_the_engine_evaluates(
+        served_run, quant_model: Path, serving_env: serving.ServingEnv, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    out, _ = served_run
+    root = tmp_path / "copy"
+    shutil.copytree(out, root / "run")  # its serve records answer this run: no vLLM starts for them again
+    monkeypatch.setenv(environment.PYTHON_ENV, str(serving_env.python))
+    monkeypatch.setenv("QUANTGATE_HOME", str(tmp_path / "home"))
+    mapping = _plan(quant_model, root)
+    mapping["policy"] = str(write_policy(root / "disagreeing.yaml", DISAGREEING_POLICY))
+    result = pipeline.run(from_mapping(mapping), show_progress=False)
+    verdict = read_json(root / "run" / "verdicts" / f"{SERVED_FORMAT}.json")["value"]
+    served = read_json(root / "run" / "serve" / f"{SERVED_FORMAT}.json")["value"]
+    device_class = served["device_class"]
+    assert verdict["verdict"] == "pending" and verdict["classes"][device_class]["status"] == "blocked"
+    [gated] = verdict["as_served"]
+    assert gated["numerics"] == "served" and gated["settings"] == served["engine_settings"]
+    assert gated["served_as"] == {entry["scheme"]: entry["served_as"] for entry in served["schemes"]}
+    assert gated["because"].startswith("serving: served log-probs differ from gated")
+    # the lambada items its gate judged, evaluated again through vLLM, paired with the baseline's and gated
+    assert [gate["gate"] for gate in gated["gates"]] == ["lambada@v1 acc"] and gated["status"] == "passed"
+    results = read_json(Path(gated["results"]) / "manifest.json")
+    assert results["config"]["backend"] == "vllm" and list(results["sets"]) == ["lambada@v1"]
+    assert results["sets"]["lambada@v1"]["limit"] == verdict["sequential"]["items"]["lambada@v1"]
+    # the class's entry, the CLI's and the report's lines say it
+    assert verdict["classes"][device_class]["as_served"][0]["status"] == "passed"
+    html = (root / "run" / "report" / "report.html").read_text()
+    assert f"{SERVED_FORMAT} on {device_class}, as the serve stage served it" in html
+    assert f"evaluate {SERVED_FORMAT} as served (served on {device_class})" in [stage.stage for stage in result.stages]
+    # started again: nothing evaluated again
+    again = pipeline.run(from_mapping(mapping), show_progress=False)
+    assert {stage.stage: stage.status for stage in again.stages}[f"evaluate {SERVED_FORMAT} as served (served on {device_class})"] \
+        == "reused"

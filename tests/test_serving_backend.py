@@ -94,6 +94,11 @@ def test_the_engine_release_is_in_the_cache_key(engine_model: Path, tmp_path: Pa
         keys.append(evaluator.cache_keys(cfg))
     hf_keys = evaluator.cache_keys(hf_cfg)
     assert all(keys[0][spec] != keys[1][spec] != hf_keys[spec] != keys[0][spec] for spec in hf_keys)
+    # engine settings that change what vLLM computes key apart too; none keys as before they existed
+    w4a8 = evaluator.cache_keys(cfg.model_copy(update={"engine_settings": {"VLLM_CPU_INT4_W4A8": "1"}}))
+    assert all(w4a8[spec] != keys[1][spec] for spec in hf_keys)
+    with pytest.raises(ValueError, match="engine settings apply to --backend vllm only"):
+        evalsets.EvaluateConfig(evalsets=("lambada",), engine_settings={"VLLM_CPU_INT4_W4A8": "1"})
 
 
 def test_requests_are_truncated_from_the_left_within_the_positions(engine_model: Path) -> None:
@@ -118,10 +123,11 @@ def test_generation_is_greedy_and_cut_at_the_end_token_and_the_stop_sequences(en
 
     tokenizer = AutoTokenizer.from_pretrained(engine_model)
     outputs = {4: " yes\nno", 6: " a b"}
-    sent = []
+    sent, under = [], []
 
-    def worker(env: serving.ServingEnv, request: dict, work: Path, timeout: float) -> serving.Response:
+    def worker(env: serving.ServingEnv, request: dict, work: Path, timeout: float, settings: dict | None = None) -> serving.Response:
         sent.append(request)
+        under.append(settings)
         results = [{"kind": "greedy", "continuations": [
             tokenizer.encode(outputs[task["max_tokens"]]) + ([tokenizer.eos_token_id, *tokenizer.encode(" c.")] if task["max_tokens"] == 6 else [])
             for _ in task["prompts"]]} for task in request["tasks"]]
@@ -134,8 +140,10 @@ def test_generation_is_greedy_and_cut_at_the_end_token_and_the_stop_sequences(en
                {"until": ["\n"], "max_gen_toks": 4, "do_sample": False}]
     requests = [Instance("generate_until", {}, (context, kwargs), index)
                 for index, (context, kwargs) in enumerate(zip(contexts, budgets, strict=True))]
+    lm.settings = {"VLLM_CPU_INT4_W4A8": "1"}  # the engine settings a run's evaluation asks for reach the worker
     assert lm.generate_until(requests) == [" yes", " a b", " yes"]
     (request,) = sent
+    assert under == [{"VLLM_CPU_INT4_W4A8": "1"}]
     assert [(task["max_tokens"], task["prompts"]) for task in request["tasks"]] == [
         (4, [tokenizer.encode(contexts[0]), tokenizer.encode(contexts[2])]), (6, [tokenizer.encode(contexts[1])])]
     longest = max(len(tokenizer.encode(context)) + kwargs["max_gen_toks"] for context, kwargs in zip(contexts, budgets, strict=True))
@@ -150,7 +158,7 @@ def test_a_failed_worker_names_the_engine_the_model_and_its_log(engine_model: Pa
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     from lm_eval.api.instance import Instance
 
-    def worker(env: serving.ServingEnv, request: dict, work: Path, timeout: float) -> serving.Response:
+    def worker(env: serving.ServingEnv, request: dict, work: Path, timeout: float, settings: dict | None = None) -> serving.Response:
         raise serving.WorkerFailed("ValueError: head size 16 is not supported", work / "worker.log", "load")
 
     monkeypatch.setattr(serving, "run", worker)

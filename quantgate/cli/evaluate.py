@@ -174,6 +174,7 @@ def evaluate_command(
     no_cache: bool = typer.Option(False, "--no-cache", help="recompute even if the cache holds these results"),
     batch_size: int = typer.Option(4, "--batch-size"),
     backend: str = typer.Option("hf", "--backend", help="hf (transformers, FP32 on a CPU) or vllm (the serving environment: quantgate serving setup)"),
+    engine_setting: list[str] | None = typer.Option(None, "--engine-setting", help="--backend vllm: KEY=VALUE, an environment variable vLLM runs under (e.g. VLLM_CPU_INT4_W4A8=1); repeatable"),
     max_tokens: int = typer.Option(512, "--max-tokens", help="text sets: tokens scored per item"),
     top_k: int = typer.Option(64, "--top-k", help="text sets: baseline log-probabilities cached per position"),
     device: str | None = typer.Option(None, "--device", help="cpu or cuda (default: cuda when available)"),
@@ -190,9 +191,15 @@ def evaluate_command(
     Example: quantgate evaluate --model ckpt/gptq-int4 --evalset arc-easy --evalset wiki-text --limit 100 --baseline-results results/baseline --out results/gptq-int4
     """
     common, per_set = _parse_limits(limit, demo_limits)
+    settings = {}
+    for item in engine_setting or []:
+        key, equals, value = item.partition("=")
+        if not equals or not key.strip():
+            raise InputError(f"--engine-setting takes KEY=VALUE, got {item!r}")
+        settings[key.strip()] = value
     cfg = config(
         evalsets.EvaluateConfig,
-        evalsets=tuple(evalset), limit=common, limits=per_set, backend=backend, batch_size=batch_size,
+        evalsets=tuple(evalset), limit=common, limits=per_set, backend=backend, engine_settings=settings, batch_size=batch_size,
         max_tokens=max_tokens, top_k=top_k, device=device, use_cache=not no_cache, allow_pickle=allow_pickle,
     )
     results = evalsets.run(cfg, model, out, baseline_results=baseline_results, overwrite=overwrite)

@@ -93,6 +93,11 @@ class RunDir:
         """The serve check's request, vLLM's response and its log."""
         return self.root / "serve" / name
 
+    def served_results(self, name: str, which: str) -> Path:
+        """A checkpoint's golden sets evaluated as a device class serves it (`which`: its serve
+        stage's settings, `served`, or the engine's default, `engine_default`)."""
+        return self.root / "served-results" / f"{name}-{which}"
+
     def verdict(self, fmt: str) -> Path:
         return self.root / "verdicts" / f"{fmt}.json"
 

@@ -75,8 +75,17 @@ def serve_key(plan: ResolvedPlan, *, checkpoint: dict[str, str], results: str | 
                         "quantgate": plan.version, "libraries": library_versions()})
 
 
+def served_results_key(plan: ResolvedPlan, *, checkpoint: str, results: str, settings: dict[str, str]) -> str:
+    """A checkpoint's golden sets evaluated as a device class serves it: its quantize key, the
+    sha256 of the gated results whose items it evaluates again, the engine settings and identity."""
+    assert plan.serving_env is not None
+    return sha256_json({"stage": "served-results", "checkpoint": checkpoint, "results": results, "settings": dict(sorted(settings.items())),
+                        "engine": plan.serving_env.identity(), "quantgate": plan.version, "libraries": library_versions()})
+
+
 def gate_key(plan: ResolvedPlan, *, precision: str, evidence: str, measure: str, overlap: str, results: list[str],
-             allocation: dict[str, int] | None = None, serve: list[str | None] | None = None) -> str:
+             allocation: dict[str, int] | None = None, serve: list[str | None] | None = None,
+             as_served: list[list[str]] | None = None) -> str:
     """A verdict: the policy, the precision class, the key of the looks, the sha256s of the
     candidate's and the paired baseline's results manifests, and the keys of the measurement and
     the overlap."""
@@ -86,6 +95,8 @@ def gate_key(plan: ResolvedPlan, *, precision: str, evidence: str, measure: str,
         key["allocation"] = allocation
     if serve is not None:  # the sha256s of its serve record and the baseline's (absent without a serve stage)
         key["serve"] = serve
+    if as_served:  # its golden sets as a device class serves it: which numerics, the results' manifest sha256 (absent: none)
+        key["as_served"] = as_served
     return sha256_json(key)
 
 

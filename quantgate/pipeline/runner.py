@@ -31,18 +31,21 @@ import quantize
 from evalsets.evaluate import IDENTITY_KEYS, cache_root, model_identity
 from evalsets.served import FAILED, probe_seconds, served_summary
 from evalsets.served import check as serve_check
-from gates.policy import Outcome, mixed_precision_class, precision_class
+from gates.policy import LoadedPolicy, Outcome, mixed_precision_class, precision_class
 from gates.report import build as build_report
 from gates.report import write as write_report
 from gates.stage import item_records, overlap_summary, record_verdict, verdict_record
 from gates.verdict import (
     GateResult,
+    ServedNumerics,
     ServingEvidence,
     Verdict,
     blocked_verdict,
+    differing_numerics,
     integrity_gates,
     judge,
     lost_verdict,
+    served_quality_gates,
     size_gates,
     tails,
 )
@@ -176,6 +179,16 @@ class _Served:
 
     record: dict[str, Any]
     key: str
+
+
+@dataclass(frozen=True)
+class _AsServed:
+    """A checkpoint's golden sets evaluated as a device class serves it (numerics that differ from
+    the gated ones beyond the agreement bound): the results, or why there are none."""
+
+    numerics: ServedNumerics
+    results: evalsets.EvaluationResults | None
+    failure: str | None = None
 
 
 @dataclass(frozen=True)
@@ -536,8 +549,44 @@ class _Run:
         stopped it before them."""
         if prepared.evidence is None or prepared.measured is None:
             return self.blocked(prepared.candidate, baseline, prepared.lost)
+        as_served = self.gate_what_serves(prepared.candidate, prepared.evidence, prepared.served, baseline)
         return self.gate(prepared.candidate, measured=prepared.measured, measure_key=prepared.measure_key, evidence=prepared.evidence,
-                         baseline=baseline, overlap=overlap, served=prepared.served)
+                         baseline=baseline, overlap=overlap, served=prepared.served, as_served=as_served)
+
+    def gate_what_serves(self, candidate: _Candidate, evidence: _Evidence, served: _Served | None,
+                         baseline: _Baseline) -> list[_AsServed]:
+        """Where this device class serves the checkpoint in other numerics than were gated (its
+        serve disagrees beyond the bound, or the engine's default would compute another scheme that
+        does: INT4 as W4A8 on an AMX CPU), the items its gate judged, evaluated again through the
+        engine under those settings: that class's quality evidence (docs/serving.md, "Gating what
+        serves"). None for a search trial (its held-out gate is the one a user deploys), a
+        candidate its quality blocked, or one with no set the engine evaluates."""
+        plan = self.plan
+        if served is None or evidence.results is None or evidence.value.get("blocked_by") or plan.serving_env is None:
+            return []
+        if candidate.split is not None and candidate.split.name != "held-out":
+            return []
+        reference = baseline.served
+        found = differing_numerics(plan.policy, ServingEvidence(served.record, reference.record if reference else None))
+        if not found or evalsets.as_served(evidence.results, {}) is None:
+            return []
+        return [self.evaluate_as_served(candidate, evidence.results, numerics) for numerics in found]
+
+    def evaluate_as_served(self, candidate: _Candidate, results: evalsets.EvaluationResults, numerics: ServedNumerics) -> _AsServed:
+        plan, name = self.plan, candidate.name
+        label = f"evaluate {name} as served ({numerics.which.replace('_', ' ')} on {numerics.device_class})"
+        out = self.dir.served_results(name, numerics.which)
+        key = keys.served_results_key(plan, checkpoint=candidate.quantize_key, results=sha256_file(results.path / MANIFEST),
+                                      settings=numerics.settings)
+        needs = [device.serve_resource(scheme) for scheme in device.checkpoint_schemes(read_checkpoint(candidate.checkpoint).config)]
+        work = partial(units.evaluate_served, plan, candidate.checkpoint, gated=results.path, settings=numerics.settings, out=out)
+        try:
+            made = self.attempt("evaluate", label, f"{name}-{numerics.which}", lambda: self.cache.directory(
+                kind="evaluate", name=f"served-results-{name}-{numerics.which}", label=label, key=key, artifact=out,
+                load=evalsets.load_results, produce=lambda: self.call("evaluate", label, work, needs=needs)))
+        except UnitFailed as failed:  # nothing cached: the next run evaluates it again
+            return _AsServed(numerics, None, failed.reason)
+        return _AsServed(numerics, made.value)
 
     def serve(self, name: str, model: Path, results: evalsets.EvaluationResults | None) -> _Served | None:
         """The serve check of `name` (BASELINE or a verdict's name) against the results its gate
@@ -659,7 +708,8 @@ class _Run:
             return None  # missing, or bytes changed since: never trusted, looked at again
 
     def gate(self, candidate: _Candidate, *, measured: dict[str, Any], measure_key: str, evidence: _Evidence,
-             baseline: _Baseline, overlap: _Overlap, served: _Served | None = None) -> dict[str, Any]:
+             baseline: _Baseline, overlap: _Overlap, served: _Served | None = None,
+             as_served: list[_AsServed] | None = None) -> dict[str, Any]:
         """The verdict record, appended to the ledger unless the ledger holds it already."""
         plan, fmt = self.plan, candidate.name
         # the policy's serving gates judge every candidate, a search's trials included: a trial vLLM
@@ -672,7 +722,9 @@ class _Run:
                       for part in (served, reference)] if plan.serve_cfg is not None else None
         key = keys.gate_key(plan, precision=candidate.precision, evidence=evidence.key, measure=measure_key, overlap=overlap.key,
                             results=[sha256_file(results.path / MANIFEST) for results in (evidence.results, evidence.baseline) if results],
-                            allocation=candidate.allocation, serve=serve_keys)
+                            allocation=candidate.allocation, serve=serve_keys,
+                            as_served=[[entry.numerics.which, sha256_file(entry.results.path / MANIFEST) if entry.results else FAILED]
+                                       for entry in as_served or []])
 
         def verdict() -> dict[str, Any]:
             manifest = candidate.manifest
@@ -689,8 +741,12 @@ class _Run:
                                     baseline_results=evidence.baseline or baseline.results, candidate_results=evidence.results,
                                     weights=weight_file_hashes(manifest["files"]))
             summary = sequential_summary(evidence.value)
-            served_part = {"serving": served_summary(served.record), "classes": serving_classes(judged, served.record, record, self.dir.root)} \
-                if served else {}
+            gated_as_served = [as_served_record(entry, baseline=evidence.baseline, policy=plan.policy, precision=candidate.precision)
+                               for entry in as_served or []]
+            served_part: dict[str, Any] = {"serving": served_summary(served.record),
+                           "classes": serving_classes(judged, served.record, record, self.dir.root, gated_as_served)} if served else {}
+            if gated_as_served:
+                served_part["as_served"] = gated_as_served
             return _with_split({**record, "sequential": summary, "not_evaluated": summary["not_evaluated"],
                                 "tails": tails(candidate_items or {}, plan.policy.policy.statistics), **served_part}, candidate)
 
@@ -793,10 +849,29 @@ class _Run:
         }
 
 
-def serving_classes(judged: Verdict, served: dict[str, Any], record: dict[str, Any], run_dir: Path) -> dict[str, dict[str, Any]]:
+def as_served_record(made: _AsServed, *, baseline: evalsets.EvaluationResults | None, policy: LoadedPolicy,
+                     precision: str) -> dict[str, Any]:
+    """What a device class serves, gated: the numerics (which, the settings, the schemes it
+    computes, why they differ), the policy's metric gates on the served results, paired item by
+    item with the baseline's, and `status`: passed, failed, or not evaluated (the unit failed)."""
+    numerics, results, failure = made.numerics, made.results, made.failure
+    record: dict[str, Any] = {"numerics": numerics.which, "device_class": numerics.device_class, "settings": numerics.settings,
+                              "served_as": numerics.served_as, "because": numerics.why}
+    if results is None or baseline is None:
+        return {**record, "status": "not evaluated", "reason": failure or "no baseline results to pair with"}
+    gates = served_quality_gates(item_records(baseline), item_records(results), policy, precision)
+    failing = [gate for gate in gates if gate.outcome is not Outcome.passed]
+    status = "passed" if gates and not failing else "failed"
+    reason = "; ".join(gate.reason for gate in (failing or gates)) or "the policy gates none of the sets the engine evaluated"
+    return {**record, "status": status, "reason": reason, "results": str(results.path), "gates": [gate.as_dict() for gate in gates]}
+
+
+def serving_classes(judged: Verdict, served: dict[str, Any], record: dict[str, Any], run_dir: Path,
+                    as_served: list[dict[str, Any]] | None = None) -> dict[str, dict[str, Any]]:
     """The verdict per device class, from this run's serve record: its status (approved, pending or
     blocked), why, and for a pending one the command that adds serving evidence from a machine
-    of the class where it will serve (`quantgate serve-check --run`, docs/serving.md)."""
+    of the class where it will serve (`quantgate serve-check --run`, docs/serving.md); where the
+    class serves other numerics than were gated, how those fared on the golden sets (`as_served`)."""
     status = judged.serving
     if status is None:
         return {}
@@ -806,6 +881,8 @@ def serving_classes(judged: Verdict, served: dict[str, Any], record: dict[str, A
     checkpoint = (record.get("checkpoint") or {}).get("path")
     if status != "approved" and checkpoint and record.get("quality") == "passed":
         entry["next"] = f"quantgate serve-check {checkpoint} --run {run_dir}"
+    if as_served:
+        entry["as_served"] = [{key: gated[key] for key in ("numerics", "settings", "served_as", "status", "reason")} for gated in as_served]
     return {device_class: entry}
 
 

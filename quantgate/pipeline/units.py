@@ -118,6 +118,17 @@ def sequential(plan: ResolvedPlan, run_dir: RunDir, candidate: dict[str, Any], s
             "confidence": plan.policy.policy.statistics.confidence}
 
 
+def evaluate_served(plan: ResolvedPlan, checkpoint: Path, gated: Path, settings: dict[str, str],
+                    out: Path) -> evalsets.EvaluationResults:
+    """The items of the gated results `gated` (its multiple-choice, last-word and generation sets)
+    evaluated again through the serving engine under `settings`: what a device class serves, gated
+    as that class's quality evidence (gates.verdict.served_quality_gates), into `out`."""
+    cfg = evalsets.as_served(evalsets.load_results(gated), settings)
+    if cfg is None:
+        raise InputError(f"{gated} holds no set the serving engine evaluates (text sets are scored in the reference numerics only)")
+    return evaluator(checkpoint, plan.plan.allow_pickle).run(cfg, out, overwrite=True)
+
+
 def quantize_format(plan: ResolvedPlan, fmt: str, calibration: Path, checkpoint: Path) -> dict[str, Any]:
     """A format's checkpoint, into `checkpoint`: its manifest."""
     made = quantize.run(plan.quantize_cfgs[fmt], plan.model_dir, calibration, checkpoint, overwrite=True,
