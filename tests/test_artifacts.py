@@ -148,7 +148,7 @@ PUBLISHER = """
 import sys, time
 from pathlib import Path
 from quantgate.core.artifacts import atomic_directory, file_hashes, read_json, verify_files, write_json
-final, start, keep = Path(sys.argv[1]), float(sys.argv[2]), sys.argv[3] == "keep"
+final, ready, writers, keep = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "keep"
 
 def whole(entry):
     try:
@@ -161,7 +161,11 @@ options = {"keep": whole} if keep else {"overwrite": True}
 with atomic_directory(final, **options) as staging:
     (staging / "result.txt").write_text("the same result" * 1000)
     write_json(staging / "manifest.json", {"files": file_hashes(staging)})
-    time.sleep(max(0.0, start - time.time()))
+    # every writer has its entry staged before any publishes (a barrier, however loaded the machine)
+    (ready / str(staging.name)).touch()
+    deadline = time.time() + 120
+    while len(list(ready.iterdir())) < writers and time.time() < deadline:
+        time.sleep(0.01)
 assert whole(final)
 """
 
@@ -169,10 +173,10 @@ assert whole(final)
 def _publish_at_once(final: Path, writers: int, mode: str) -> list[int]:
     import subprocess
     import sys
-    import time
+    import tempfile
 
-    start = time.time() + 1.5  # every writer has its entry staged by then
-    processes = [subprocess.Popen([sys.executable, "-c", PUBLISHER, str(final), str(start), mode], stderr=subprocess.PIPE)
+    ready = Path(tempfile.mkdtemp(prefix="ready-", dir=final.parent))
+    processes = [subprocess.Popen([sys.executable, "-c", PUBLISHER, str(final), str(ready), str(writers), mode], stderr=subprocess.PIPE)
                  for _ in range(writers)]
     codes = []
     for process in processes:
