@@ -228,6 +228,7 @@ def read_yaml(path: Path, what: str) -> Any:
             node = loader.get_single_node()
             if node is not None:
                 _expanded_nodes(node, {}, set())
+                _no_key_twice(node, set())
             return loader.construct_document(node) if node is not None else None
         finally:
             loader.dispose()
@@ -235,6 +236,8 @@ def read_yaml(path: Path, what: str) -> Any:
         raise InputError(f"{what} {path}: cannot read it as YAML (invalid YAML: {_first_line(error)})") from error
     except _AliasError as error:
         raise InputError(f"{what} {path}: cannot read it as YAML ({error})") from error
+    except _KeyTwice as error:  # YAML says keys are unique; PyYAML keeps the last one without a word
+        raise InputError(f"{what} {path}: {error}: remove one") from error
     except (OSError, ValueError) as error:  # UnicodeDecodeError is a ValueError
         raise InputError(f"{what} {path}: cannot read it as YAML ({_first_line(error)})") from error
     except RecursionError as error:
@@ -243,6 +246,32 @@ def read_yaml(path: Path, what: str) -> Any:
 
 class _AliasError(Exception):
     pass
+
+
+class _KeyTwice(Exception):
+    pass
+
+
+def _no_key_twice(node: Any, seen: set[int]) -> None:
+    """_KeyTwice for a mapping anywhere in `node` that gives one key twice ("`policy` is given twice
+    (lines 3 and 9)"): a second `policy:` line would otherwise change what a run gates under
+    without a word. Merge keys (`<<`) are YAML's own way to repeat and are left to the loader."""
+    import yaml
+
+    if id(node) in seen:  # an alias: its node was looked at where it was defined
+        return
+    seen.add(id(node))
+    if isinstance(node, yaml.MappingNode):
+        lines: dict[str, int] = {}
+        for key, _ in node.value:
+            if isinstance(key, yaml.ScalarNode) and key.tag != "tag:yaml.org,2002:merge":
+                if key.value in lines:
+                    raise _KeyTwice(f"`{key.value}` is given twice (lines {lines[key.value]} and {key.start_mark.line + 1})")
+                lines[key.value] = key.start_mark.line + 1
+    if isinstance(node.value, list):
+        for child in node.value:
+            for part in child if isinstance(child, tuple) else (child,):
+                _no_key_twice(part, seen)
 
 
 def _expanded_nodes(node: Any, sizes: dict[int, int], open_: set[int]) -> int:
@@ -290,7 +319,7 @@ def json_text(text: str) -> Any:
     (the decoder's message, "nested too deeply", a number too long to convert), for the caller to
     name where it is in its own words."""
     try:
-        return json.loads(text)
+        return json.loads(text, object_pairs_hook=unique_keys)
     except json.JSONDecodeError as error:
         raise ValueError(error.msg) from error
     except RecursionError as error:
@@ -299,13 +328,24 @@ def json_text(text: str) -> Any:
         raise ValueError(_first_line(error)) from error
 
 
+def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """json's `object_pairs_hook` that refuses an object giving one key twice (ValueError): the
+    decoder would keep the last one without a word."""
+    result: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in result:
+            raise ValueError(f"key {key!r} appears twice")
+        result[key] = value
+    return result
+
+
 def read_json(path: Path) -> Any:
-    """Parse a JSON file. A file that cannot be read or parsed (not UTF-8, invalid JSON, nested too
-    deeply, a number too long to convert, a directory, unreadable) is `UnreadableJSON`: one line
-    naming the file and what is wrong."""
+    """Parse a JSON file. A file that cannot be read or parsed (not UTF-8, invalid JSON, an object
+    that gives a key twice, nested too deeply, a number too long to convert, a directory,
+    unreadable) is `UnreadableJSON`: one line naming the file and what is wrong."""
     try:
         with open(path, encoding="utf-8") as stream:
-            return json.load(stream)
+            return json.load(stream, object_pairs_hook=unique_keys)
     except json.JSONDecodeError as error:
         raise UnreadableJSON(f"{path}: invalid JSON ({error.msg} at line {error.lineno} column {error.colno})") from error
     except UnicodeDecodeError as error:

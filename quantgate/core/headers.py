@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from quantgate.core.artifacts import unique_keys
 from quantgate.core.errors import InputError
 
 # A header is JSON describing tensors; even a 70B model's is a few MB. A larger claimed
@@ -110,18 +111,9 @@ def _read_raw_header(path: Path) -> tuple[bytes, int, int]:
     return raw, length, size
 
 
-def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    result: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in result:
-            raise ValueError(f"key {key!r} appears twice")
-        result[key] = value
-    return result
-
-
 def _parse_json(raw: bytes, where: Path, what: str) -> Any:
     try:
-        return json.loads(raw, object_pairs_hook=_no_duplicate_keys)
+        return json.loads(raw, object_pairs_hook=unique_keys)
     except RecursionError as error:  # deep nesting: the C decoder stops at the recursion limit
         raise HeaderError(f"{where}: invalid {what} (nested too deeply)") from error
     except (UnicodeDecodeError, ValueError) as error:  # JSONDecodeError, duplicates, huge ints

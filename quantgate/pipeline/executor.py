@@ -137,6 +137,27 @@ def _probe(out: str, token: str, paths: list[str]) -> dict[str, Any]:
     return {"node": node, "out": seen, "error": error, "missing": [path for path in paths if not os.path.exists(path)]}
 
 
+PROBE_SECONDS = 5.0  # a cluster's head answers a TCP connection at once; nothing answering in 5 s is no cluster
+
+
+def _answers(address: str | None) -> None:
+    """Refuse, in one line, a HOST:PORT (or ray://HOST:PORT) where nothing accepts a connection:
+    `ray.init` would otherwise retry for minutes, printing Ray's own warnings, before it gives up.
+    "auto", a bare host and no address are left to Ray (it finds a local cluster itself)."""
+    import socket
+
+    if not address or address == "auto":
+        return
+    host, colon, port = address.removeprefix("ray://").rpartition(":")
+    if not colon or not port.isdigit() or not host:
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=PROBE_SECONDS).close()
+    except OSError as error:
+        why = "nothing answered within 5 s" if isinstance(error, TimeoutError) else (error.strerror or type(error).__name__).lower()
+        raise InputError(f"cannot reach the Ray cluster at {address}: {why} (is `ray start --head` running there?)") from None
+
+
 class RayExecutor:
     """Units as Ray tasks on the cluster at `plan.address` (none: a Ray of this machine's own)."""
 
@@ -150,6 +171,7 @@ class RayExecutor:
         self.resources = dict(resources)
         self.show = show
         env = {name: os.environ[name] for name in FORWARDED_ENV if name in os.environ}
+        _answers(plan.address)
         try:
             ray.init(address=plan.address, include_dashboard=False if plan.address is None else None, log_to_driver=False,
                      logging_level="WARNING", runtime_env={"env_vars": env})
