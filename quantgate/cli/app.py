@@ -39,7 +39,7 @@ COMMANDS: dict[str, Entry] = {
     "run": Entry("quantgate.cli.run", "Run every stage for one model: calibrate, quantize each format, measure and bound, "
                  "evaluate the baseline and each candidate, gate, append to the ledger, write the report."),
     "demo": Entry("quantgate.cli.run", "Run the whole pipeline on the embedded demo plan (quantgate/pipeline/plans/demo.yaml): "
-                  "SmolLM2-135M, three formats and a mixed-precision search, three golden sets in looks, the small-model policy."),
+                  "SmolLM2-135M, two formats and a mixed-precision search, two golden sets in looks, the small-model policy, served in vLLM."),
     "report": Entry("quantgate.cli.run", "Write the size-vs-accuracy report of a run again from its artifacts, and print its summary."),
 }
 

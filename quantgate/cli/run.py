@@ -35,7 +35,7 @@ def demo(
     out: Path | None = typer.Option(None, "--out", help="run directory (default: the plan's, demo-out)"),
 ) -> None:
     """Run the whole pipeline on the embedded demo plan (quantgate/pipeline/plans/demo.yaml): SmolLM2-135M,
-    three formats and a mixed-precision search, three golden sets in looks, the small-model policy.
+    two formats and a mixed-precision search, two golden sets in looks, the small-model policy, served in vLLM.
 
     Exit 0 if every format is approved, 1 if any is blocked, 2 on bad input.
 
