@@ -10,7 +10,7 @@ import functools
 import os
 import shutil
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,6 +36,7 @@ from quantgate.core.artifacts import (
 )
 from quantgate.core.console import progress_bar, stderr
 from quantgate.core.errors import InputError, IntegrityError, OutputExistsError
+from quantgate.core.ids import SetRef
 from quantgate.core.models import (
     TORCH_DTYPES,
     baseline_dtype,
@@ -46,6 +47,7 @@ from quantgate.core.models import (
     weights_sha256,
 )
 from quantgate.core.validation import is_file_name, is_path, manifest_files
+from serving import device as device_classes
 
 RESULTS_KIND = "evaluation-results"
 SCHEMA_VERSION = 1
@@ -178,11 +180,14 @@ def _check_results_manifest(path: Path, manifest: dict[str, Any], what: str) -> 
 # ---- identities and the cache key -----------------------------------------------------------
 
 
-def as_served(results: EvaluationResults, settings: dict[str, str]) -> EvaluateConfig | None:
+def as_served(results: EvaluationResults, settings: dict[str, str], wanted: Iterable[str] | None = None) -> EvaluateConfig | None:
     """The settings that evaluate, through the serving engine under `settings`, the items
     `results` hold of its multiple-choice, last-word and generation sets (text sets are scored in
-    the reference numerics only: the serve check compares them as served); None: no such set."""
-    sets = {spec: entry for spec, entry in results.manifest["sets"].items() if entry.get("kind") != Kind.text.value}
+    the reference numerics only: the serve check compares them as served), of those `wanted`
+    (NAME or NAME@vN; None: all); None: no such set."""
+    refs = None if wanted is None else [SetRef.parse(name) for name in wanted]
+    sets = {spec: entry for spec, entry in results.manifest["sets"].items() if entry.get("kind") != Kind.text.value
+            and (refs is None or any(ref.matches(SetRef.parse(spec)) for ref in refs))}
     if not sets:
         return None
     made = EvaluateConfig.model_validate(results.manifest["config"])
@@ -216,7 +221,9 @@ def run_settings(cfg: EvaluateConfig, golden: GoldenSet, device: str, dtype: str
     if cfg.backend is EvalBackend.vllm:  # vLLM's own dtype (the checkpoint's), and its release: an upgrade recomputes
         settings.update(dtype="auto", engine=serving_env().identity())
         if cfg.engine_settings:  # absent when none: keys made before settings existed stay valid
+            # and the device class, whose kernels decide what a setting computes (W4A8 on AMX only)
             settings["engine_settings"] = dict(sorted(cfg.engine_settings.items()))
+            settings["device_class"] = device_classes.local_class("cuda" if device.startswith("cuda") else "cpu")
     grown = [n for n in cfg.grown_from_for(golden.name, golden.spec) if common["limit"] is None or n < common["limit"]]
     if grown:  # these items extend the cached results of the earlier looks (in the key: other bits)
         settings["grown_from"] = grown

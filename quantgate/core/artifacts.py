@@ -252,6 +252,17 @@ class _KeyTwice(Exception):
     pass
 
 
+def _scalar(node: Any) -> object:
+    """A scalar key node's value as the safe loader constructs it (its text where it cannot)."""
+    import yaml
+
+    try:
+        value = yaml.SafeLoader("").construct_object(node)
+        return value if isinstance(value, (str, int, float, bool)) or value is None else node.value
+    except (yaml.YAMLError, ValueError, OverflowError):
+        return node.value
+
+
 def _no_key_twice(node: Any, seen: set[int]) -> None:
     """_KeyTwice for a mapping anywhere in `node` that gives one key twice ("`policy` is given twice
     (lines 3 and 9)"): a second `policy:` line would otherwise change what a run gates under
@@ -262,12 +273,14 @@ def _no_key_twice(node: Any, seen: set[int]) -> None:
         return
     seen.add(id(node))
     if isinstance(node, yaml.MappingNode):
-        lines: dict[str, int] = {}
+        lines: dict[object, int] = {}
         for key, _ in node.value:
             if isinstance(key, yaml.ScalarNode) and key.tag != "tag:yaml.org,2002:merge":
-                if key.value in lines:
-                    raise _KeyTwice(f"`{key.value}` is given twice (lines {lines[key.value]} and {key.start_mark.line + 1})")
-                lines[key.value] = key.start_mark.line + 1
+                # the key as the loader reads it (`1` and `0x1` are one int key; `1` and "1" two keys)
+                value = (key.tag, _scalar(key))
+                if value in lines:
+                    raise _KeyTwice(f"`{key.value}` is given twice (lines {lines[value]} and {key.start_mark.line + 1})")
+                lines[value] = key.start_mark.line + 1
     if isinstance(node.value, list):
         for child in node.value:
             for part in child if isinstance(child, tuple) else (child,):

@@ -154,7 +154,7 @@ def _answers(address: str | None) -> None:
     try:
         socket.create_connection((host.strip("[]"), int(port)), timeout=PROBE_SECONDS).close()
     except OSError as error:
-        why = "nothing answered within 5 s" if isinstance(error, TimeoutError) else (error.strerror or type(error).__name__).lower()
+        why = f"nothing answered within {PROBE_SECONDS:g} s" if isinstance(error, TimeoutError) else (error.strerror or type(error).__name__).lower()
         raise InputError(f"cannot reach the Ray cluster at {address}: {why} (is `ray start --head` running there?)") from None
 
 

@@ -75,11 +75,13 @@ def serve_key(plan: ResolvedPlan, *, checkpoint: dict[str, str], results: str | 
                         "quantgate": plan.version, "libraries": library_versions()})
 
 
-def served_results_key(plan: ResolvedPlan, *, checkpoint: str, results: str, settings: dict[str, str]) -> str:
+def served_results_key(plan: ResolvedPlan, *, checkpoint: str, results: str, settings: dict[str, str], device_class: str) -> str:
     """A checkpoint's golden sets evaluated as a device class serves it: its quantize key, the
-    sha256 of the gated results whose items it evaluates again, the engine settings and identity."""
+    sha256 of the gated results whose items it evaluates again, the device class (its kernels
+    decide the numerics), the engine settings and identity, the policy's gated sets (the sets evaluated)."""
     assert plan.serving_env is not None
-    return sha256_json({"stage": "served-results", "checkpoint": checkpoint, "results": results, "settings": dict(sorted(settings.items())),
+    return sha256_json({"stage": "served-results", "checkpoint": checkpoint, "results": results, "device_class": device_class,
+                        "sets": sorted(plan.policy.policy.metrics), "settings": dict(sorted(settings.items())),
                         "engine": plan.serving_env.identity(), "quantgate": plan.version, "libraries": library_versions()})
 
 

@@ -568,7 +568,7 @@ class _Run:
             return []
         reference = baseline.served
         found = differing_numerics(plan.policy, ServingEvidence(served.record, reference.record if reference else None))
-        if not found or evalsets.as_served(evidence.results, {}) is None:
+        if not found or evalsets.as_served(evidence.results, {}, plan.policy.policy.metrics) is None:
             return []
         return [self.evaluate_as_served(candidate, evidence.results, numerics) for numerics in found]
 
@@ -577,15 +577,23 @@ class _Run:
         label = f"evaluate {name} as served ({numerics.which.replace('_', ' ')} on {numerics.device_class})"
         out = self.dir.served_results(name, numerics.which)
         key = keys.served_results_key(plan, checkpoint=candidate.quantize_key, results=sha256_file(results.path / MANIFEST),
-                                      settings=numerics.settings)
-        needs = [device.serve_resource(scheme) for scheme in device.checkpoint_schemes(read_checkpoint(candidate.checkpoint).config)]
-        work = partial(units.evaluate_served, plan, candidate.checkpoint, gated=results.path, settings=numerics.settings, out=out)
+                                      settings=numerics.settings, device_class=numerics.device_class)
+        # on a cluster: a node of the class whose numerics these are (an AMX node for W4A8), with the kernels
+        needs = [f"{device.RESOURCE_PREFIX}{numerics.device_class}",
+                 *(device.serve_resource(scheme) for scheme in device.checkpoint_schemes(read_checkpoint(candidate.checkpoint).config))]
+        work = partial(units.evaluate_served, plan, candidate.checkpoint, gated=results.path, settings=numerics.settings,
+                       device_class=numerics.device_class, out=out)
         try:
             made = self.attempt("evaluate", label, f"{name}-{numerics.which}", lambda: self.cache.directory(
                 kind="evaluate", name=f"served-results-{name}-{numerics.which}", label=label, key=key, artifact=out,
                 load=evalsets.load_results, produce=lambda: self.call("evaluate", label, work, needs=needs)))
         except UnitFailed as failed:  # nothing cached: the next run evaluates it again
             return _AsServed(numerics, None, failed.reason)
+        except (InputError, TaskLost) as error:  # what the engine cannot evaluate (a task it refuses), a node lost:
+            reason = f"{label}: {' '.join(str(error).split())[:400]}"  # evidence missing, not a reason to end the run
+            self.failed_units.append(reason)
+            self.log.end("evaluate", label, "failed", 0.0, reason)
+            return _AsServed(numerics, None, reason)
         return _AsServed(numerics, made.value)
 
     def serve(self, name: str, model: Path, results: evalsets.EvaluationResults | None) -> _Served | None:
@@ -859,9 +867,12 @@ def as_served_record(made: _AsServed, *, baseline: evalsets.EvaluationResults | 
                               "served_as": numerics.served_as, "because": numerics.why}
     if results is None or baseline is None:
         return {**record, "status": "not evaluated", "reason": failure or "no baseline results to pair with"}
-    gates = served_quality_gates(item_records(baseline), item_records(results), policy, precision)
+    try:
+        gates = served_quality_gates(item_records(baseline), item_records(results), policy, precision)
+    except InputError as error:  # results that do not pair with the baseline's: no evidence, said so
+        return {**record, "status": "not evaluated", "reason": str(error), "results": str(results.path)}
     failing = [gate for gate in gates if gate.outcome is not Outcome.passed]
-    status = "passed" if gates and not failing else "failed"
+    status = "failed" if failing else "passed" if gates else "not evaluated"
     reason = "; ".join(gate.reason for gate in (failing or gates)) or "the policy gates none of the sets the engine evaluated"
     return {**record, "status": status, "reason": reason, "results": str(results.path), "gates": [gate.as_dict() for gate in gates]}
 

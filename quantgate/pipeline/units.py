@@ -23,6 +23,7 @@ from quantgate.core.errors import InputError, IntegrityError
 from quantgate.core.rundir import BASELINE, RunDir
 from quantgate.pipeline.looks import Looks, gated_sets
 from quantgate.pipeline.resolve import ResolvedPlan, Split
+from serving import device
 
 _EVALUATORS: OrderedDict[tuple[str, bool], evalsets.Evaluator] = OrderedDict()
 _KEEP = 2  # models a process keeps loaded
@@ -118,12 +119,17 @@ def sequential(plan: ResolvedPlan, run_dir: RunDir, candidate: dict[str, Any], s
             "confidence": plan.policy.policy.statistics.confidence}
 
 
-def evaluate_served(plan: ResolvedPlan, checkpoint: Path, gated: Path, settings: dict[str, str],
+def evaluate_served(plan: ResolvedPlan, checkpoint: Path, gated: Path, settings: dict[str, str], device_class: str,
                     out: Path) -> evalsets.EvaluationResults:
-    """The items of the gated results `gated` (its multiple-choice, last-word and generation sets)
-    evaluated again through the serving engine under `settings`: what a device class serves, gated
-    as that class's quality evidence (gates.verdict.served_quality_gates), into `out`."""
-    cfg = evalsets.as_served(evalsets.load_results(gated), settings)
+    """The items of the gated results `gated` (those of its multiple-choice, last-word and
+    generation sets that the policy gates) evaluated again through the serving engine under
+    `settings` on a machine of `device_class`: what that class serves, gated as its quality
+    evidence (gates.verdict.served_quality_gates), into `out`. A machine of another class would
+    compute other numerics under the same settings: refused (a unit failure)."""
+    here = device.local_class("cuda" if plan.serving_env is not None and plan.serving_env.engine == "vllm" else "cpu")
+    if here != device_class:
+        raise RuntimeError(f"the numerics of {device_class} cannot be evaluated on this machine ({here})")
+    cfg = evalsets.as_served(evalsets.load_results(gated), settings, plan.policy.policy.metrics)
     if cfg is None:
         raise InputError(f"{gated} holds no set the serving engine evaluates (text sets are scored in the reference numerics only)")
     return evaluator(checkpoint, plan.plan.allow_pickle).run(cfg, out, overwrite=True)
