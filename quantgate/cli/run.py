@@ -33,6 +33,7 @@ commands = typer.Typer(add_completion=False)
 @commands.command("demo")
 def demo(
     out: Path | None = typer.Option(None, "--out", help="run directory (default: the plan's, demo-out)"),
+    verbose: bool = typer.Option(False, "--verbose", help="other libraries' output on the terminal too (always in the run's logs/libraries.log)"),
 ) -> None:
     """Run the whole pipeline on the embedded demo plan (quantgate/pipeline/plans/demo.yaml): SmolLM2-135M,
     two formats and a mixed-precision search, two golden sets in looks, the small-model policy, served in vLLM.
@@ -41,7 +42,7 @@ def demo(
 
     Example: quantgate demo
     """
-    _run_plan("demo", out)
+    _run_plan("demo", out, verbose=verbose)
 
 
 @commands.command("run")
@@ -49,6 +50,7 @@ def run_command(
     plan: str = typer.Argument(..., help="a plan YAML file (see quantgate/pipeline/plans/demo.yaml), or 'demo'"),
     out: Path | None = typer.Option(None, "--out", help="run directory (default: the plan's `out`)"),
     quiet: bool = typer.Option(False, "--quiet", help="no stage lines, only the summary"),
+    verbose: bool = typer.Option(False, "--verbose", help="other libraries' output on the terminal too (always in the run's logs/libraries.log)"),
     executor: str | None = typer.Option(None, "--executor", help="where the stages run: local or ray (default: the plan's `executor`)"),
     address: str | None = typer.Option(None, "--address", help="the Ray cluster: auto, HOST:PORT of its head, or ray://HOST:10001 "
                                        "(implies --executor ray; none: a Ray of this machine's own)"),
@@ -73,12 +75,12 @@ def run_command(
     """
     loaded = load_plan(plan)
     loaded = with_executor(loaded, executor, address) if executor or address else loaded
-    _run_plan(plan, out, quiet, loaded=with_signing_key(loaded, signing_key) if signing_key is not None else loaded)
+    _run_plan(plan, out, quiet, loaded=with_signing_key(loaded, signing_key) if signing_key is not None else loaded, verbose=verbose)
 
 
-def _run_plan(spec: str, out: Path | None, quiet: bool = False, loaded: Any = None) -> None:
+def _run_plan(spec: str, out: Path | None, quiet: bool = False, loaded: Any = None, verbose: bool = False) -> None:
     try:
-        result = pipeline.run(loaded or load_plan(spec), out, show_progress=not quiet)
+        result = pipeline.run(loaded or load_plan(spec), out, show_progress=not quiet, verbose=verbose)
     except KeyboardInterrupt:  # typer would exit 130 without a word
         raise Interrupted("interrupted: the run's tasks were cancelled and every artifact written so far is whole; "
                           "the same command resumes where it stopped") from None

@@ -3,6 +3,13 @@ one progress bar every stage shows its work with."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TextIO
+
 from rich.console import Console
 from rich.progress import (
     BarColumn,
@@ -32,4 +39,63 @@ def progress_bar(*, items_per_second: bool = False) -> Progress:
     if items_per_second:
         columns.append(ItemsPerSecond())
     columns += [TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn()]
-    return Progress(*columns, console=stderr, transient=True)
+    # no redirection of sys.stdout/sys.stderr through the bar: what other libraries print while it
+    # runs goes where `library_output` sends it, not onto the terminal above the bar
+    return Progress(*columns, console=stderr, transient=True, redirect_stdout=False, redirect_stderr=False)
+
+
+_terminal: TextIO | None = None  # the process's stderr as it was before any `library_output`
+
+
+def _real(stream: object) -> bool:
+    """Whether `stream` is a file with a descriptor (a terminal, a pipe, a file), not a test's capture."""
+    try:
+        return isinstance(stream.fileno(), int)  # type: ignore[attr-defined]
+    except (AttributeError, OSError, ValueError):
+        return False
+
+
+def tail(log: Path, lines: int = 8) -> list[str]:
+    """The last `lines` lines of a log (none when it is absent)."""
+    try:
+        with open(log, "rb") as stream:
+            stream.seek(0, os.SEEK_END)
+            stream.seek(max(0, stream.tell() - 64 * 1024))
+            return stream.read().decode("utf-8", errors="replace").splitlines()[-lines:]
+    except OSError:
+        return []
+
+
+@contextlib.contextmanager
+def library_output(log: Path, enabled: bool = True) -> Iterator[None]:
+    """While a run works, what other libraries print (llmcompressor's per-layer lines, weight
+    loading bars, transformers and torch warnings, C libraries writing to the descriptors) goes to
+    `log`, appended, and quantgate's own console (stage lines, progress bars) keeps the terminal.
+    Done on the descriptors 1 and 2 themselves, since much of it bypasses Python's streams. Only
+    where stdout and stderr are real files: under a test's captured streams nothing changes."""
+    global _terminal
+    if not enabled or not _real(sys.stdout) or not _real(sys.stderr):
+        yield
+        return
+    if _terminal is None:
+        _terminal = os.fdopen(os.dup(sys.stderr.fileno()), "w", buffering=1, encoding="utf-8", errors="replace")
+    log.parent.mkdir(parents=True, exist_ok=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    target = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    stderr.file = _terminal
+    try:
+        os.dup2(target, 1)
+        os.dup2(target, 2)
+        yield
+    finally:
+        os.close(target)
+        with contextlib.suppress(OSError, ValueError):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        os.close(saved[0])
+        os.close(saved[1])
+        stderr.file = None  # type: ignore[assignment]  # back to whatever sys.stderr is

@@ -101,6 +101,12 @@ class RunDir:
     def verdict(self, fmt: str) -> Path:
         return self.root / "verdicts" / f"{fmt}.json"
 
+    @property
+    def library_log(self) -> Path:
+        """What other libraries printed while the run worked (llmcompressor, transformers, torch,
+        vLLM's launcher): kept out of the terminal (`quantgate run --verbose` shows it there too)."""
+        return self.root / "logs" / "libraries.log"
+
     def unit_log(self, kind: str, name: str) -> Path:
         """The traceback of a unit of work that failed (a quantization that raised, an evaluation
         out of memory): the run went on without it."""

@@ -59,7 +59,7 @@ from quantgate.core.artifacts import (
     verify_files,
     write_json,
 )
-from quantgate.core.console import stderr
+from quantgate.core.console import library_output, stderr, tail
 from quantgate.core.errors import InputError, IntegrityError
 from quantgate.core.headers import read_checkpoint
 from quantgate.core.ids import SERVING, GateId
@@ -268,8 +268,9 @@ class Pipeline:
     """One run of a plan into its output directory. `run()` returns the verdicts; nothing in the
     plan is acted on before `preflight()` has checked all of it."""
 
-    def __init__(self, loaded: LoadedPlan, out: Path | None = None, show_progress: bool = True) -> None:
+    def __init__(self, loaded: LoadedPlan, out: Path | None = None, show_progress: bool = True, verbose: bool = False) -> None:
         self.loaded = loaded
+        self.verbose = verbose  # other libraries' output on the terminal too, not only in logs/libraries.log
         self.plan = loaded.plan
         self.out = Path(out or loaded.out).absolute()
         self.run_dir = RunDir(self.out)
@@ -318,7 +319,8 @@ class Pipeline:
         run (or task, or write) left half-made is removed once its tasks ended."""
         try:
             remove_temporaries(self.out)  # what a killed run left half-made: never signed over, never reused
-            return _Run(self, resolved, executor).chain()
+            with library_output(self.run_dir.library_log, enabled=not self.verbose):
+                return _Run(self, resolved, executor).chain()
         except KeyboardInterrupt:
             executor.cancel()  # no task of this run writes after this
             raise
@@ -373,6 +375,9 @@ class _Run:
             reason = f"{label} failed: {type(error).__name__}: {' '.join(str(error).split())[:400]} (log {log})"
             self.failed_units.append(reason)
             self.log.end(kind, label, "failed", 0.0, reason)
+            if self.pipeline.show_progress:  # what the libraries printed last, from logs/libraries.log
+                for line in tail(self.dir.library_log):
+                    stderr.print(f"  | {line}", highlight=False, markup=False, soft_wrap=True)
             raise UnitFailed(kind, label, reason) from error
 
     def chain(self) -> RunResult:
@@ -924,6 +929,7 @@ def _with_split(record: dict[str, Any], candidate: _Candidate) -> dict[str, Any]
             "split_items": {spec: {"offset": split.offsets.get(spec, 0), "ceiling": looks[-1]} for spec, looks in split.looks.items()}}
 
 
-def run(loaded: LoadedPlan, out: Path | None = None, show_progress: bool = True) -> RunResult:
-    """Run a plan; see the module docstring for the chain, quantgate.core.rundir for what lands where."""
-    return Pipeline(loaded, out, show_progress).run()
+def run(loaded: LoadedPlan, out: Path | None = None, show_progress: bool = True, verbose: bool = False) -> RunResult:
+    """Run a plan; see the module docstring for the chain, quantgate.core.rundir for what lands where.
+    What other libraries print goes to the run's logs/libraries.log (on the terminal too: `verbose`)."""
+    return Pipeline(loaded, out, show_progress, verbose).run()
