@@ -166,7 +166,12 @@ with atomic_directory(final, **options) as staging:
     deadline = time.time() + 120
     while len(list(ready.iterdir())) < writers and time.time() < deadline:
         time.sleep(0.01)
-assert whole(final)
+try:  # whole once published, and if not, why (printed with the test's failure)
+    verify_files(final, read_json(final / "manifest.json")["files"], "entry")
+except Exception as error:
+    import os
+    print(f"not whole after publishing: {error!r}; beside it: {sorted(os.listdir(final.parent))}")
+    sys.exit(1)
 """
 
 
@@ -176,13 +181,14 @@ def _publish_at_once(final: Path, writers: int, mode: str) -> list[int]:
     import tempfile
 
     ready = Path(tempfile.mkdtemp(prefix="ready-", dir=final.parent))
-    processes = [subprocess.Popen([sys.executable, "-c", PUBLISHER, str(final), str(ready), str(writers), mode], stderr=subprocess.PIPE)
+    processes = [subprocess.Popen([sys.executable, "-c", PUBLISHER, str(final), str(ready), str(writers), mode], stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE)
                  for _ in range(writers)]
     codes = []
     for process in processes:
-        _, err = process.communicate()
+        out, err = process.communicate()
         if process.returncode:
-            print(err.decode(errors="replace"))  # shown by pytest when the test fails
+            print(out.decode(errors="replace"), err.decode(errors="replace"))  # shown by pytest when the test fails
         codes.append(process.returncode)
     return codes
 

@@ -49,9 +49,10 @@ _terminal: TextIO | None = None  # the process's stderr as it was before any `li
 
 def _real(stream: object) -> bool:
     """Whether `stream` is a file with a descriptor (a terminal, a pipe, a file), not a test's capture."""
+    fileno = getattr(stream, "fileno", None)
     try:
-        return isinstance(stream.fileno(), int)  # type: ignore[attr-defined]
-    except (AttributeError, OSError, ValueError):
+        return fileno is not None and isinstance(fileno(), int)
+    except (OSError, ValueError):
         return False
 
 
