@@ -361,13 +361,15 @@ class _Run:
         # the baseline's serve record: its probe's forward pass is the base of every candidate's limit
         self.baseline_served: Future[_Served | None] = Future()
 
-    def attempt(self, kind: str, label: str, name: str, work: Callable[[], T]) -> T:
+    def attempt(self, kind: str, label: str, name: str, work: Callable[[], T],
+                also: tuple[type[Exception], ...] = ()) -> T:
         """Run one unit of work; a failure of its own (it raised, ran out of memory, its worker died
-        or never answered) becomes UnitFailed, with its traceback in logs/, and the run goes on."""
+        or never answered) becomes UnitFailed, with its traceback in logs/, and the run goes on.
+        `also`: errors that otherwise end a run (bad input, a lost task) and here only fail this unit."""
         try:
             return work()
         except Exception as error:
-            if not _unit_error(error):
+            if not (_unit_error(error) or isinstance(error, also)):
                 raise
             log = self.dir.unit_log(kind, name)
             with atomic_file(log) as stream:
@@ -588,17 +590,13 @@ class _Run:
                  *(device.serve_resource(scheme) for scheme in device.checkpoint_schemes(read_checkpoint(candidate.checkpoint).config))]
         work = partial(units.evaluate_served, plan, candidate.checkpoint, gated=results.path, settings=numerics.settings,
                        device_class=numerics.device_class, out=out)
-        try:
+        try:  # a task the engine refuses (InputError) or a node lost: evidence missing, not a reason to end the run
             made = self.attempt("evaluate", label, f"{name}-{numerics.which}", lambda: self.cache.directory(
                 kind="evaluate", name=f"served-results-{name}-{numerics.which}", label=label, key=key, artifact=out,
-                load=evalsets.load_results, produce=lambda: self.call("evaluate", label, work, needs=needs)))
+                load=evalsets.load_results, produce=lambda: self.call("evaluate", label, work, needs=needs)),
+                also=(InputError, TaskLost))
         except UnitFailed as failed:  # nothing cached: the next run evaluates it again
             return _AsServed(numerics, None, failed.reason)
-        except (InputError, TaskLost) as error:  # what the engine cannot evaluate (a task it refuses), a node lost:
-            reason = f"{label}: {' '.join(str(error).split())[:400]}"  # evidence missing, not a reason to end the run
-            self.failed_units.append(reason)
-            self.log.end("evaluate", label, "failed", 0.0, reason)
-            return _AsServed(numerics, None, reason)
         return _AsServed(numerics, made.value)
 
     def serve(self, name: str, model: Path, results: evalsets.EvaluationResults | None) -> _Served | None:
