@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def serving_python() -> str:
     """The serving environment's python, found in the real cache home before the run's is emptied
     (the environment is set-up, built by `make serving`, not part of the run's time)."""
-    import serving
+    from quantgate import serving
 
     found = serving.find()
     if found is None:

@@ -59,9 +59,9 @@ def main() -> int:
     if arguments.demo_timing:
         return demo_timing(arguments.model, arguments.demo_timing, arguments.json)
 
-    import evalsets
-    from evalsets.lm_eval_tasks import task_name, write_task
+    from quantgate import evalsets
     from quantgate.core.models import resolve_model
+    from quantgate.evalsets.lm_eval_tasks import task_name, write_task
 
     model_dir = resolve_model(arguments.model)
     golden = evalsets.load(arguments.evalset)
@@ -129,7 +129,7 @@ def main() -> int:
 
 def demo_timing(model: str, checkpoints: list[Path], json_path: Path | None) -> int:
     """Per model and per set: seconds, items/s, model load; the whole demo's evaluation time."""
-    import evalsets
+    from quantgate import evalsets
     from quantgate.core.models import resolve_model
 
     models = [resolve_model(model), *checkpoints]  # before QUANTGATE_HOME moves to the scratch cache

@@ -75,7 +75,7 @@ def cpu_class() -> str:
 def timed_side(lm: Any, golden: Any, limit: int, work: Path) -> dict[str, Any]:
     """One lm-eval run of a set: wall seconds, the seconds and tokens of its loglikelihood calls,
     and its per-item records."""
-    from evalsets import lm_eval_tasks
+    from quantgate.evalsets import lm_eval_tasks
 
     counted = {"seconds": 0.0, "tokens": 0, "requests": 0}
     inner = lm._loglikelihood_tokens
@@ -125,10 +125,10 @@ def main() -> int:
 
     import torch
 
-    import evalsets
-    from evalsets import lm_eval_tasks
-    from evalsets.evaluate import _LoadedModel
+    from quantgate import evalsets
     from quantgate.core.models import resolve_model
+    from quantgate.evalsets import lm_eval_tasks
+    from quantgate.evalsets.evaluate import _LoadedModel
 
     if arguments.threads:
         torch.set_num_threads(arguments.threads)

@@ -60,8 +60,8 @@ def _patch_recipe(method: str, autoround_iters: int) -> None:
     check, the manifest) stays quantgate's own."""
     from dataclasses import replace
 
-    from quantize import llmcompressor_backend as backend
-    from quantize.presets import Algorithm
+    from quantgate.quantize import llmcompressor_backend as backend
+    from quantgate.quantize.presets import Algorithm
 
     original = backend.build_recipe
 
@@ -114,7 +114,7 @@ def _patch_recipe(method: str, autoround_iters: int) -> None:
 
 
 def quantize_config(method: str):
-    from quantize.config import QuantizeConfig
+    from quantgate.quantize.config import QuantizeConfig
 
     if method.startswith("awq"):
         return QuantizeConfig(format="awq-int4", awq_n_grid=20 if method == "awq-g20" else 5)
@@ -123,8 +123,8 @@ def quantize_config(method: str):
 
 def child(method: str, model: str, calibration_dir: str, out: str, figures: str, autoround_iters: str) -> None:
     _patch_recipe(method, int(autoround_iters))
-    from quantize import llmcompressor_backend as backend
-    from quantize import stage
+    from quantgate.quantize import llmcompressor_backend as backend
+    from quantgate.quantize import stage
 
     started = time.perf_counter()
     stage.run(quantize_config(method), model, calibration_dir, out, overwrite=True)
@@ -179,8 +179,8 @@ def quantize_in_child(method: str, model: Path, calibration_dir: Path, work: Pat
 
 
 def evaluate(model_dir: Path, out: Path, items: int, baseline: Path | None = None) -> dict:
-    from evalsets.config import EvaluateConfig
-    from evalsets.evaluate import Evaluator
+    from quantgate.evalsets.config import EvaluateConfig
+    from quantgate.evalsets.evaluate import Evaluator
 
     results = Evaluator(model_dir).run(EvaluateConfig(evalsets=(EVALSET,), limit=items), out,
                                        baseline_results=baseline, overwrite=True)
@@ -188,7 +188,7 @@ def evaluate(model_dir: Path, out: Path, items: int, baseline: Path | None = Non
 
 
 def bits(checkpoint: Path, baseline: Path) -> dict:
-    from quantize.measure.accounting import measure
+    from quantgate.quantize.measure.accounting import measure
 
     data = measure(checkpoint, baseline).to_json()
     return {"file_bytes": data["totals"]["file_bytes"],
@@ -227,7 +227,7 @@ def main() -> int:
 
     import torch
 
-    import calibration
+    from quantgate import calibration
     from quantgate.core.models import pull
 
     work = arguments.out

@@ -95,7 +95,7 @@ class Campaign:
         its ledger record), as `quantgate verify --public-key` checks it."""
         if self.public_key is None:
             return []
-        from gates.ledger import verify_checkpoint
+        from quantgate.gates.ledger import verify_checkpoint
 
         run = json.loads((out / "run.json").read_text())
         approved = [fmt for fmt, entry in (run.get("verdicts") or {}).items() if entry.get("verdict") == "approved"]
@@ -136,7 +136,7 @@ class Campaign:
 
     def check_whole(self, out: Path, home: Path, what: str) -> list[str]:
         """No temporary, no lock, every JSON whole, a ledger that verifies without duplicates."""
-        from gates import ledger as ledger_module
+        from quantgate.gates import ledger as ledger_module
 
         problems = [f"{what}: temporary left: {path}" for base in (out, home) if base.exists()
                     for path in base.rglob(".*") if TEMPORARY.match(path.name)]
@@ -299,7 +299,7 @@ class Campaign:
         return not problems
 
     def check_cache(self, what: str) -> list[str]:
-        from evalsets.evaluate import _cached, cache_root
+        from quantgate.evalsets.evaluate import _cached, cache_root
 
         root = cache_root(self.home)
         entries = [entry for entry in root.iterdir() if entry.is_dir() and len(entry.name) == 64]

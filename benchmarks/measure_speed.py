@@ -84,7 +84,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7)
     args = parser.parse_args()
 
-    from quantize.measure.accounting import measure
+    from quantgate.quantize.measure.accounting import measure
 
     root = Path(tempfile.mkdtemp(prefix="quantgate-70b-"))
     try:

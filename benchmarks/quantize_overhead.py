@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 
 
 def child_quantgate(model: str, calibration_dir: str, fmt: str, out: str) -> None:
-    import quantize
+    from quantgate import quantize
 
     quantize.run(quantize.QuantizeConfig(format=fmt), model, calibration_dir, out, overwrite=True)
 
@@ -39,7 +39,7 @@ def child_direct(model: str, calibration_dir: str, recipe: str, out: str) -> Non
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
-    from quantize.compat import cpu_safe_pinning
+    from quantgate.quantize.compat import cpu_safe_pinning
 
     tokens = load_file(Path(calibration_dir) / "tokens.safetensors")
     dataset = datasets.Dataset.from_dict({
@@ -80,7 +80,7 @@ def main() -> int:
         (child_quantgate if side == "quantgate" else child_direct)(*rest)
         return 0
 
-    import calibration
+    from quantgate import calibration
     from quantgate.core.models import pull
 
     model = str(pull("smollm2-135m").path)

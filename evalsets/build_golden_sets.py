@@ -25,10 +25,10 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from calibration.build_demo_source import PACKAGE, PACKAGE_VERSION, package_root
-from evalsets.config import Kind
-from evalsets.sets import BUILTIN_DIR, SCORING, default_prompt, write_set
+from quantgate.calibration.build_demo_source import PACKAGE, PACKAGE_VERSION, package_root
 from quantgate.core.artifacts import MANIFEST, atomic_directory, read_json, sha256_file
+from quantgate.evalsets.config import Kind
+from quantgate.evalsets.sets import BUILTIN_DIR, SCORING, default_prompt, write_set
 
 SEED = 0
 HELLASWAG_SUBSET = 1000

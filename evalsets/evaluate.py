@@ -15,12 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import serving
-from evalsets import lm_eval_tasks, text_eval
-from evalsets import sets as golden_sets
-from evalsets.config import EvalBackend, EvaluateConfig, Kind
-from evalsets.sets import GoldenSet
-from evalsets.text_eval import BaselineSide
+from quantgate import serving
 from quantgate.core.artifacts import (
     MANIFEST,
     Stopwatch,
@@ -47,7 +42,12 @@ from quantgate.core.models import (
     weights_sha256,
 )
 from quantgate.core.validation import is_file_name, is_path, manifest_files
-from serving import device as device_classes
+from quantgate.evalsets import lm_eval_tasks, text_eval
+from quantgate.evalsets import sets as golden_sets
+from quantgate.evalsets.config import EvalBackend, EvaluateConfig, Kind
+from quantgate.evalsets.sets import GoldenSet
+from quantgate.evalsets.text_eval import BaselineSide
+from quantgate.serving import device as device_classes
 
 RESULTS_KIND = "evaluation-results"
 SCHEMA_VERSION = 1

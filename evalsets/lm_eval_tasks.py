@@ -22,15 +22,15 @@ from typing import Any
 
 import yaml
 
-import serving
-from evalsets.config import Kind
-from evalsets.loglikelihood import SharedContextScorer
-from evalsets.sets import GoldenSet
+from quantgate import serving
 from quantgate.core.artifacts import read_json
 from quantgate.core.errors import InputError
 from quantgate.core.metrics import METRICS
 from quantgate.core.models import quantgate_home
-from quantize.measure.bounds import kv_bytes_per_sequence, model_from_checkpoint
+from quantgate.evalsets.config import Kind
+from quantgate.evalsets.loglikelihood import SharedContextScorer
+from quantgate.evalsets.sets import GoldenSet
+from quantgate.quantize.measure.bounds import kv_bytes_per_sequence, model_from_checkpoint
 
 TASK_FILE = "task.yaml"
 

@@ -44,20 +44,20 @@ from typing import Any
 
 from pydantic import Field
 
-import serving
-from evalsets import agreement
-from evalsets.evaluate import TOPK_FILE, EvaluationResults, load_side, model_identity
-from evalsets.sets import SetRef
-from evalsets.text_eval import head_logits, prefix_token
+from quantgate import serving
 from quantgate.core.artifacts import MANIFEST, read_json, sha256_file
 from quantgate.core.errors import InputError
 from quantgate.core.headers import read_checkpoint
 from quantgate.core.models import max_sequence_length
 from quantgate.core.validation import Strict
-from quantize.measure.accounting import measure
-from quantize.measure.bounds import kv_bytes_per_sequence, memory_time, model_from_checkpoint
-from quantize.measure.measurement import Measurement
-from serving import device
+from quantgate.evalsets import agreement
+from quantgate.evalsets.evaluate import TOPK_FILE, EvaluationResults, load_side, model_identity
+from quantgate.evalsets.sets import SetRef
+from quantgate.evalsets.text_eval import head_logits, prefix_token
+from quantgate.quantize.measure.accounting import measure
+from quantgate.quantize.measure.bounds import kv_bytes_per_sequence, memory_time, model_from_checkpoint
+from quantgate.quantize.measure.measurement import Measurement
+from quantgate.serving import device
 
 SCHEMA_VERSION = 2
 # Bump when a change to the serve check or the worker changes a number: cached serve records are redone.

@@ -10,14 +10,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from evalsets.config import (
-    ITEM_MODELS,
-    AddConfig,
-    GenerationSettings,
-    Kind,
-    SetManifest,
-    item_fields,
-)
 from quantgate.core.artifacts import (
     MANIFEST,
     Stopwatch,
@@ -36,6 +28,14 @@ from quantgate.core.errors import InputError, IntegrityError, did_you_mean
 from quantgate.core.ids import SetRef
 from quantgate.core.models import quantgate_home
 from quantgate.core.validation import Problem, validated
+from quantgate.evalsets.config import (
+    ITEM_MODELS,
+    AddConfig,
+    GenerationSettings,
+    Kind,
+    SetManifest,
+    item_fields,
+)
 
 BUILTIN_DIR = Path(__file__).parent / "data"
 DEMO_LIMITS = Path(__file__).parent / "demo_limits.yaml"

@@ -16,8 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from evalsets import agreement
 from quantgate.core.errors import IntegrityError, ModelError
+from quantgate.evalsets import agreement
 
 EXACT_SEED = 0
 

@@ -12,18 +12,17 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-import evalsets
-import serving
-from evalsets.served import ServeCheckConfig, check, probe_seconds, served_summary
-from gates import ledger as ledger_module
-from gates import signing
-from gates.ledger import SERVING_KIND
-from gates.policy import LoadedPolicy, load_policy
-from gates.verdict import APPROVED, ServingEvidence, Verdict, serving_gates
+from quantgate import evalsets, serving
 from quantgate.core.artifacts import read_json, sibling_lock
 from quantgate.core.errors import InputError
 from quantgate.core.models import weight_hashes
 from quantgate.core.rundir import BASELINE, RunDir
+from quantgate.evalsets.served import ServeCheckConfig, check, probe_seconds, served_summary
+from quantgate.gates import ledger as ledger_module
+from quantgate.gates import signing
+from quantgate.gates.ledger import SERVING_KIND
+from quantgate.gates.policy import LoadedPolicy, load_policy
+from quantgate.gates.verdict import APPROVED, ServingEvidence, Verdict, serving_gates
 
 
 def _run_record(run_dir: Path) -> dict[str, Any]:

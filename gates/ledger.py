@@ -17,10 +17,10 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from gates import signing
 from quantgate.core.artifacts import atomic_file, canonical_json, sha256_bytes
 from quantgate.core.errors import InputError, QuantgateError
 from quantgate.core.models import weight_hashes
+from quantgate.gates import signing
 
 GENESIS = "0" * 64
 SCHEMA_VERSION = 1

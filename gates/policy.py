@@ -15,7 +15,7 @@ from quantgate.core.artifacts import read_yaml, sha256_file
 from quantgate.core.errors import InputError, did_you_mean
 from quantgate.core.ids import SetRef
 from quantgate.core.validation import Strict, is_path, validated
-from quantize.presets import Preset
+from quantgate.quantize.presets import Preset
 
 POLICY_DIR = Path(__file__).parent / "policies"
 PRECISION_CLASSES = ("8bit", "4bit")

@@ -24,16 +24,16 @@ import math
 from pathlib import Path
 from typing import Any, TypeGuard
 
-import evalsets
-from evalsets.served import FAILED, served_summary
-from gates.stats import STABILITY_BAR
-from gates.verdict import PENDING
+from quantgate import evalsets
 from quantgate.core.artifacts import MANIFEST, atomic_directory, read_json
 from quantgate.core.errors import InputError
 from quantgate.core.ids import GateId, SetRef
 from quantgate.core.metrics import METRICS
 from quantgate.core.rundir import BASELINE, RUN_KIND, RunDir
 from quantgate.core.stagecache import stored_value
+from quantgate.evalsets.served import FAILED, served_summary
+from quantgate.gates.stats import STABILITY_BAR
+from quantgate.gates.verdict import PENDING
 
 SCHEMA_VERSION = 1
 

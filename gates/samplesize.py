@@ -26,15 +26,15 @@ from pathlib import Path
 from statistics import NormalDist
 from typing import Any
 
-import evalsets
-from evalsets.sets import all_names
-from gates.policy import PRECISION_CLASSES, LoadedPolicy, MetricGate, load_policy
-from gates.sequential import critical_value, look_confidence, schedule
-from gates.stage import item_records, valid_metrics
-from gates.verdict import Records, gate_records, metric_gate
+from quantgate import evalsets
 from quantgate.core.errors import InputError, did_you_mean
 from quantgate.core.ids import SetRef
 from quantgate.core.metrics import METRICS, Metric, Statistic
+from quantgate.evalsets.sets import all_names
+from quantgate.gates.policy import PRECISION_CLASSES, LoadedPolicy, MetricGate, load_policy
+from quantgate.gates.sequential import critical_value, look_confidence, schedule
+from quantgate.gates.stage import item_records, valid_metrics
+from quantgate.gates.verdict import Records, gate_records, metric_gate
 
 DEFAULT_POWER = 0.8
 # The default effect: this share of a bound's distance from "no change" (0 for a change, the

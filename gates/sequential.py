@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from statistics import NormalDist
 
-from gates.policy import Outcome, decide
+from quantgate.gates.policy import Outcome, decide
 
 
 def schedule(looks: Sequence[int], ceiling: int) -> list[int]:

@@ -10,23 +10,22 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-import calibration
-import evalsets
-from calibration import CalibrationSet
-from evalsets import EvaluationResults, GoldenSet
-from evalsets.served import load_record
-from evalsets.sets import all_names, scored_metrics
-from gates import ledger as ledger_module
-from gates import signing
-from gates.policy import PRECISION_CLASSES, LoadedPolicy, load_policy, precision_class
-from gates.verdict import Records, ServingEvidence, Verdict, judge, tails
+from quantgate import calibration, evalsets
+from quantgate.calibration import CalibrationSet
 from quantgate.core.artifacts import MANIFEST, read_json, sha256_file, sha256_json, sibling_lock
 from quantgate.core.errors import InputError
 from quantgate.core.ids import SetRef
 from quantgate.core.metrics import GATEABLE
 from quantgate.core.models import weight_hashes
-from quantize.measure.accounting import measure
-from quantize.presets import get_preset
+from quantgate.evalsets import EvaluationResults, GoldenSet
+from quantgate.evalsets.served import load_record
+from quantgate.evalsets.sets import all_names, scored_metrics
+from quantgate.gates import ledger as ledger_module
+from quantgate.gates import signing
+from quantgate.gates.policy import PRECISION_CLASSES, LoadedPolicy, load_policy, precision_class
+from quantgate.gates.verdict import Records, ServingEvidence, Verdict, judge, tails
+from quantgate.quantize.measure.accounting import measure
+from quantgate.quantize.presets import get_preset
 
 
 def valid_metrics(set_specs: list[str]) -> dict[str, list[str]]:

@@ -12,14 +12,14 @@ from typing import Any
 
 import numpy as np
 
-from evalsets.served import FAILED
-from gates import stats
-from gates.policy import LoadedPolicy, MetricGate, Outcome, Statistics
-from gates.sequential import decide_at_look, detectable_regression
 from quantgate.core.errors import InputError
 from quantgate.core.ids import INTEGRITY, SERVING, SIZE, GateId, SetRef
 from quantgate.core.metrics import METRICS, Metric, Statistic
-from quantize.measure.causes import UNEXPLAINED_CAUSES
+from quantgate.evalsets.served import FAILED
+from quantgate.gates import stats
+from quantgate.gates.policy import LoadedPolicy, MetricGate, Outcome, Statistics
+from quantgate.gates.sequential import decide_at_look, detectable_regression
+from quantgate.quantize.measure.causes import UNEXPLAINED_CAUSES
 
 Records = list[dict[str, Any]]  # per-item records of one set (docs/evaluate.md, items.json)
 

@@ -17,11 +17,11 @@ from typing import Any
 from quantgate.core.artifacts import Stopwatch, atomic_directory
 from quantgate.core.errors import InputError
 from quantgate.core.models import SMOKE_PROMPT, baseline_dtype, compute_dtype
-from quantize.checkpoint import QuantizationFailed, QuantizedCheckpoint, copy_baseline_files, identity, write_manifest
-from quantize.compat import autoawq_plain_torch_on_cpu
-from quantize.config import QuantizeConfig
-from quantize.groups import effective_group_size
-from quantize.presets import Preset
+from quantgate.quantize.checkpoint import QuantizationFailed, QuantizedCheckpoint, copy_baseline_files, identity, write_manifest
+from quantgate.quantize.compat import autoawq_plain_torch_on_cpu
+from quantgate.quantize.config import QuantizeConfig
+from quantgate.quantize.groups import effective_group_size
+from quantgate.quantize.presets import Preset
 
 INSTALL_HINT = "--backend autoawq needs the optional extra: pip install 'quantgate[autoawq]'"
 

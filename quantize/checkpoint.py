@@ -11,7 +11,7 @@ from typing import Any
 from quantgate.core.artifacts import MANIFEST, Stopwatch, file_hashes, provenance, write_json
 from quantgate.core.errors import QuantgateError
 from quantgate.core.models import TOKENIZER_FILES, weights_sha256
-from quantize.config import QuantizeConfig
+from quantgate.quantize.config import QuantizeConfig
 
 KIND = "quantized-checkpoint"
 RECIPE_FILE = "recipe.yaml"

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from quantize.presets import PRESETS, get_preset
+from quantgate.quantize.presets import PRESETS, get_preset
 
 
 class Backend(str, Enum):

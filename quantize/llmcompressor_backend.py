@@ -11,11 +11,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from quantgate.core.errors import InputError
-from quantize.compat import cpu_safe_pinning
-from quantize.config import MixedConfig, QuantizeConfig
-from quantize.fusion import layer_groups
-from quantize.groups import GroupPlan, plan_group_sizes
-from quantize.presets import FP8_DYNAMIC_WEIGHTS, Algorithm, Preset, get_preset
+from quantgate.quantize.compat import cpu_safe_pinning
+from quantgate.quantize.config import MixedConfig, QuantizeConfig
+from quantgate.quantize.fusion import layer_groups
+from quantgate.quantize.groups import GroupPlan, plan_group_sizes
+from quantgate.quantize.presets import FP8_DYNAMIC_WEIGHTS, Algorithm, Preset, get_preset
 
 
 def linear_layers(model: Any, ignore: list[str]) -> list[tuple[str, int]]:

@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import Field, field_validator
 
-import calibration
+from quantgate import calibration
 from quantgate.core.artifacts import (
     MANIFEST,
     Stopwatch,
@@ -34,11 +34,11 @@ from quantgate.core.console import progress_bar
 from quantgate.core.errors import InputError, IntegrityError, ModelError, OutputExistsError
 from quantgate.core.models import baseline_dtype, compute_dtype, resolve_model, tokenizer_hash, weights_sha256
 from quantgate.core.validation import Strict
-from quantize.config import QuantizeConfig
-from quantize.fusion import layer_groups
-from quantize.groups import effective_group_size
-from quantize.llmcompressor_backend import linear_layers
-from quantize.presets import get_preset
+from quantgate.quantize.config import QuantizeConfig
+from quantgate.quantize.fusion import layer_groups
+from quantgate.quantize.groups import effective_group_size
+from quantgate.quantize.llmcompressor_backend import linear_layers
+from quantgate.quantize.presets import get_preset
 
 KIND = "sensitivity"
 SCHEMA_VERSION = 1

@@ -9,7 +9,7 @@ import gc
 from pathlib import Path
 from typing import Any
 
-import calibration
+from quantgate import calibration
 from quantgate.core.artifacts import (
     Stopwatch,
     atomic_directory,
@@ -24,9 +24,9 @@ from quantgate.core.models import (
     resolve_model,
     tokenizer_hash,
 )
-from quantize import llmcompressor_backend
-from quantize.autoawq_backend import quantize_with_autoawq
-from quantize.checkpoint import (
+from quantgate.quantize import llmcompressor_backend
+from quantgate.quantize.autoawq_backend import quantize_with_autoawq
+from quantgate.quantize.checkpoint import (
     MIXED,
     RECIPE_FILE,
     QuantizationFailed,
@@ -35,8 +35,8 @@ from quantize.checkpoint import (
     identity,
     write_manifest,
 )
-from quantize.config import UNQUANTIZED, Backend, MixedConfig, QuantizeConfig
-from quantize.presets import get_preset
+from quantgate.quantize.config import UNQUANTIZED, Backend, MixedConfig, QuantizeConfig
+from quantgate.quantize.presets import get_preset
 
 SMOKE_NEW_TOKENS = 8
 

@@ -2,7 +2,7 @@
 and running serving/worker.py in it (loopback-only). It knows nothing of golden sets or gates:
 evalsets compares what it serves with what was gated, gates judge the comparison."""
 
-from serving.environment import ServingEnv, ServingError, find, require, setup
-from serving.launch import ProbeLimit, Response, WorkerFailed, run
+from quantgate.serving.environment import ServingEnv, ServingError, find, require, setup
+from quantgate.serving.launch import ProbeLimit, Response, WorkerFailed, run
 
 __all__ = ["ProbeLimit", "Response", "ServingEnv", "ServingError", "WorkerFailed", "find", "require", "run", "setup"]

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from quantgate.core.artifacts import read_json, write_json
-from serving.environment import ServingEnv, ServingError
+from quantgate.serving.environment import ServingEnv, ServingError
 
 WORKER = Path(__file__).with_name("worker.py")
 PROTOCOL = 1

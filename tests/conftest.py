@@ -6,9 +6,7 @@ from pathlib import Path
 
 import pytest
 
-import calibration
-import quantize
-import serving
+from quantgate import calibration, quantize, serving
 from quantgate.cli import main
 from quantgate.core.models import pull
 from tests.factories import build_tiny_llama

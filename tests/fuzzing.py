@@ -174,7 +174,7 @@ def _calibrate_args(sandbox: Sandbox, source: Path, *extra: str) -> list[str]:
 
 
 def _calibrated(sandbox: Sandbox, outcome: Outcome) -> str | None:
-    import calibration
+    from quantgate import calibration
 
     built = calibration.load(sandbox.root / "calib-out")
     return None if built.samples >= 1 and built.input_ids.shape[1] == 8 else f"a set of {built.samples} rows"
@@ -255,7 +255,7 @@ def _calibration_set(sandbox: Sandbox) -> Path:
     """A small calibration set of the tiny model, made once; its pristine copy is kept aside."""
     pristine = sandbox.root / "seeds" / "calib"
     if not pristine.exists():
-        import calibration
+        from quantgate import calibration
 
         calibration.run(calibration.CalibrationConfig(model=str(sandbox.tiny_model()), source="demo", samples=2, seq_len=16), pristine)
         (sandbox.root / "inputs" / "against.txt").write_text("\n\n".join(_paragraphs(5)), encoding="utf-8")
@@ -301,7 +301,7 @@ def _evalset_add_reader() -> Reader:
         return seed.read_bytes()
 
     def added(sandbox: Sandbox, outcome: Outcome) -> str | None:
-        from evalsets.sets import check_items, load
+        from quantgate.evalsets.sets import check_items, load
 
         golden = load("fuzzed", sandbox.home)
         check_items(golden)
@@ -318,7 +318,7 @@ def _user_set(sandbox: Sandbox) -> Path:
     """A user's text golden set `mine@v1` in the sandbox's home; its pristine copy kept aside."""
     pristine = sandbox.root / "seeds" / "user-set"
     if not pristine.exists():
-        import evalsets
+        from quantgate import evalsets
 
         source = write_jsonl(sandbox.root / "seeds" / "texts.jsonl", [{"text": text} for text in _paragraphs(4)])
         with environment(sandbox):
@@ -342,7 +342,7 @@ def _golden_set_reader(file: str, fmt: str) -> Reader:
         return []
 
     def resign(manifest: dict[str, Any]) -> None:
-        from evalsets.sets import set_sha256
+        from quantgate.evalsets.sets import set_sha256
 
         manifest["sha256"] = set_sha256(manifest)
 
@@ -485,7 +485,7 @@ def _results(sandbox: Sandbox) -> Path:
     (text sets are scored on transformers: about a second each); pristine copies kept aside."""
     pristine = sandbox.root / "seeds" / "results"
     if not pristine.exists():
-        import evalsets
+        from quantgate import evalsets
 
         _user_set(sandbox)
         restore = sandbox.home / "evalsets" / "mine" / "v1"

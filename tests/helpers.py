@@ -12,8 +12,8 @@ from typing import Any, Protocol
 
 import pytest
 
-from evalsets.config import Kind
 from quantgate.core.headers import DTYPE_BITS
+from quantgate.evalsets.config import Kind
 
 
 class CliOutcome(Protocol):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from quantize.measure.accounting import measure, rule_bits
+from quantgate.quantize.measure.accounting import measure, rule_bits
 from tests.helpers import assert_every_byte_accounted, write_header_only
 
 Tensors = dict[str, tuple[str, list[int]]]
@@ -425,7 +425,7 @@ def test_biases_of_quantized_layers_are_unquantized_parameters(tmp_path: Path) -
 
 
 def test_every_cause_is_documented_with_its_origin_and_the_gate_lists_follow_it() -> None:
-    from quantize.measure.causes import STORAGE_CAUSES, UNEXPLAINED_CAUSES, Cause, Origin
+    from quantgate.quantize.measure.causes import STORAGE_CAUSES, UNEXPLAINED_CAUSES, Cause, Origin
 
     doc = (Path(__file__).resolve().parents[1] / "docs" / "measure-and-bounds.md").read_text()
     rows = dict(re.findall(r"^\| `([\w<>]+)` \| (implied|storage|unplaced) \|", doc, re.M))

@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from evalsets import agreement
+from quantgate.evalsets import agreement
 
 
 def logprobs(*rows: list[float]) -> torch.Tensor:

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from quantgate.core.errors import InputError
-from quantize.allocation import (
+from quantgate.quantize.allocation import (
     TIE_TOLERANCE,
     Allocation,
     Option,

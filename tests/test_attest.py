@@ -13,13 +13,11 @@ from pathlib import Path
 
 import pytest
 
-import evalsets
-import serving
-from evalsets import served as served_check
-from gates import ledger
-from quantgate import pipeline
+from quantgate import evalsets, pipeline, serving
+from quantgate.evalsets import served as served_check
+from quantgate.gates import ledger
 from quantgate.pipeline.plan import from_mapping
-from serving import device, environment
+from quantgate.serving import device, environment
 from tests.helpers import LENIENT_POLICY, SERVED_FORMAT, SERVING_RULES, plan_mapping, write_policy
 
 SERVE_SETTINGS = {"items": 4, "greedy_prompts": 2, "prompt_tokens": 8, "greedy_tokens": 4, "batch_sizes": [1], "decode_tokens": 4,

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from quantgate.core.errors import InputError
-from quantize.measure import bounds
-from quantize.measure.hardware import HardwareProfile, builtin_profiles, load_profile
+from quantgate.quantize.measure import bounds
+from quantgate.quantize.measure.hardware import HardwareProfile, builtin_profiles, load_profile
 from tests.helpers import assert_refused
 
 

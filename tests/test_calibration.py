@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-import calibration
-from calibration import CalibrationConfig, Packing
+from quantgate import calibration
+from quantgate.calibration import CalibrationConfig, Packing
 from quantgate.core.errors import IntegrityError
 
 SMALL = {"source": "demo", "samples": 8, "seq_len": 64, "seed": 0}

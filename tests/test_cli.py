@@ -11,8 +11,8 @@ from typing import Any
 
 import typer
 
-import calibration
 import quantgate.cli
+from quantgate import calibration
 from quantgate.cli.app import COMMANDS, load
 
 
@@ -59,7 +59,7 @@ def test_root_help_imports_no_stage() -> None:
             "try:\n    app(['--help'], standalone_mode=False)\nexcept SystemExit:\n    pass\n"
             "print('STAGES', sorted({name.split('.')[0] for name in sys.modules} & {'calibration', 'quantize', 'evalsets', 'gates'}))\n"
             "app(['measure', '--help'], standalone_mode=False)\n"
-            "print('MEASURE', 'quantize.measure.accounting' in sys.modules)\n")
+            "print('MEASURE', 'quantgate.quantize.measure.accounting' in sys.modules)\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     marked = [line for line in done.stdout.splitlines() if line.startswith(("STAGES", "MEASURE"))]
     assert marked == ["STAGES []", "MEASURE True"], done.stdout[-2000:]

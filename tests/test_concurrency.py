@@ -20,11 +20,11 @@ from typing import Any
 import pytest
 import yaml
 
-from evalsets import evaluate
-from evalsets.config import EvaluateConfig
-from gates import ledger as ledger_module
 from quantgate.core.artifacts import MANIFEST, read_json, verify_files, write_json
 from quantgate.core.stagecache import VALUE_SHA256
+from quantgate.evalsets import evaluate
+from quantgate.evalsets.config import EvaluateConfig
+from quantgate.gates import ledger as ledger_module
 from quantgate.pipeline import runner as pipeline
 from quantgate.pipeline.plan import from_mapping
 from tests.helpers import plan_mapping
@@ -130,7 +130,7 @@ def test_a_second_run_on_the_same_out_is_refused_in_one_line(cli, reference, qua
 APPENDER = """
 import sys, time
 from pathlib import Path
-from gates.stage import record_verdict
+from quantgate.gates.stage import record_verdict
 ledger, start, name = Path(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
 time.sleep(max(0.0, start - time.time()))
 for number in range(8):

@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 import yaml
 
-from gates import ledger as ledger_module
 from quantgate.core import artifacts
+from quantgate.gates import ledger as ledger_module
 from quantgate.pipeline import runner as pipeline
 from quantgate.pipeline.plan import from_mapping
 from tests.helpers import plan_mapping

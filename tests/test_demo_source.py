@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from calibration.build_demo_source import check, golden_texts, package_root
-from calibration.overlap import ngram_overlap
-from calibration.sources import demo_source_dir, load_documents
+from quantgate.calibration.build_demo_source import check, golden_texts, package_root
+from quantgate.calibration.overlap import ngram_overlap
+from quantgate.calibration.sources import demo_source_dir, load_documents
 from quantgate.core.artifacts import read_json, verify_files
 from quantgate.core.errors import SourceError
 

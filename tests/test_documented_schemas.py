@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-import evalsets
-from quantize.measure.causes import Cause
+from quantgate import evalsets
+from quantgate.quantize.measure.causes import Cause
 from tests.helpers import USER_ITEMS, write_header_only, write_jsonl
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"

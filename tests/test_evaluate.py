@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-import evalsets
-from evalsets import evaluate as evaluate_module
+from quantgate import evalsets
 from quantgate.core.artifacts import read_json
 from quantgate.core.errors import InputError, IntegrityError
+from quantgate.evalsets import evaluate as evaluate_module
 
 LIMIT = 3
 
@@ -53,7 +53,7 @@ def agreement_mode(request, monkeypatch: pytest.MonkeyPatch) -> str:
     """exact: the baseline's distributions rebuilt from its cached hidden states and head;
     top-k: the fallback for a head that cannot be rebuilt (forced here by a negative tolerance)."""
     if request.param == "top-k":
-        from evalsets import text_eval
+        from quantgate.evalsets import text_eval
 
         monkeypatch.setattr(text_eval, "HEAD_TOLERANCE", -1.0)
     return request.param
@@ -62,7 +62,7 @@ def agreement_mode(request, monkeypatch: pytest.MonkeyPatch) -> str:
 @pytest.fixture
 def text_runs(monkeypatch: pytest.MonkeyPatch) -> list:
     """Every TextRun evaluate_text returns during the test, in order (its per-token values)."""
-    from evalsets import text_eval
+    from quantgate.evalsets import text_eval
 
     runs: list = []
     evaluate_text = text_eval.evaluate_text
@@ -247,7 +247,7 @@ def test_vllm_backend_without_the_serving_environment_is_refused_in_one_line(
     """vLLM runs in the serving environment: where none is built (this test's QUANTGATE_HOME holds
     none, and no $QUANTGATE_SERVING_PYTHON names one), or the one named does not exist, one line
     says so and nothing is written."""
-    from serving.environment import PYTHON_ENV
+    from quantgate.serving.environment import PYTHON_ENV
     from tests.helpers import assert_refused
 
     monkeypatch.delenv(PYTHON_ENV, raising=False)

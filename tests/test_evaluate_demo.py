@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-import evalsets
-from evalsets import evaluate as evaluate_module
+from quantgate import evalsets
+from quantgate.evalsets import evaluate as evaluate_module
 
 pytestmark = pytest.mark.integration
 

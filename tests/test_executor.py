@@ -26,7 +26,7 @@ from quantgate.pipeline import executor as executors
 from quantgate.pipeline import runner as pipeline
 from quantgate.pipeline.executor import LocalExecutor, TaskLost
 from quantgate.pipeline.plan import PlanError, StageResources, from_mapping, with_executor
-from serving.launch import WorkerFailed
+from quantgate.serving.launch import WorkerFailed
 from tests.helpers import TINY_FORMATS, assert_refused, plan_mapping
 
 T = TypeVar("T")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-import evalsets
+from quantgate import evalsets
 from quantgate.pipeline import runner as pipeline
 from quantgate.pipeline.plan import from_mapping
 from tests.helpers import TINY_POLICY, plan_mapping, write_policy

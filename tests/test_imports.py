@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -25,16 +26,17 @@ ROOT = Path(__file__).resolve().parent.parent
 # The order is the pipeline's: calibrate -> quantize | measure -> evaluate -> gate -> run -> CLI.
 LAYERS: dict[str, int] = {
     "quantgate.core": 0,
-    "calibration": 1,
-    "quantize": 2,
-    "quantize.measure": 2,
-    "serving": 2,
-    "evalsets": 3,
-    "gates": 4,
+    "quantgate.calibration": 1,
+    "quantgate.quantize": 2,
+    "quantgate.quantize.measure": 2,
+    "quantgate.serving": 2,
+    "quantgate.evalsets": 3,
+    "quantgate.gates": 4,
     "quantgate.pipeline": 5,
     "quantgate.cli": 6,
 }
-# The distribution's own package only groups its layers (quantgate.core, .pipeline, .cli): its
+# The distribution's own package only groups its layers (quantgate.core, .pipeline, .cli, and the
+# stage folders at the top of the repository, linked in as quantgate.calibration, ...): its
 # __init__ runs before any of them, so it imports nothing first-party.
 NAMESPACE = "quantgate"
 # Directories at the repository root that hold no package of the distribution.
@@ -65,14 +67,25 @@ def module_name(root: Path, path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+def _walk(top: Path) -> list[Path]:
+    """Every directory below `top`, through symbolic links, as the import system walks it."""
+    return [Path(folder) for folder, _, _ in os.walk(top, followlinks=True)]
+
+
 def find_modules(root: Path) -> dict[str, Path]:
-    """Every module of every package at the root (a directory with an __init__.py)."""
+    """Every module of every package at the root (a directory with an __init__.py), named as it is
+    imported: a folder linked into another package (quantgate/gates -> ../gates) by the link's path,
+    never by its own."""
+    tops = [top for top in sorted(root.iterdir())
+            if top.name not in NOT_PACKAGES and not top.name.startswith(".") and (top / "__init__.py").is_file()]
+    linked = {folder.resolve() for top in tops for folder in _walk(top) if folder.is_symlink()}
     modules: dict[str, Path] = {}
-    for top in sorted(root.iterdir()):
-        if top.name in NOT_PACKAGES or top.name.startswith(".") or not (top / "__init__.py").is_file():
+    for top in tops:
+        if top.resolve() in linked:
             continue
-        for path in sorted(top.rglob("*.py")):
-            modules[module_name(root, path)] = path
+        for folder in _walk(top):
+            for path in sorted(folder.glob("*.py")):
+                modules[module_name(root, path)] = path
     return modules
 
 
@@ -270,6 +283,14 @@ def test_checker_finds_packages_without_a_layer(tmp_path: Path) -> None:
     ]
 
 
+def test_checker_names_a_linked_folder_by_its_link(tmp_path: Path) -> None:
+    root = make_tree(tmp_path, {"ns/core/a.py": "", "stage/deep/b.py": "from ns.stage.deep import c\n", "stage/deep/c.py": ""})
+    (root / "ns" / "stage").symlink_to(Path("..") / "stage")
+    assert sorted(find_modules(root)) == ["ns", "ns.core", "ns.core.a", "ns.stage", "ns.stage.deep", "ns.stage.deep.b",
+                                          "ns.stage.deep.c"]
+    assert [(edge.source, edge.target) for edge in all_imports(root)] == [("ns.stage.deep.b", "ns.stage.deep.c")]
+
+
 def test_checker_refuses_imports_in_the_namespace_package(tmp_path: Path) -> None:
     root = make_tree(tmp_path, {"ns/__init__.py": "from ns.core import x\n", "ns/core/x.py": ""})
     assert layer_violations(all_imports(root), {"ns.core": 0}, namespace="ns") == [
@@ -289,7 +310,7 @@ def test_every_package_has_a_layer() -> None:
     """A new top-level package, or a new package inside quantgate/, must be placed in LAYERS."""
     modules = find_modules(ROOT)
     tops = {module.split(".")[0] for module in modules}
-    assert NAMESPACE in tops and {layer.split(".")[0] for layer in LAYERS} <= tops
+    assert tops == {NAMESPACE}, "every package imports as quantgate.*: link a new stage folder in as quantgate/<name>"
     assert unplaced_modules(modules) == [], "add these modules' packages to LAYERS (and to docs/architecture.md)"
     assert all(any(layer_of(module) == layer for module in modules) for layer in LAYERS), "a layer names no package"
 
@@ -325,3 +346,21 @@ def test_help_runs_without_a_heavy_library() -> None:
             "out = io.StringIO()\ntry:\n    with redirect_stdout(out):\n        main()\nexcept SystemExit as exit_:\n"
             "    assert exit_.code in (0, None), exit_.code\nassert 'calibrate' in out.getvalue() and 'run' in out.getvalue()")
     assert _heavy_loaded_after(code) == []
+
+
+def test_stage_folders_install_under_the_namespace() -> None:
+    """The design card's folders stay at the top of the repository and install as quantgate.<stage>
+    (pyproject's package-dir); each is linked in as quantgate/<stage>, so that a checkout (python,
+    mypy, pytest) resolves the same names as an installed wheel. Nothing installs a top-level stage."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11 and later
+    with open(ROOT / "pyproject.toml", "rb") as handle:
+        setuptools = tomllib.load(handle)["tool"]["setuptools"]
+    mapped = setuptools["package-dir"]
+    stages = {top.name for top in ROOT.iterdir() if (top / "__init__.py").is_file() and top.name != NAMESPACE
+              and top.name not in NOT_PACKAGES}
+    assert mapped == {f"{NAMESPACE}.{stage}": stage for stage in stages}
+    for stage in stages:
+        link = ROOT / NAMESPACE / stage
+        assert link.is_symlink() and link.resolve() == (ROOT / stage).resolve(), f"{link} should link to ../{stage}"
+    assert setuptools["packages"]["find"]["include"] == [f"{NAMESPACE}*"]
+    assert set(setuptools["package-data"]) <= set(find_modules(ROOT))

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gates import ledger
-from gates.ledger import LedgerTampered, Status, verify_checkpoint
 from quantgate.core.models import weight_hashes
+from quantgate.gates import ledger
+from quantgate.gates.ledger import LedgerTampered, Status, verify_checkpoint
 
 
 def fake_checkpoint(path: Path, content: bytes = b"weights") -> Path:

@@ -18,10 +18,10 @@ from typing import Any, cast
 import numpy as np
 import pytest
 
-from evalsets import Kind
-from gates.policy import LoadedPolicy, Outcome, load_policy
-from gates.sequential import look_confidence
 from quantgate.core.rundir import BASELINE, RunDir
+from quantgate.evalsets import Kind
+from quantgate.gates.policy import LoadedPolicy, Outcome, load_policy
+from quantgate.gates.sequential import look_confidence
 from quantgate.pipeline.looks import Looks, SequentialOutcome, set_order
 from quantgate.pipeline.resolve import ResolvedPlan, Split
 

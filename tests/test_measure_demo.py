@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from quantize.measure.accounting import measure
+from quantgate.quantize.measure.accounting import measure
 from tests.helpers import assert_every_byte_accounted
 
 pytestmark = pytest.mark.integration
@@ -82,7 +82,7 @@ def autoawq_checkpoint(quant_model: Path, quant_calibration: Path, tmp_path_fact
     from awq import AutoAWQForCausalLM
     from transformers import AutoTokenizer
 
-    import calibration
+    from quantgate import calibration
 
     out = tmp_path_factory.mktemp("autoawq") / "awq"
     rows = [row.tolist() for row in calibration.load(quant_calibration).input_ids[:4]]

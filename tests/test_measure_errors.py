@@ -13,7 +13,7 @@ import pytest
 
 from quantgate.core.errors import QuantgateError
 from quantgate.core.headers import HeaderError, read_safetensors
-from quantize.measure.accounting import measure
+from quantgate.quantize.measure.accounting import measure
 from tests.helpers import assert_refused, write_header_only
 
 GOOD = {"model.norm.weight": ("BF16", [64]), "model.layers.0.mlp.up_proj.weight": ("BF16", [64, 64])}

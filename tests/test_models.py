@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-import calibration
+from quantgate import calibration
 from quantgate.core.errors import ModelError
 from quantgate.core.models import check_model_dir, pull, quantgate_home, resolve_model
 

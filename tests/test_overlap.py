@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from calibration import ngram_overlap
+from quantgate.calibration import ngram_overlap
 from quantgate.core.errors import InputError
 
 

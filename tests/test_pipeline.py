@@ -181,8 +181,8 @@ def test_demo_plan_is_embedded_and_validates() -> None:
 
 
 def test_a_format_that_fails_its_checks_is_blocked_and_stays_blocked(quant_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import quantize
-    from quantize.checkpoint import QuantizationFailed
+    from quantgate import quantize
+    from quantgate.quantize.checkpoint import QuantizationFailed
 
     calls = []
 

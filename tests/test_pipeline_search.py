@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import yaml
 
-from gates.ledger import verify_checkpoint
 from quantgate.core.artifacts import read_json
+from quantgate.gates.ledger import verify_checkpoint
 from quantgate.pipeline import runner as pipeline
 from quantgate.pipeline.plan import from_mapping
 from tests.helpers import plan_mapping

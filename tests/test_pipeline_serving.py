@@ -11,11 +11,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-import serving
-from quantgate import pipeline
+from quantgate import pipeline, serving
 from quantgate.core.artifacts import read_json
 from quantgate.pipeline.plan import from_mapping
-from serving import environment
+from quantgate.serving import environment
 from tests.helpers import LENIENT_POLICY, SERVED_FORMAT, SERVING_RULES, TINY_POLICY, plan_mapping, write_policy
 
 SERVING_POLICY = TINY_POLICY.replace("version: v1", "version: v2") + SERVING_RULES

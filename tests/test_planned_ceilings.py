@@ -15,10 +15,11 @@ from typing import Any
 import pytest
 import yaml
 
-import evalsets
-from evalsets.sets import all_names
-from gates.policy import LoadedPolicy, load_policy
-from gates.samplesize import (
+from quantgate import evalsets
+from quantgate.core.errors import InputError
+from quantgate.evalsets.sets import all_names
+from quantgate.gates.policy import LoadedPolicy, load_policy
+from quantgate.gates.samplesize import (
     DEFAULT_DISCORDANCE,
     DEFAULT_EFFECT_FRACTION,
     DEFAULT_POWER,
@@ -27,9 +28,8 @@ from gates.samplesize import (
     items_needed,
     power_at,
 )
-from gates.sequential import schedule
-from gates.stage import valid_metrics
-from quantgate.core.errors import InputError
+from quantgate.gates.sequential import schedule
+from quantgate.gates.stage import valid_metrics
 from quantgate.pipeline.plan import DEMO_PLAN, PLANNED, from_mapping, load_plan
 from quantgate.pipeline.resolve import ResolvedPlan, resolve_plan
 from tests.fuzzing import preflight_only

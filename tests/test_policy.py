@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from gates.policy import Outcome, decide, load_policy
 from quantgate.core.errors import InputError
+from quantgate.gates.policy import Outcome, decide, load_policy
 
 VALID = {"arc-easy": ["acc", "acc_norm"], "hellaswag": ["acc", "acc_norm"], "lambada": ["acc", "perplexity"],
          "wiki-text": ["perplexity", "bits_per_byte", "kl_divergence", "top1_agreement", "kl_median", "kl_p90", "kl_p99",
@@ -64,7 +64,7 @@ def test_wide_interval_on_the_failing_side_is_insufficient_evidence() -> None:
 
 @pytest.mark.parametrize("name", ["default", "small-model"])
 def test_builtin_policies_validate_against_the_builtin_sets(name: str) -> None:
-    from gates.stage import load_gate_policy
+    from quantgate.gates.stage import load_gate_policy
 
     policy = load_gate_policy(name, ["arc-easy@v1", "hellaswag@v1", "lambada@v1", "wiki-text@v1"])
     assert policy.policy.name == name and policy.policy.statistics.insufficient_evidence == "block"
@@ -74,7 +74,7 @@ def test_builtin_policies_validate_against_the_builtin_sets(name: str) -> None:
 
 
 def test_narrowed_policy_gates_only_the_kept_sets_and_says_so() -> None:
-    from gates.stage import load_gate_policy
+    from quantgate.gates.stage import load_gate_policy
 
     whole = load_gate_policy("small-model@v2", ["arc-easy@v1", "hellaswag@v1", "lambada@v1", "wiki-text@v1"])
     narrowed = whole.narrowed(["wiki-text", "arc-easy@v1"])
@@ -86,7 +86,7 @@ def test_narrowed_policy_gates_only_the_kept_sets_and_says_so() -> None:
 
 
 def test_a_policy_gating_unevaluated_sets_is_refused_with_both_ways_out() -> None:
-    from gates.stage import load_gate_policy
+    from quantgate.gates.stage import load_gate_policy
 
     with pytest.raises(InputError) as error:
         load_gate_policy("small-model@v2", ["arc-easy@v1", "wiki-text@v1"])
@@ -102,7 +102,7 @@ def test_v3_is_v2_with_a_rule_for_mixed_checkpoints_and_nothing_else() -> None:
         v2, v3 = load_policy(f"{name}@v2", VALID).policy, load_policy(f"{name}@v3", VALID).policy
         assert v2.mixed_precision is None and v3.mixed_precision is not None and v3.mixed_precision.rule == "lowest-bits"
         assert v3.model_dump(exclude={"version", "mixed_precision"}) == v2.model_dump(exclude={"version", "mixed_precision"})
-    from gates.policy import mixed_precision_class
+    from quantgate.gates.policy import mixed_precision_class
 
     v3_policy = load_policy("small-model@v3", VALID)
     assert mixed_precision_class(v3_policy, {4, 8}) == "4bit" and mixed_precision_class(v3_policy, {8}) == "8bit"

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-import quantize
+from quantgate import quantize
 from quantgate.core.artifacts import sha256_file, verify_files
 from quantgate.core.headers import read_header
-from quantize.checkpoint import QuantizationFailed
+from quantgate.quantize.checkpoint import QuantizationFailed
 
 FORMATS = ["gptq-int4", "awq-int4", "smoothquant-w8a8", "fp8-e4m3"]
 
@@ -158,7 +158,7 @@ def test_failed_run_leaves_an_existing_checkpoint_untouched(checkpoints: dict[st
     def crash(*args, **kwargs):
         raise QuantizationFailed("simulated failure after saving")
 
-    monkeypatch.setattr("quantize.stage.smoke_check", crash)
+    monkeypatch.setattr("quantgate.quantize.stage.smoke_check", crash)
     with pytest.raises(QuantizationFailed):
         quantize.run(quantize.QuantizeConfig(format="gptq-int4"), quant_model, quant_calibration, out, overwrite=True)
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-import quantize
+from quantgate import quantize
 from quantgate.core.headers import read_header
-from quantize.autoawq_backend import common_group_size
+from quantgate.quantize.autoawq_backend import common_group_size
 from tests.helpers import assert_refused
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from quantize.compat import cpu_safe_pinning
+from quantgate.quantize.compat import cpu_safe_pinning
 
 pytestmark = pytest.mark.skipif(torch.accelerator.is_available(), reason="the workaround only acts without an accelerator")
 

@@ -51,7 +51,7 @@ def test_untraceable_architecture_is_named(cli, quant_model: Path, quant_calibra
     def refuse_to_trace(*args, **kwargs):
         raise TraceError("symbolically traced variables cannot be used as inputs to control flow")
 
-    monkeypatch.setattr("quantize.llmcompressor_backend.quantize_in_place", refuse_to_trace)
+    monkeypatch.setattr("quantgate.quantize.llmcompressor_backend.quantize_in_place", refuse_to_trace)
     out = tmp_path / "out"
     assert_refused(quantize_cli(cli, quant_model, quant_calibration, out, format="gptq-int4"),
                    "llmcompressor cannot trace LlamaForCausalLM", out)

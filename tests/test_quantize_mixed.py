@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-import quantize
+from quantgate import quantize
 from quantgate.core.errors import InputError
-from quantize.config import UNQUANTIZED, MixedConfig
-from quantize.fusion import layer_groups
-from quantize.llmcompressor_backend import check_mixed, check_mixed_formats
-from quantize.measure.accounting import measure
+from quantgate.quantize.config import UNQUANTIZED, MixedConfig
+from quantgate.quantize.fusion import layer_groups
+from quantgate.quantize.llmcompressor_backend import check_mixed, check_mixed_formats
+from quantgate.quantize.measure.accounting import measure
 
 INT4, INT8 = "gptq-int4", "smoothquant-w8a8"
 
@@ -23,7 +23,7 @@ INT4, INT8 = "gptq-int4", "smoothquant-w8a8"
 def linear_names(model: Path) -> list[str]:
     from transformers import AutoModelForCausalLM
 
-    from quantize.llmcompressor_backend import linear_layers
+    from quantgate.quantize.llmcompressor_backend import linear_layers
 
     return [name for name, _ in linear_layers(AutoModelForCausalLM.from_pretrained(model), ["lm_head"])]
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from quantgate.core.errors import InputError
-from quantize import QuantizeConfig, get_preset
-from quantize.groups import effective_group_size, plan_group_sizes
+from quantgate.quantize import QuantizeConfig, get_preset
+from quantgate.quantize.groups import effective_group_size, plan_group_sizes
 
 
 @pytest.mark.parametrize(
@@ -64,8 +64,8 @@ def test_presets_say_what_each_format_is() -> None:
 
 @pytest.mark.parametrize("observer", [None, "mse", "imatrix_mse"])
 def test_the_observer_knob_reaches_every_weight_scheme(observer: str | None) -> None:
-    from quantize.config import MixedConfig
-    from quantize.llmcompressor_backend import _mixed_groups, config_groups
+    from quantgate.quantize.config import MixedConfig
+    from quantgate.quantize.llmcompressor_backend import _mixed_groups, config_groups
 
     cfg = QuantizeConfig(format="gptq-int4", observer=observer)
     groups = config_groups(get_preset("gptq-int4"), cfg, plan_group_sizes([("m.0.q_proj", 576), ("m.0.down_proj", 1536)], 128))

@@ -29,11 +29,10 @@ import pytest
 import torch
 import yaml
 
-import evalsets
-import serving
+from quantgate import evalsets, serving
 from quantgate.pipeline import runner as pipeline
 from quantgate.pipeline.plan import from_mapping
-from serving import environment
+from quantgate.serving import environment
 from tests.helpers import TINY_FORMATS, plan_mapping
 
 BIN = Path(sys.executable).parent
@@ -279,7 +278,7 @@ import functools, json, sys
 import ray
 from quantgate.pipeline.executor import RayExecutor
 from quantgate.pipeline.plan import ExecutorPlan
-from serving import device
+from quantgate.serving import device
 
 executor = RayExecutor(ExecutorPlan(kind="ray", address=sys.argv[1]), {}, show=lambda line: None)
 needed = device.serve_resource("W8A8")  # a scheme every CPU class serves usably

@@ -12,7 +12,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from gates.report import (
+from quantgate.core.rundir import RUN_KIND
+from quantgate.gates.report import (
     blocked_sentence,
     build,
     forest_svg,
@@ -27,7 +28,6 @@ from gates.report import (
     table,
     write,
 )
-from quantgate.core.rundir import RUN_KIND
 from tests.helpers import sample_report
 
 CANDIDATES = ["fp8-e4m3", "gptq-int4", "awq-int4", "smoothquant-w8a8"]

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from gates.report import write
+from quantgate.gates.report import write
 from quantgate.pipeline import runner as pipeline
 from quantgate.pipeline.plan import from_mapping
 from tests.helpers import plan_mapping, sample_report

@@ -12,8 +12,11 @@ from statistics import NormalDist
 import numpy as np
 import pytest
 
-from gates.policy import load_policy
-from gates.samplesize import (
+from quantgate.core.artifacts import MANIFEST, sha256_file
+from quantgate.core.errors import InputError
+from quantgate.core.metrics import METRICS
+from quantgate.gates.policy import load_policy
+from quantgate.gates.samplesize import (
     DEFAULT_DISCORDANCE,
     Effects,
     accuracy_sd,
@@ -24,10 +27,7 @@ from gates.samplesize import (
     sd_from_interval,
     zero_loss_floor,
 )
-from gates.sequential import critical_value
-from quantgate.core.artifacts import MANIFEST, sha256_file
-from quantgate.core.errors import InputError
-from quantgate.core.metrics import METRICS
+from quantgate.gates.sequential import critical_value
 
 SEQUENTIAL_POLICY = """name: planned
 version: v1

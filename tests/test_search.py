@@ -9,13 +9,13 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
 
-from gates.ledger import Status, append, verify_checkpoint
-from gates.search import Tried, chosen, next_budget
 from quantgate.core.models import weight_hashes
+from quantgate.gates.ledger import Status, append, verify_checkpoint
+from quantgate.gates.search import Tried, chosen, next_budget
 from quantgate.pipeline.resolve import ResolvedPlan
 from quantgate.pipeline.search import Space, Trials, run_search
-from quantize.allocation import Allocation, Option, Unit
-from quantize.config import UNQUANTIZED
+from quantgate.quantize.allocation import Allocation, Option, Unit
+from quantgate.quantize.config import UNQUANTIZED
 
 # ---- bisection ---------------------------------------------------------------------------------
 

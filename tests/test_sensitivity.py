@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 
-import calibration
+from quantgate import calibration
 from quantgate.core.errors import InputError, OutputExistsError
 from quantgate.core.validation import validated
-from quantize import sensitivity
-from quantize.sensitivity import FisherVariant, SensitivityConfig
+from quantgate.quantize import sensitivity
+from quantgate.quantize.sensitivity import FisherVariant, SensitivityConfig
 from tests.helpers import assert_refused
 
 FORMATS = ("gptq-int4", "awq-int4", "smoothquant-w8a8", "fp8-e4m3")

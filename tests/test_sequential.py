@@ -35,13 +35,13 @@ from statistics import NormalDist
 import numpy as np
 import pytest
 
-import evalsets
-from gates.policy import MetricGate, Outcome, Statistics, load_policy
-from gates.samplesize import gate_powers, zero_loss_floor
-from gates.sequential import critical_value, decide_at_look, detectable_regression, look_confidence, schedule
-from gates.stats import mean_difference, paired_bootstrap
-from gates.verdict import Look, metric_gate
+from quantgate import evalsets
 from quantgate.core.metrics import METRICS
+from quantgate.gates.policy import MetricGate, Outcome, Statistics, load_policy
+from quantgate.gates.samplesize import gate_powers, zero_loss_floor
+from quantgate.gates.sequential import critical_value, decide_at_look, detectable_regression, look_confidence, schedule
+from quantgate.gates.stats import mean_difference, paired_bootstrap
+from quantgate.gates.verdict import Look, metric_gate
 from quantgate.pipeline.plan import load_plan
 
 SEED = 20250607
@@ -478,7 +478,7 @@ def test_the_gate_path_reaches_the_simulated_decisions(monkeypatch: pytest.Monke
     time, a good one is approved about as often as the simulation says, with fewer items. (Each
     decided gate's stability, a nested bootstrap that decides nothing, is left out here: it has
     tests of its own, and it was 27 s of this one's 47.)"""
-    from gates import stats
+    from quantgate.gates import stats
 
     monkeypatch.setattr(stats, "verdict_stability", lambda *args, **kwargs: stats.Stability(share=1.0, resamples=0, inner_resamples=0,
                                                                                             seed=0))

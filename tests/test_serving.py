@@ -15,14 +15,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-import evalsets
-import quantize
-import serving
-from evalsets.served import ServeCheckConfig, check
-from gates.policy import Outcome, load_policy
-from gates.verdict import ServingEvidence, judge, serving_gates
+from quantgate import evalsets, quantize, serving
 from quantgate.core.errors import InputError
-from serving import environment, launch
+from quantgate.evalsets.served import ServeCheckConfig, check
+from quantgate.gates.policy import Outcome, load_policy
+from quantgate.gates.verdict import ServingEvidence, judge, serving_gates
+from quantgate.serving import environment, launch
 from tests.helpers import SERVED_FORMAT
 
 # few items and tokens: the checks, not the timings, are under test here

@@ -16,11 +16,10 @@ from pathlib import Path
 
 import pytest
 
-import evalsets
-import serving
-from evalsets.evaluate import Evaluator
-from evalsets.lm_eval_tasks import engine_settings, scored_pairs, served_model
+from quantgate import evalsets, serving
 from quantgate.core.errors import InputError
+from quantgate.evalsets.evaluate import Evaluator
+from quantgate.evalsets.lm_eval_tasks import engine_settings, scored_pairs, served_model
 from tests.factories import build_tiny_llama
 
 # nats, per request (a continuation's summed log-probability): about 5x the largest measured

@@ -21,10 +21,10 @@ pytest.importorskip("model_signing", reason="the signing extra (pip install 'qua
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 
-from gates import ledger, signing
-from gates.stage import record_verdict
 from quantgate.core.errors import InputError
 from quantgate.core.models import weight_hashes
+from quantgate.gates import ledger, signing
+from quantgate.gates.stage import record_verdict
 from tests.helpers import plan_mapping
 
 

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gates.policy import load_policy
 from quantgate.core.artifacts import read_json, read_yaml
 from quantgate.core.errors import InputError
-from quantize.measure.hardware import load_profile
+from quantgate.gates.policy import load_policy
+from quantgate.quantize.measure.hardware import load_profile
 from tests.helpers import TINY_POLICY, plan_mapping
 
 

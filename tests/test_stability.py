@@ -11,13 +11,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gates import report as report_module
-from gates import stats
-from gates.policy import Outcome, decide, load_policy
-from gates.sequential import decide_at_look
-from gates.verdict import GateResult, Look, compare, metric_gate
 from quantgate.core.metrics import METRICS
 from quantgate.core.rundir import RunDir
+from quantgate.gates import report as report_module
+from quantgate.gates import stats
+from quantgate.gates.policy import Outcome, decide, load_policy
+from quantgate.gates.sequential import decide_at_look
+from quantgate.gates.verdict import GateResult, Look, compare, metric_gate
 from quantgate.pipeline.looks import Looks
 from tests.helpers import sample_report
 from tests.test_looks import FAIL_FAST_POLICY, FMT, Evaluator, plan, same_answers, text_set
@@ -208,7 +208,7 @@ def test_size_and_integrity_gates_carry_no_stability_and_compare_records_it(tmp_
     verdict = compare({"arc-easy@v1": mc_items(correct)}, {"arc-easy@v1": mc_items(correct)}, policy, "8bit")
     (gate,) = verdict.gates
     assert gate.stability == 1.0 and gate.as_dict()["stability"] == 1.0
-    from gates.verdict import blocked_verdict
+    from quantgate.gates.verdict import blocked_verdict
     assert blocked_verdict("no load").gates[0].stability is None
 
 
@@ -223,7 +223,7 @@ def test_stored_gates_without_stability_still_read_and_new_ones_round_trip() -> 
 
 
 def test_the_looks_record_stability_on_decided_gates_only(tmp_path: Path) -> None:
-    from evalsets import Kind
+    from quantgate.evalsets import Kind
     sets = {"arc-easy@v1": (Kind.multiple_choice, (20, 40, 80)), "lambada@v1": (Kind.last_word, (20, 40, 80)),
             "wiki-text@v1": (Kind.text, (20, 40, 80))}
     evaluator = Evaluator({"arc-easy@v1": same_answers(80), "lambada@v1": same_answers(80),

@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from gates.stats import mean_difference, paired_bootstrap, ratio_of_sums, relative_perplexity_change, token_quantile
 from quantgate.core.errors import InputError
+from quantgate.gates.stats import mean_difference, paired_bootstrap, ratio_of_sums, relative_perplexity_change, token_quantile
 
 
 def test_identical_models_have_a_zero_width_interval_at_zero() -> None:
@@ -76,7 +76,7 @@ def test_token_quantile_known_answers_on_tiny_inputs() -> None:
 
 
 def test_token_quantile_point_estimate_is_the_metric_evaluate_reports() -> None:
-    from evalsets import agreement
+    from quantgate.evalsets import agreement
 
     rng = np.random.default_rng(4)
     items = [rng.exponential(0.05, size=rng.integers(1, 60)).astype(np.float32) for _ in range(40)]
@@ -98,7 +98,7 @@ def test_token_quantile_weights_equal_the_plain_quantile_of_the_repeated_tokens(
 
 
 def test_token_quantile_chunks_resamples_and_nan_fails_closed(monkeypatch: pytest.MonkeyPatch) -> None:
-    from gates import stats
+    from quantgate.gates import stats
 
     rng = np.random.default_rng(6)
     items = [rng.normal(size=5) for _ in range(10)]

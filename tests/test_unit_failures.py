@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from gates import ledger
 from quantgate import pipeline
 from quantgate.core.artifacts import read_json
+from quantgate.gates import ledger
 from quantgate.pipeline import units
 from quantgate.pipeline.plan import from_mapping
-from serving import environment
+from quantgate.serving import environment
 from tests.helpers import LENIENT_POLICY, SERVING_RULES, plan_mapping, write_policy
 
 SERVING_POLICY = LENIENT_POLICY + SERVING_RULES
@@ -69,7 +69,7 @@ def test_a_serve_that_hangs_or_dies_leaves_its_format_pending_and_the_run_finish
 
 def test_a_quantization_that_raises_and_an_evaluation_out_of_memory_do_not_end_the_run(
         quant_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import quantize
+    from quantgate import quantize
 
     real_quantize, real_sequential = quantize.run, units.sequential
     calls: list[str] = []
@@ -109,7 +109,7 @@ def test_a_quantization_that_raises_and_an_evaluation_out_of_memory_do_not_end_t
 
 def test_the_run_command_names_a_failed_unit_and_exits_1(cli, quant_model: Path, tmp_path: Path,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    import quantize
+    from quantgate import quantize
 
     def raises(cfg, *args, **kwargs):
         raise RuntimeError("boom in the quantizer")
@@ -127,7 +127,7 @@ def test_the_run_command_names_a_failed_unit_and_exits_1(cli, quant_model: Path,
 def test_preflight_names_the_candidates_this_machine_is_known_not_to_serve(quant_model: Path, tmp_path: Path,
                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     from quantgate.pipeline.resolve import resolve_plan, unservable_here
-    from serving import device
+    from quantgate.serving import device
 
     monkeypatch.setenv(environment.PYTHON_ENV, str(_fake_serving_python(tmp_path, "time.sleep(300)")))
     mapping = {**_serving_plan(quant_model, tmp_path), "formats": ["gptq-int4", "fp8-e4m3"]}

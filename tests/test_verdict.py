@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gates.policy import Outcome, load_policy
-from gates.verdict import compare
 from quantgate.core.errors import InputError
+from quantgate.gates.policy import Outcome, load_policy
+from quantgate.gates.verdict import compare
 
 
 def mc_items(correct: list[int]) -> list[dict]:
@@ -183,7 +183,7 @@ def measurement(measured: float | None, exact: float | None, lines: list[dict] |
 
 
 def test_size_gates_compare_bits_exactly_and_block_unexplained_bytes(tmp_path: Path) -> None:
-    from gates.verdict import size_gates
+    from quantgate.gates.verdict import size_gates
 
     policy = load_policy(policy_file(tmp_path, "metrics: {}\nsize: {max_bits_per_weight_excess: 0.01}\n"))
     within, over = size_gates(measurement(4.2195, 4.2095), policy)[0], size_gates(measurement(4.2196, 4.2095), policy)[0]
@@ -201,7 +201,7 @@ def test_size_gates_compare_bits_exactly_and_block_unexplained_bytes(tmp_path: P
 
 
 def test_integrity_gates_finite_logits_and_calibration_overlap(tmp_path: Path) -> None:
-    from gates.verdict import integrity_gates
+    from quantgate.gates.verdict import integrity_gates
 
     policy = load_policy(policy_file(tmp_path, "metrics: {}\nintegrity: {max_calibration_overlap: 0.01}\n"))
     clean = {"n": 13, "candidate_ngrams": 1000, "shared_ngrams": 10, "share": 0.01}
@@ -217,8 +217,8 @@ def test_integrity_gates_finite_logits_and_calibration_overlap(tmp_path: Path) -
 
 
 def test_every_metric_a_set_scores_is_in_the_metrics_table_and_each_gateable_one_has_a_rule(tmp_path: Path) -> None:
-    from evalsets.sets import SCORING, scored_metrics
     from quantgate.core.metrics import GATEABLE, METRICS
+    from quantgate.evalsets.sets import SCORING, scored_metrics
 
     scored = {name for kind in SCORING for name in scored_metrics(kind)}
     assert scored == set(METRICS)  # a typo in either would silently drop a gate
@@ -249,7 +249,7 @@ def test_every_metric_a_set_scores_is_in_the_metrics_table_and_each_gateable_one
 
 def test_a_policy_with_no_metric_gate_approves_nothing(tmp_path: Path) -> None:
     """Fail closed: size and integrity alone never approve a candidate."""
-    from gates.verdict import judge
+    from quantgate.gates.verdict import judge
 
     policy = load_policy(policy_file(tmp_path, "metrics: {}\n"))
     verdict = judge({}, {"wiki-text@v1": text_items([1.0])}, policy, "8bit", smoke={"logits_finite": True})
@@ -257,7 +257,7 @@ def test_a_policy_with_no_metric_gate_approves_nothing(tmp_path: Path) -> None:
 
 
 def test_a_verdict_missing_a_policy_gate_is_refused(tmp_path: Path) -> None:
-    from gates.verdict import judge
+    from quantgate.gates.verdict import judge
 
     policy = load_policy(policy_file(tmp_path, "metrics: {wiki-text: {kl_divergence: {max_value: {8bit: 0.1}}}}\n"))
     with pytest.raises(InputError, match="refusing to judge"):

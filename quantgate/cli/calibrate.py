@@ -7,8 +7,8 @@ from typing import Any
 
 import typer
 
-import calibration
-from calibration.sources import load_documents
+from quantgate import calibration
+from quantgate.calibration.sources import load_documents
 from quantgate.cli.options import config, print_json
 
 # This module's commands; quantgate.cli.app.COMMANDS names each, so `quantgate --help` need not import it.

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import typer
 
-import evalsets
-from gates import samplesize
+from quantgate import evalsets
 from quantgate.cli.options import config, print_json
 from quantgate.core.errors import InputError, IntegrityError
+from quantgate.gates import samplesize
 
 # This module's commands; quantgate.cli.app.COMMANDS names each, so `quantgate --help` need not import it.
 commands = typer.Typer(add_completion=False)

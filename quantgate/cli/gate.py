@@ -6,10 +6,10 @@ from pathlib import Path
 
 import typer
 
-from gates.ledger import verify_checkpoint
-from gates.signing import SIGNATURE_FILE
-from gates.stage import gate_results
 from quantgate.cli.options import print_json
+from quantgate.gates.ledger import verify_checkpoint
+from quantgate.gates.signing import SIGNATURE_FILE
+from quantgate.gates.stage import gate_results
 
 # This module's commands; quantgate.cli.app.COMMANDS names each, so `quantgate --help` need not import it.
 commands = typer.Typer(add_completion=False)

@@ -12,10 +12,10 @@ from rich.console import Console
 
 from quantgate.cli.options import print_json
 from quantgate.core.errors import InputError
-from quantize.measure import bounds
-from quantize.measure.accounting import measure, render
-from quantize.measure.bounds import DEFAULT_FORMATS, BoundsConfig, ModelShape, WeightFormat
-from quantize.measure.hardware import load_profile
+from quantgate.quantize.measure import bounds
+from quantgate.quantize.measure.accounting import measure, render
+from quantgate.quantize.measure.bounds import DEFAULT_FORMATS, BoundsConfig, ModelShape, WeightFormat
+from quantgate.quantize.measure.hardware import load_profile
 
 # This module's commands; quantgate.cli.app.COMMANDS names each, so `quantgate --help` need not import it.
 commands = typer.Typer(add_completion=False)

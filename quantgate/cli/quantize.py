@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-import quantize
+from quantgate import quantize
 from quantgate.cli.options import config
 from quantgate.core.artifacts import peak_memory_bytes
 

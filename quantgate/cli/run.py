@@ -9,7 +9,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from gates.report import (
+from quantgate.core.artifacts import sha256_json
+from quantgate.core.errors import Interrupted
+from quantgate.gates.report import (
     build,
     class_lines,
     deployable,
@@ -21,8 +23,6 @@ from gates.report import (
     verdict_text,
     write,
 )
-from quantgate.core.artifacts import sha256_json
-from quantgate.core.errors import Interrupted
 from quantgate.pipeline import runner as pipeline
 from quantgate.pipeline.plan import load_plan, with_executor, with_signing_key
 

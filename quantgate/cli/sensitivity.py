@@ -8,7 +8,7 @@ from typing import Any
 import typer
 
 from quantgate.cli.options import config
-from quantize import sensitivity
+from quantgate.quantize import sensitivity
 
 # This module's commands; quantgate.cli.app.COMMANDS names each, so `quantgate --help` need not import it.
 commands = typer.Typer(add_completion=False)

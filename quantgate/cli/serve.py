@@ -9,15 +9,14 @@ from typing import Any
 
 import typer
 
-import evalsets
-import serving
-from evalsets.served import SERVE_FILE, ServeCheckConfig, check, not_comparable
-from gates.attest import attest
+from quantgate import evalsets, serving
 from quantgate.cli.options import config
 from quantgate.core.artifacts import atomic_directory, write_json
 from quantgate.core.errors import InputError
 from quantgate.core.models import resolve_model
-from serving import device, environment
+from quantgate.evalsets.served import SERVE_FILE, ServeCheckConfig, check, not_comparable
+from quantgate.gates.attest import attest
+from quantgate.serving import device, environment
 
 # This module's commands; quantgate.cli.app.COMMANDS names each, so `quantgate --help` need not import it.
 commands = typer.Typer(add_completion=False)

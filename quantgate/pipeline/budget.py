@@ -8,11 +8,11 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from quantize.config import QuantizeConfig
-from quantize.groups import effective_group_size
-from quantize.measure.accounting import measure
-from quantize.measure.layouts import Scheme, ceil_div, expected_bytes
-from quantize.presets import FP8_DYNAMIC_WEIGHTS, get_preset
+from quantgate.quantize.config import QuantizeConfig
+from quantgate.quantize.groups import effective_group_size
+from quantgate.quantize.measure.accounting import measure
+from quantgate.quantize.measure.layouts import Scheme, ceil_div, expected_bytes
+from quantgate.quantize.presets import FP8_DYNAMIC_WEIGHTS, get_preset
 
 # compressed-tensors' storage of each weight type (quantize.measure.layouts names them)
 _LAYOUT = {("int", 4): "pack-quantized", ("int", 8): "int-quantized", ("float", 8): "float-quantized"}

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from evalsets.evaluate import EVALUATOR_VERSION
-from evalsets.served import SERVE_CHECK_VERSION, machine
 from quantgate.core.artifacts import library_versions, sha256_json
+from quantgate.evalsets.evaluate import EVALUATOR_VERSION
+from quantgate.evalsets.served import SERVE_CHECK_VERSION, machine
 from quantgate.pipeline.resolve import ResolvedPlan
 
 

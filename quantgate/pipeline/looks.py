@@ -18,16 +18,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import evalsets
-from evalsets import Kind
-from gates.policy import LoadedPolicy, MetricGate, Outcome
-from gates.sequential import look_confidence
-from gates.stage import item_records
-from gates.verdict import GateResult, Look, gate_records, metric_gate, not_evaluated
+from quantgate import evalsets
 from quantgate.core.console import stderr
 from quantgate.core.ids import GateId, SetRef
 from quantgate.core.metrics import METRICS
 from quantgate.core.rundir import BASELINE, RunDir
+from quantgate.evalsets import Kind
+from quantgate.gates.policy import LoadedPolicy, MetricGate, Outcome
+from quantgate.gates.sequential import look_confidence
+from quantgate.gates.stage import item_records
+from quantgate.gates.verdict import GateResult, Look, gate_records, metric_gate, not_evaluated
 from quantgate.pipeline.resolve import ResolvedPlan, Split
 
 # Which kinds of set run first: the cheapest per decisive number (one forward pass a text item

@@ -15,11 +15,11 @@ from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
-from evalsets.served import ServeCheckConfig
 from quantgate.core.artifacts import read_yaml, sha256_json
 from quantgate.core.errors import InputError, did_you_mean
 from quantgate.core.validation import Problem, Strict, is_path, validated
-from quantize.presets import get_preset
+from quantgate.evalsets.served import ServeCheckConfig
+from quantgate.quantize.presets import get_preset
 
 SCHEMA_VERSION = 1
 # The embedded demo plan: one file, installed with the package (`quantgate demo`, `make demo`).

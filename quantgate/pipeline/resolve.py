@@ -10,29 +10,26 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-import calibration
-import evalsets
-import quantize
-import serving
-from evalsets.evaluate import IDENTITY_KEYS, model_identity
-from evalsets.served import ServeCheckConfig
-from gates.policy import PRECISION_CLASSES, LoadedPolicy, mixed_precision_class, precision_class
-from gates.samplesize import Discordance, GatePower, gate_powers
-from gates.sequential import schedule
-from gates.signing import load_signing_key
-from gates.stage import load_gate_policy
+from quantgate import calibration, evalsets, quantize, serving
 from quantgate.core.console import stderr
 from quantgate.core.errors import InputError, ModelError, did_you_mean
 from quantgate.core.ids import GateId, SetRef
 from quantgate.core.metrics import metric
 from quantgate.core.models import DEMO_MODELS, pull, resolve_model
 from quantgate.core.validation import is_path, validated
+from quantgate.evalsets.evaluate import IDENTITY_KEYS, model_identity
+from quantgate.evalsets.served import ServeCheckConfig
+from quantgate.gates.policy import PRECISION_CLASSES, LoadedPolicy, mixed_precision_class, precision_class
+from quantgate.gates.samplesize import Discordance, GatePower, gate_powers
+from quantgate.gates.sequential import schedule
+from quantgate.gates.signing import load_signing_key
+from quantgate.gates.stage import load_gate_policy
 from quantgate.pipeline.budget import predicted_bytes
 from quantgate.pipeline.plan import PLANNED, LoadedPlan, RunPlan
-from quantize.llmcompressor_backend import check_mixed_formats
-from quantize.measure.hardware import HardwareProfile, load_profile
-from quantize.presets import get_preset
-from serving import device
+from quantgate.quantize.llmcompressor_backend import check_mixed_formats
+from quantgate.quantize.measure.hardware import HardwareProfile, load_profile
+from quantgate.quantize.presets import get_preset
+from quantgate.serving import device
 
 # the fields of a model's identity that decide its numbers (its path does not)
 

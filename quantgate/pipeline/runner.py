@@ -25,30 +25,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
-import calibration
-import evalsets
-import quantize
-from evalsets.evaluate import IDENTITY_KEYS, cache_root, model_identity
-from evalsets.served import FAILED, probe_seconds, served_summary
-from evalsets.served import check as serve_check
-from gates.policy import LoadedPolicy, Outcome, mixed_precision_class, precision_class
-from gates.report import build as build_report
-from gates.report import write as write_report
-from gates.stage import item_records, overlap_summary, record_verdict, verdict_record
-from gates.verdict import (
-    GateResult,
-    ServedNumerics,
-    ServingEvidence,
-    Verdict,
-    blocked_verdict,
-    differing_numerics,
-    integrity_gates,
-    judge,
-    lost_verdict,
-    served_quality_gates,
-    size_gates,
-    tails,
-)
+from quantgate import calibration, evalsets, quantize
 from quantgate.core.artifacts import (
     MANIFEST,
     atomic_file,
@@ -66,6 +43,27 @@ from quantgate.core.ids import SERVING, GateId
 from quantgate.core.models import weight_file_hashes
 from quantgate.core.rundir import BASELINE, RUN_KIND, RunDir
 from quantgate.core.stagecache import Cached, StageCache
+from quantgate.evalsets.evaluate import IDENTITY_KEYS, cache_root, model_identity
+from quantgate.evalsets.served import FAILED, probe_seconds, served_summary
+from quantgate.evalsets.served import check as serve_check
+from quantgate.gates.policy import LoadedPolicy, Outcome, mixed_precision_class, precision_class
+from quantgate.gates.report import build as build_report
+from quantgate.gates.report import write as write_report
+from quantgate.gates.stage import item_records, overlap_summary, record_verdict, verdict_record
+from quantgate.gates.verdict import (
+    GateResult,
+    ServedNumerics,
+    ServingEvidence,
+    Verdict,
+    blocked_verdict,
+    differing_numerics,
+    integrity_gates,
+    judge,
+    lost_verdict,
+    served_quality_gates,
+    size_gates,
+    tails,
+)
 from quantgate.pipeline import executor as executors
 from quantgate.pipeline import keys, units
 from quantgate.pipeline.executor import Executor, TaskLost
@@ -74,12 +72,12 @@ from quantgate.pipeline.plan import LoadedPlan
 from quantgate.pipeline.progress import StageLog, StageStatus
 from quantgate.pipeline.resolve import ResolvedPlan, Split, resolve_plan
 from quantgate.pipeline.search import Trials, build_space, mixed_config, run_search
-from quantize import sensitivity
-from quantize.allocation import Allocation
-from quantize.checkpoint import QuantizationFailed
-from quantize.measure import measure_and_bound
-from quantize.presets import get_preset
-from serving import device
+from quantgate.quantize import sensitivity
+from quantgate.quantize.allocation import Allocation
+from quantgate.quantize.checkpoint import QuantizationFailed
+from quantgate.quantize.measure import measure_and_bound
+from quantgate.quantize.presets import get_preset
+from quantgate.serving import device
 
 T = TypeVar("T")
 PER_FORMAT = ("quantize", "measure", "evaluate", "gate")

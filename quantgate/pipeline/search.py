@@ -20,15 +20,15 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from gates.search import Tried, chosen, conclusion, next_budget
-from gates.verdict import passes_here
 from quantgate.core.errors import InputError
+from quantgate.gates.search import Tried, chosen, conclusion, next_budget
+from quantgate.gates.verdict import passes_here
 from quantgate.pipeline.budget import ignored as _ignored
 from quantgate.pipeline.resolve import ResolvedPlan
-from quantize.allocation import Allocation, Option, Unit, allocate
-from quantize.config import UNQUANTIZED, MixedConfig
-from quantize.fusion import LayerGroup, layer_groups
-from quantize.presets import get_preset
+from quantgate.quantize.allocation import Allocation, Option, Unit, allocate
+from quantgate.quantize.config import UNQUANTIZED, MixedConfig
+from quantgate.quantize.fusion import LayerGroup, layer_groups
+from quantgate.quantize.presets import get_preset
 
 TRIAL_PREFIX = "search-"
 

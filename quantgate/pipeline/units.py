@@ -17,13 +17,12 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
-import evalsets
-import quantize
+from quantgate import evalsets, quantize
 from quantgate.core.errors import InputError, IntegrityError
 from quantgate.core.rundir import BASELINE, RunDir
 from quantgate.pipeline.looks import Looks, gated_sets
 from quantgate.pipeline.resolve import ResolvedPlan, Split
-from serving import device
+from quantgate.serving import device
 
 _EVALUATORS: OrderedDict[tuple[str, bool], evalsets.Evaluator] = OrderedDict()
 _KEEP = 2  # models a process keeps loaded

@@ -7,7 +7,7 @@ categories), `explain` and `causes` (the gap, one function per cause), `measurem
 `bounds` and `hardware` (decode-time bounds).
 """
 
-from quantize.measure.accounting import measure
-from quantize.measure.stage import measure_and_bound
+from quantgate.quantize.measure.accounting import measure
+from quantgate.quantize.measure.stage import measure_and_bound
 
 __all__ = ["measure", "measure_and_bound"]

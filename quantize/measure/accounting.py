@@ -17,9 +17,9 @@ from typing import Any
 from rich.table import Table
 
 from quantgate.core.headers import DTYPE_BITS, FLOATING_DTYPES, CheckpointFiles, TensorEntry, read_checkpoint
-from quantize.measure.causes import Cause
-from quantize.measure.explain import Placement, explain
-from quantize.measure.layouts import (
+from quantgate.quantize.measure.causes import Cause
+from quantgate.quantize.measure.explain import Placement, explain
+from quantgate.quantize.measure.layouts import (
     NOMINAL_SCALE_BITS,
     QUANTIZED_WEIGHT_DTYPES,
     Layout,
@@ -33,8 +33,8 @@ from quantize.measure.layouts import (
     number_kind,
     recognise_scheme,
 )
-from quantize.measure.measurement import DetectedFormat, Gap, LinearLayer, Measurement, rule_bits
-from quantize.measure.names import (
+from quantgate.quantize.measure.measurement import DetectedFormat, Gap, LinearLayer, Measurement, rule_bits
+from quantgate.quantize.measure.names import (
     QUANTIZATION_ROLES,
     ROLE_CATEGORY,
     Category,
@@ -45,7 +45,7 @@ from quantize.measure.names import (
     short_name,
     tensor_role,
 )
-from quantize.measure.schemes import KNOWN_METHODS, ConfigSchemes
+from quantgate.quantize.measure.schemes import KNOWN_METHODS, ConfigSchemes
 
 CONFIG_DTYPES = {"bfloat16": "BF16", "float16": "F16", "float32": "F32", "half": "F16", "float": "F32", "float64": "F64"}
 UNEXPLAINED_TEXT = "bytes no line above accounts for (a bug in measure: please report it)"

@@ -16,9 +16,9 @@ from rich.table import Table
 from quantgate.core.errors import InputError
 from quantgate.core.headers import read_checkpoint
 from quantgate.core.validation import Problem, Strict, validated
-from quantize.measure.accounting import measure
-from quantize.measure.hardware import HardwareProfile
-from quantize.measure.measurement import Measurement
+from quantgate.quantize.measure.accounting import measure
+from quantgate.quantize.measure.hardware import HardwareProfile
+from quantgate.quantize.measure.measurement import Measurement
 
 SCHEMA_VERSION = 1
 KIND = "bounds"

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from quantgate.core.headers import DTYPE_BITS, FLOATING_DTYPES, TensorEntry
-from quantize.measure.causes import Cause
-from quantize.measure.layouts import NOMINAL_SCALE_BITS
-from quantize.measure.measurement import RULE_GROUP_SIZE, Gap, LinearLayer
-from quantize.measure.names import QUANTIZATION_CATEGORIES, Category, short_name, tensor_role
+from quantgate.quantize.measure.causes import Cause
+from quantgate.quantize.measure.layouts import NOMINAL_SCALE_BITS
+from quantgate.quantize.measure.measurement import RULE_GROUP_SIZE, Gap, LinearLayer
+from quantgate.quantize.measure.names import QUANTIZATION_CATEGORIES, Category, short_name, tensor_role
 
 HEADER_TEXT = "safetensors headers (8-byte length and JSON) of every file"
 # What the format stores beyond its nominal figure, in the order the lines appear.

@@ -34,7 +34,7 @@ class HardwareProfile(Strict):
 
 
 def builtin_profiles() -> dict[str, Path]:
-    folder = resources.files("quantize.measure") / "hardware"
+    folder = resources.files("quantgate.quantize.measure") / "hardware"
     return {Path(str(entry)).stem: Path(str(entry)) for entry in folder.iterdir() if str(entry).endswith(".yaml")}
 
 

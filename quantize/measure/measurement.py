@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
-from quantize.measure.causes import Cause
-from quantize.measure.layouts import NOMINAL_SCALE_BITS
-from quantize.measure.names import LINEAR_CATEGORIES, Category
+from quantgate.quantize.measure.causes import Cause
+from quantgate.quantize.measure.layouts import NOMINAL_SCALE_BITS
+from quantgate.quantize.measure.names import LINEAR_CATEGORIES, Category
 
 SCHEMA_VERSION = 1
 KIND = "measurement"

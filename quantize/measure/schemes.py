@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from quantgate.core.errors import InputError
-from quantize.measure.layouts import Scheme, find_layout
+from quantgate.quantize.measure.layouts import Scheme, find_layout
 
 KNOWN_METHODS = ("compressed-tensors", "gptq", "awq")
 

@@ -7,9 +7,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from quantize.measure.accounting import measure
-from quantize.measure.bounds import BoundsConfig, compute, measured_format
-from quantize.measure.hardware import HardwareProfile
+from quantgate.quantize.measure.accounting import measure
+from quantgate.quantize.measure.bounds import BoundsConfig, compute, measured_format
+from quantgate.quantize.measure.hardware import HardwareProfile
 
 BOUND_BATCHES = (1, 32)
 
