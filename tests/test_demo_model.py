@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from quantgate.core import models
 from quantgate.core.artifacts import sha256_file
 from quantgate.core.errors import InputError
 from quantgate.core.models import pull
@@ -79,13 +80,27 @@ def test_second_pull_is_a_no_op(pulled, monkeypatch: pytest.MonkeyPatch) -> None
 
 
 def test_damaged_cache_is_rebuilt(pulled, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A damaged file makes the next pull convert again and replace the damaged model. The
+    conversion is the session's first pull's (above); here it copies that pull's files, so the
+    detection and the replacement are what is tested, in a second instead of half a minute."""
     home = tmp_path / "home"
     shutil.copytree(pulled.path.parent.parent, home)
     monkeypatch.setenv("QUANTGATE_HOME", str(home))
     (home / "models/smollm2-135m/tokenizer.json").write_text("{}")
+    converted: list[Path] = []
+
+    def convert(gguf: Path, out: Path) -> dict:
+        converted.append(gguf)
+        for name in pulled.manifest["files"]:
+            shutil.copy2(pulled.path / name, out / name)
+        return pulled.manifest["conversion"]
+
+    monkeypatch.setattr(models, "_convert_gguf", convert)
     rebuilt = pull("smollm2-135m")
-    assert not rebuilt.already_present
-    assert rebuilt.manifest["files"]["tokenizer.json"] == pulled.manifest["files"]["tokenizer.json"]
+    assert not rebuilt.already_present and len(converted) == 1
+    assert rebuilt.manifest["files"] == pulled.manifest["files"]
+    assert json.loads((home / "models/smollm2-135m/tokenizer.json").read_text()) != {}
+    assert pull("smollm2-135m").already_present  # whole again
 
 
 def test_demo_command_runs_the_embedded_plan_which_passes_its_checks(pulled, cli, served, tmp_path: Path,
