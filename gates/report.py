@@ -30,13 +30,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TypeGuard
 
-from pydantic import ValidationError
-
 from quantgate.core.artifacts import atomic_directory, read_json, sha256_json
 from quantgate.core.errors import InputError
 from quantgate.core.ids import GateId, SetRef
 from quantgate.core.metrics import METRICS
-from quantgate.core.validation import first_problem
+from quantgate.core.validation import validated
 from quantgate.evalsets.served import FAILED
 from quantgate.gates import figures
 from quantgate.gates.report_model import (
@@ -658,6 +656,9 @@ def engine_default_sentences(data: RunRecords) -> list[str]:
 
 
 def summary(data: RunRecords) -> Summary:
+    """The summary's sentences: the recommendations, what is approved, the search's conclusion, a
+    narrowed policy, each blocked or pending format (a trial blocked on the search split is the
+    bisection at work, not a finding), each served checkpoint's device class."""
     candidates = [row for row in data.rows if search_role(row) != TRIAL]
     return Summary(recommendations=recommendation_sentences(data), measured=measured_sentence(measured_recommendation(data.rows)),
                    approved=approved_sentence(data), search=search_sentences(data), narrowed=narrowed_sentence(data),
@@ -1234,8 +1235,8 @@ def plot_figure(data: RunRecords) -> PlotFigure:
     on_front = {label for _, _, label in front}
     points = [PlotPoint(mb=mb, value=value, label=row.format, verdict=row.verdict, trial=search_role(row) == TRIAL,
                         front=row.format in on_front) for row, mb, value in _plotted(data)]
-    return PlotFigure(metric=data.plot.y or "metric", points=points, front=[FrontPoint(mb=mb, value=value, label=label)
-                                                                              for mb, value, label in front],
+    return PlotFigure(metric=data.plot.y or "metric", points=points,
+                      front=[FrontPoint(mb=mb, value=value, label=label) for mb, value, label in front],
                       held_out=_held_out_mark(data), trials=any(point.trial for point in points),
                       note=PLOT_NOTE if data.search is not None else None)
 
@@ -1282,11 +1283,7 @@ def read(path: Path) -> Report:
         readable = ", ".join(str(known) for known in READABLE_VERSIONS)
         raise InputError(f"{path}: report schema_version {version} is not one this version of quantgate reads ({readable}); "
                          "write the report again from its run directory (quantgate report RUN_DIR)")
-    try:
-        return Report.model_validate(data)
-    except ValidationError as error:
-        problem = first_problem(error)
-        raise InputError(f"{path}: not a quantgate report: {problem.location}: {problem.message}") from error
+    return validated(Report, data, f"{path}: not a quantgate report")
 
 
 def write(report: Report, out: Path, overwrite: bool = True) -> Path:

@@ -179,7 +179,7 @@ def sample_records(search: str | None = None) -> RunRecords:
 
 def sample_report(search: str | None = None) -> dict[str, Any]:
     """A run's records of four formats and a baseline, in the shape of gates.report_model.RunRecords
-    (gates.report.records reads it from a run directory), under a policy narrowed to wiki-text and
+    (gates.report_records.records reads it from a run directory), under a policy narrowed to wiki-text and
     arc-easy (hellaswag dropped). wiki-text is looked at on 25, 75 and 200 items, arc-easy on 25
     and 50. Its verdicts' gates hold every outcome: fp8-e4m3 and smoothquant-w8a8 pass all (the
     latter's wiki-text gates decided at the second look, 75 items); gptq-int4 fails wiki-text's
@@ -336,7 +336,7 @@ def sample_report(search: str | None = None) -> dict[str, Any]:
 
 def _add_search(report: dict[str, Any], trials: dict[str, dict[str, Any]], held: dict[str, Any]) -> None:
     """sample_report's search: the trial rows and the held-out row with their `search` records
-    (as gates.report.build makes them), the search record (search.json) and the sensitivity."""
+    (as gates.report_records.records makes them), the search record (search.json) and the sensitivity."""
     mixes = {"search-1": {"gptq-int4": 5, "smoothquant-w8a8": 7}, "search-2": {"gptq-int4": 7, "smoothquant-w8a8": 5},
              "search-3": {"gptq-int4": 10, "smoothquant-w8a8": 2}}
     budgets = {"search-1": 0.56, "search-2": 0.52, "search-3": 0.475}
