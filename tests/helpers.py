@@ -14,6 +14,8 @@ import pytest
 
 from quantgate.core.headers import DTYPE_BITS
 from quantgate.evalsets.config import Kind
+from quantgate.gates.report import compose
+from quantgate.gates.report_model import Report, RunRecords
 
 
 class CliOutcome(Protocol):
@@ -160,9 +162,24 @@ def write_header_only(path: Path, tensors: dict[str, tuple[str, list[int]]], met
 # --- the report -----------------------------------------------------------------------------------
 
 
+def sample(search: str | None = None) -> Report:
+    """The report (gates.report.compose) of `sample_report`'s records."""
+    return composed(sample_report(search))
+
+
+def composed(records: dict[str, Any]) -> Report:
+    """The report of records in `sample_report`'s shape, validated as strictly as report.json is
+    read (an unknown field is an error), so that a sample cannot drift from the model."""
+    return compose(RunRecords.model_validate(records))
+
+
+def sample_records(search: str | None = None) -> RunRecords:
+    return RunRecords.model_validate(sample_report(search))
+
+
 def sample_report(search: str | None = None) -> dict[str, Any]:
-    """A report document of four formats and a baseline, in the shape gates.report.write takes
-    (gates.report.build makes it from a run directory), under a policy narrowed to wiki-text and
+    """A run's records of four formats and a baseline, in the shape of gates.report_model.RunRecords
+    (gates.report_records.records reads it from a run directory), under a policy narrowed to wiki-text and
     arc-easy (hellaswag dropped). wiki-text is looked at on 25, 75 and 200 items, arc-easy on 25
     and 50. Its verdicts' gates hold every outcome: fp8-e4m3 and smoothquant-w8a8 pass all (the
     latter's wiki-text gates decided at the second look, 75 items); gptq-int4 fails wiki-text's
@@ -319,7 +336,7 @@ def sample_report(search: str | None = None) -> dict[str, Any]:
 
 def _add_search(report: dict[str, Any], trials: dict[str, dict[str, Any]], held: dict[str, Any]) -> None:
     """sample_report's search: the trial rows and the held-out row with their `search` records
-    (as gates.report.build makes them), the search record (search.json) and the sensitivity."""
+    (as gates.report_records.records makes them), the search record (search.json) and the sensitivity."""
     mixes = {"search-1": {"gptq-int4": 5, "smoothquant-w8a8": 7}, "search-2": {"gptq-int4": 7, "smoothquant-w8a8": 5},
              "search-3": {"gptq-int4": 10, "smoothquant-w8a8": 2}}
     budgets = {"search-1": 0.56, "search-2": 0.52, "search-3": 0.475}

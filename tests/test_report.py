@@ -8,35 +8,43 @@ formats and trials, and the per-layer sensitivity chart."""
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from quantgate.core.errors import InputError
 from quantgate.core.rundir import RUN_KIND
+from quantgate.gates import figures
 from quantgate.gates.report import (
     blocked_sentence,
     build,
-    forest_svg,
+    compose,
+    forest_figure,
+    html_page,
     items_evaluated,
     markdown,
     pareto_front,
+    plot_figure,
     plot_front,
     recommendation,
     recommendation_sentences,
-    sensitivity_svg,
-    svg_plot,
-    table,
     write,
 )
-from tests.helpers import sample_report
+from quantgate.gates.report import read as read_report
+from quantgate.gates.report_model import RunRecords
+from tests.helpers import composed, sample, sample_records, sample_report
 
 CANDIDATES = ["fp8-e4m3", "gptq-int4", "awq-int4", "smoothquant-w8a8"]
 
 
 def test_recommendation_is_the_approved_format_with_the_lowest_batch1_bound() -> None:
-    rows = sample_report()["rows"]
+    rows = sample_records().rows
     assert recommendation(rows, "reference") == "smoothquant-w8a8"
-    assert recommendation([r for r in rows if r["verdict"] != "approved"], "reference") is None
+    assert recommendation([r for r in rows if r.verdict != "approved"], "reference") is None
+    assert sample().recommendation == {"reference": "smoothquant-w8a8", "h200": "smoothquant-w8a8"}
 
 
 def test_pareto_front_keeps_only_unbeaten_points() -> None:
@@ -45,7 +53,7 @@ def test_pareto_front_keeps_only_unbeaten_points() -> None:
 
 
 def test_each_blocked_format_gets_one_sentence_naming_its_gates() -> None:
-    rows = {row["format"]: row for row in sample_report()["rows"]}
+    rows = {row.format: row for row in sample_records().rows}
     gptq = blocked_sentence(rows["gptq-int4"])
     assert gptq.startswith("gptq-int4 is blocked by ") and gptq.endswith(".") and gptq.count(". ") == 0
     assert "wiki-text kl_divergence 0.331 [0.276, 0.397] above 0.15" in gptq
@@ -54,22 +62,24 @@ def test_each_blocked_format_gets_one_sentence_naming_its_gates() -> None:
     assert "kl_p99" not in gptq  # a gate that passed is not a reason
     awq = blocked_sentence(rows["awq-int4"])
     assert "arc-easy acc -8.00 points [-22.00, +6.00], insufficient evidence against the limit -10.00 points" in awq
-    old = {key: value for key, value in rows["awq-int4"].items() if key not in ("gates", "not_evaluated")}
-    assert blocked_sentence(old) == f"awq-int4 is blocked: {old['reasons'][0]}."  # a record from before gates were kept
+    old = rows["awq-int4"].model_copy(update={"gates": [], "not_evaluated": {}})
+    assert blocked_sentence(old) == f"awq-int4 is blocked: {old.reasons[0]}."  # a record from before gates were kept
 
 
 def test_the_main_table_is_compact_and_has_no_reasons() -> None:
-    header, rows = table({**sample_report(), "recommendation": {}})
+    formats = sample().formats
+    header = formats.header
+    rows = [[row.format, *row.numbers, row.verdict, ", ".join(row.items)] for row in formats.rows]
     assert header == ["format", "MB", "x baseline", "bits/weight", "reference b1 ms", "h200 b1 ms", "KL", "verdict", "items"]
     assert rows[2] == ["gptq-int4", "112.0", "0.41", "4.20", "0.037", "0.023", "0.3310", "blocked", "wiki-text 25, arc-easy 0"]
     assert all(len(cell) < 20 for row in rows for cell in row[:-1]) and all(len(row[-1]) < 30 for row in rows)
 
 
 def test_the_forest_plot_draws_every_metric_gate_in_its_outcome_colour() -> None:
-    gptq = next(row for row in sample_report()["rows"] if row["format"] == "gptq-int4")
-    svg = forest_svg(gptq)
+    gptq = next(row for row in sample_records().rows if row.format == "gptq-int4")
+    svg = str(figures.forest(forest_figure(gptq)))
     assert svg.startswith("<svg") and 'class="forest"' in svg
-    metric_gates = [gate for gate in gptq["gates"] if "@" in gate["gate"]]
+    metric_gates = [gate for gate in gptq.gates if "@" in gate.gate]
     assert svg.count('<g class="gate ') == len(metric_gates) == 5
     assert svg.count('<g class="gate fail">') == 3 and svg.count('<g class="gate not-evaluated">') == 1
     # every evaluated gate: an interval and a dot; the one not evaluated has neither
@@ -81,9 +91,9 @@ def test_the_forest_plot_draws_every_metric_gate_in_its_outcome_colour() -> None
 
 
 def test_report_files_are_written_and_self_contained(tmp_path: Path) -> None:
-    out = write(sample_report(), tmp_path / "report")
+    out = write(sample(), tmp_path / "report")
     data = json.loads((out / "report.json").read_text())
-    assert data["schema_version"] == 1 and data["recommendation"] == {"reference": "smoothquant-w8a8", "h200": "smoothquant-w8a8"}
+    assert data["schema_version"] == 2 and data["recommendation"] == {"reference": "smoothquant-w8a8", "h200": "smoothquant-w8a8"}
     assert [len(row["gates"]) for row in data["rows"]] == [0, 9, 9, 9, 9]
     assert data["rows"][2]["not_evaluated"] == {"arc-easy@v1": "fail fast: wiki-text@v1 blocked the candidate at 25 items"}
 
@@ -123,7 +133,7 @@ def _section(page: str, name: str) -> str:
 
 
 def test_a_narrowed_policy_is_named_in_the_header_and_the_summary(tmp_path: Path) -> None:
-    out = write(sample_report(), tmp_path / "report")
+    out = write(sample(), tmp_path / "report")
     label = "small-model@v2 narrowed to arc-easy, wiki-text (dropped: hellaswag)"
     policy = json.loads((out / "report.json").read_text())["policy"]
     assert policy["narrowed_to"] == ["arc-easy", "wiki-text"] and policy["dropped"] == ["hellaswag"]
@@ -136,13 +146,13 @@ def test_a_narrowed_policy_is_named_in_the_header_and_the_summary(tmp_path: Path
     summary_html = page[page.index('id="summary"'):page.index('id="formats"')]
     assert '<p id="narrowed">Gated under policy ' + label in summary_html
     whole = {**sample_report(), "policy": {"name": "small-model", "version": "v2", "sha256": "ab" * 32}}
-    plain = write(whole, tmp_path / "whole")
+    plain = write(composed(whole), tmp_path / "whole")
     assert "Policy small-model@v2; sha256" in (plain / "report.md").read_text()
     assert "narrowed" not in (plain / "report.md").read_text() and 'id="narrowed"' not in (plain / "report.html").read_text()
 
 
 def test_what_was_measured_gives_each_sets_looks_and_each_formats_items(tmp_path: Path) -> None:
-    out = write(sample_report(), tmp_path / "report")
+    out = write(sample(), tmp_path / "report")
     text = (out / "report.md").read_text()
     measured = text[text.index("## What was measured"):]
     assert "| golden set | looks at (items) | ceiling | fp8-e4m3 | gptq-int4 | awq-int4 | smoothquant-w8a8 |" in measured
@@ -159,13 +169,13 @@ def test_what_was_measured_gives_each_sets_looks_and_each_formats_items(tmp_path
     old = sample_report()
     for row in old["rows"]:
         row["sequential"] = None
-    old_text = markdown({**old, "recommendation": {}})
+    old_text = markdown(composed(old))
     assert "| wiki-text@v1 | 25, 75, 200 | 200 (whole set) | 25 | 25 | 25 | 75 |" in old_text
     assert "| arc-easy@v1 | 25, 50 | 50 of 2,376 | 50 | 0 | 50 | 50 |" in old_text
 
 
 def test_each_candidate_has_a_table_of_its_kl_tails(tmp_path: Path) -> None:
-    out = write(sample_report(), tmp_path / "report")
+    out = write(sample(), tmp_path / "report")
     rows = _rows(json.loads((out / "report.json").read_text()))
     assert rows["baseline"]["tails"] == {}
     assert set(rows["gptq-int4"]["tails"]["wiki-text@v1"]) == {
@@ -188,25 +198,24 @@ def test_each_candidate_has_a_table_of_its_kl_tails(tmp_path: Path) -> None:
     bare = sample_report()
     for row in bare["rows"]:
         row.pop("tails")
-    bare_page = (write(bare, tmp_path / "bare") / "report.html").read_text()
+    bare_page = (write(composed(bare), tmp_path / "bare") / "report.html").read_text()
     assert 'class="tails"' not in bare_page and bare_page.count('class="forest"') == 4
 
 
 def test_the_items_column_counts_every_set_as_deep_as_the_looks_went(tmp_path: Path) -> None:
-    report = {**sample_report(), "recommendation": {}}
-    header, rows = table(report)
-    items = {cells[0]: cells[-1] for cells in rows}
-    assert header[-1] == "items"
+    formats = sample().formats
+    items = {row.format: ", ".join(row.items) for row in formats.rows}
+    assert formats.header[-1] == "items"
     assert items == {"baseline": "wiki-text 75, arc-easy 50",  # as deep as any format went, paired item by item
                      "fp8-e4m3": "wiki-text 25, arc-easy 50", "gptq-int4": "wiki-text 25, arc-easy 0",
                      "awq-int4": "wiki-text 25, arc-easy 50", "smoothquant-w8a8": "wiki-text 75, arc-easy 50"}
-    assert items_evaluated(_rows(report)["smoothquant-w8a8"]) == 125
+    assert items_evaluated(next(row for row in sample_records().rows if row.format == "smoothquant-w8a8")) == 125
     # a record from before looks were recorded: the items of its decided gates, summed, as before
+    report = sample_report()
     old = {**report, "rows": [{**row, "sequential": None} for row in report["rows"]]}
-    _, old_rows = table(old)
-    assert {cells[0]: cells[-1] for cells in old_rows} == {
+    assert {row.format: ", ".join(row.items) for row in composed(old).formats.rows} == {
         "baseline": "50", "fp8-e4m3": "75", "gptq-int4": "25", "awq-int4": "75", "smoothquant-w8a8": "125"}
-    page = (write(sample_report(), tmp_path / "report") / "report.html").read_text()
+    page = (write(sample(), tmp_path / "report") / "report.html").read_text()
     formats = page[page.index('<table id="formats">'):page.index("</table>", page.index('<table id="formats">'))]
     assert ('<td class="items"><span class="nowrap">wiki-text 75</span>, <span class="nowrap">arc-easy 50</span></td>'
             in formats)
@@ -253,14 +262,15 @@ def test_build_reads_the_narrowed_policy_looks_and_tails_of_a_run_directory(tmp_
                                                          "reasons": [failed["reason"]], "policy": policy, "results": None})
     _artifact(run_dir / "sequential" / "gptq-int4.json", {"depths": {"wiki-text@v1": 25}, "looks": looks, "blocked_by": None,
                                                            "error_control": "bonferroni", "confidence": 0.95, "gates": [], "trace": []})
-    report = build(run_dir)
+    built = build(run_dir)
+    report = built.model_dump(mode="json")
     assert report["policy"] == policy
     assert report["evalsets"][0]["looks"] == [25, 50] and report["evalsets"][0]["items"] == 25
     rows = _rows(report)
     assert rows["fp8-e4m3"]["sequential"] == sequential and rows["fp8-e4m3"]["tails"] == {"wiki-text@v1": {"kl_max": tail}}
     assert rows["awq-int4"]["sequential"]["items"] == {"wiki-text@v1": 50} and rows["awq-int4"]["tails"] == {}
     assert rows["gptq-int4"]["sequential"] is None and rows["baseline"]["sequential"] is None
-    text = markdown({**report, "recommendation": {}})
+    text = markdown(built)
     assert "Policy small-model@v2 narrowed to wiki-text (dropped: hellaswag); sha256" in text
     assert "| wiki-text@v1 | 25, 50 | 50 of 2,938 | 50 (look 2 of 2) | 50 (look 2 of 2) | – |" in text
     assert "| fp8-e4m3 | – | – | – | 0.0300 | approved (all 1 gates passed) | wiki-text 50 |" in text
@@ -271,9 +281,9 @@ def test_build_reads_the_narrowed_policy_looks_and_tails_of_a_run_directory(tmp_
 
 
 def test_search_trials_are_rows_beside_the_formats_marked_and_judged_on_the_search_split(tmp_path: Path) -> None:
-    out = write(sample_report(search="approved"), tmp_path / "report")
+    out = write(sample(search="approved"), tmp_path / "report")
     data = json.loads((out / "report.json").read_text())
-    roles = {row["format"]: (row["search"] or {}).get("role") for row in data["rows"] if "search" in row}
+    roles = {row["format"]: row["search"]["role"] for row in data["rows"] if row["search"]}
     assert roles == {"search-1": "trial", "search-2": "trial", "search-3": "trial", "search-2@held-out": "held-out"}
     text = (out / "report.md").read_text()
     formats = text[text.index("## Formats"):text.index("## Recommendation")]
@@ -305,7 +315,7 @@ def test_search_trials_are_rows_beside_the_formats_marked_and_judged_on_the_sear
     assert page.count('<tr class="held-out approved">') == 1 and page.count('<tr class="approved">') == 2
     assert 'mix">mixed: 7 groups gptq-int4, 5 smoothquant-w8a8</span>' in page
     assert '<span class="badge trial passed">passed the search split</span>' in _section(page, "search-1")
-    assert "The search chose it: its held-out gate is the search&#x27;s result." in _section(page, "search-2")
+    assert "The search chose it: its held-out gate is the search&#39;s result." in _section(page, "search-2")
     assert page.index('id="size-accuracy"') < page.index('id="search"') < page.index('class="candidate"')
     held = page[page.index('<p id="held-out"'):page.index("</p>", page.index('<p id="held-out"'))]
     assert 'class="approved"' in held and "approved on held-out items (wiki-text items 76–150, arc-easy items 51–100)" in held
@@ -315,15 +325,15 @@ def test_search_trials_are_rows_beside_the_formats_marked_and_judged_on_the_sear
 
 
 def test_a_trial_approved_only_on_the_search_split_is_never_recommended(tmp_path: Path) -> None:
-    approved = sample_report(search="approved")
-    assert recommendation(approved["rows"], "reference") == "search-2@held-out"  # its held-out gate approved it
-    sentences = recommendation_sentences({**approved, "recommendation": {"reference": "search-2@held-out"}})
+    approved = sample_records(search="approved")
+    assert recommendation(approved.rows, "reference") == "search-2@held-out"  # its held-out gate approved it
+    sentences = recommendation_sentences(approved)
     assert sentences[0].startswith("On reference: search-2 (mixed: 7 groups gptq-int4, 5 smoothquant-w8a8), the mixed checkpoint "
                                    "checkpoints/search-2 approved on held-out items, the approved format with the lowest")
     # search-3 (0.045 ms) and search-1 (0.050) beat smoothquant-w8a8 (0.054) on the bound, but only on the search split
-    trials_only = [row for row in approved["rows"] if row["format"] in ("baseline", "search-1", "search-2", "search-3")]
+    trials_only = [row for row in approved.rows if row.format in ("baseline", "search-1", "search-2", "search-3")]
     assert recommendation(trials_only, "reference") is None
-    blocked = sample_report(search="blocked")
+    blocked = sample(search="blocked")
     out = write(blocked, tmp_path / "report")
     data = json.loads((out / "report.json").read_text())
     assert data["recommendation"] == {"reference": "smoothquant-w8a8", "h200": "smoothquant-w8a8"}
@@ -339,7 +349,7 @@ def test_a_trial_approved_only_on_the_search_split_is_never_recommended(tmp_path
     assert 'class="held-out-blocked"' in page and 'class="held-out-approved"' not in page
 
 
-def _plot_report(values: dict[str, tuple[float, float]], higher_is_better: bool) -> dict[str, Any]:
+def _plot_report(values: dict[str, tuple[float, float]], higher_is_better: bool) -> RunRecords:
     """A report of hand-made points: format -> (MB, value); 'search-N' a trial, 'search-2@held-out'
     the held-out gate of search-2."""
     rows = []
@@ -348,8 +358,10 @@ def _plot_report(values: dict[str, tuple[float, float]], higher_is_better: bool)
         verdict = "baseline" if name == "baseline" else "blocked" if name == "search-3" else "approved"
         rows.append({"format": name, "bytes": int(mb * 1e6), "metrics": {"m": {"value": value}}, "verdict": verdict,
                      "search": None if role is None else {"role": role, "checkpoint": name.split("@")[0]}})
-    return {"rows": rows, "plot": {"x": "bytes", "y": "m", "higher_is_better": higher_is_better},
-            "search": {"chosen": "search-2", "held_out": {"verdict": "approved", "reasons": []}}}
+    return RunRecords.model_validate({
+        "model": "tiny", "policy": {"name": "p", "version": "v1"}, "rows": rows,
+        "plot": {"x": "bytes", "y": "m", "higher_is_better": higher_is_better},
+        "search": {"chosen": "search-2", "held_out": {"verdict": "approved", "reasons": []}}})
 
 
 def test_the_pareto_front_is_exactly_the_non_dominated_formats_and_trials() -> None:
@@ -368,7 +380,7 @@ def test_the_pareto_front_is_exactly_the_non_dominated_formats_and_trials() -> N
         front = plot_front(report)
         assert [label for _, _, label in front] == expected
         assert front == [(sizes[name], values[name], name) for name in expected]
-        svg = svg_plot(report)
+        svg = str(figures.plot(plot_figure(report)))
         marked = re.findall(r'class="point([^"]*)"[^>]*>(?:<title>([^:<]+):)', svg)
         assert sorted(label for classes, label in marked if classes.endswith(" front")) == sorted(expected)
         assert len(marked) == 7 and svg.count('class="point trial') == 3  # the held-out gate: a ring, not a point
@@ -381,9 +393,12 @@ def test_the_pareto_front_is_exactly_the_non_dominated_formats_and_trials() -> N
 
 
 def test_the_sensitivity_chart_has_one_series_per_format_and_one_point_per_group(tmp_path: Path) -> None:
-    report = sample_report(search="approved")
-    sensitivity = report["sensitivity"]
-    svg = sensitivity_svg(sensitivity, ("search-2", report["search"]["trials"][1]["allocation"]["choice"]))
+    sensitivity = sample_report(search="approved")["sensitivity"]
+    report = sample(search="approved")
+    assert report.search_section is not None and report.search_section.sensitivity is not None
+    figure = report.search_section.sensitivity.figure
+    assert figure.allocation is not None and figure.allocation.trial == "search-2"
+    svg = str(figures.sensitivity(figure))
     series = re.findall(r'<g class="series" data-format="([^"]+)">(.*?)</g>', svg, re.DOTALL)
     assert [fmt for fmt, _ in series] == sensitivity["formats"] == ["gptq-int4", "smoothquant-w8a8"]
     assert all(body.count('<circle class="score"') == len(sensitivity["groups"]) == 12 for _, body in series)
@@ -400,7 +415,7 @@ def test_the_sensitivity_chart_has_one_series_per_format_and_one_point_per_group
     assert "diagonal-fisher" in caption and "log scale" in caption and "gptq-int4 0.90" in caption
     text = (tmp_path / "report" / "report.md").read_text()
     assert "### Per-layer sensitivity" in text and "| 11 | model.layers.2.mlp.down_proj | 2 | 8.33e-05 | 0 | gptq-int4 |" in text
-    plain = (write(sample_report(), tmp_path / "plain") / "report.html").read_text()
+    plain = (write(sample(), tmp_path / "plain") / "report.html").read_text()
     assert 'id="search"' not in plain and 'class="sensitivity"' not in plain
 
 
@@ -462,7 +477,8 @@ def _search_run(tmp_path: Path, plan_search: bool = True) -> Path:
 
 
 def test_build_reads_a_search_run_directory(tmp_path: Path) -> None:
-    report = build(_search_run(tmp_path))
+    built = build(_search_run(tmp_path))
+    report = built.model_dump(mode="json")
     rows = _rows(report)
     assert list(rows) == ["baseline", "gptq-int4", "smoothquant-w8a8", "search-1", "search-2", "search-3", "search-2@held-out"]
     assert [rows[name]["search"]["role"] for name in ("search-1", "search-2", "search-3", "search-2@held-out")] == [
@@ -473,12 +489,139 @@ def test_build_reads_a_search_run_directory(tmp_path: Path) -> None:
     assert held["search"]["split_items"] == {"wiki-text@v1": {"offset": 4, "ceiling": 4}}
     assert held["search"]["groups_by_format"] == {"gptq-int4": 4, "smoothquant-w8a8": 4} and held["search"]["chosen"] is True
     assert report["search"]["chosen"] == "search-2" and len(report["sensitivity"]["groups"]) == 8
-    out = write(report, tmp_path / "report")
+    out = write(built, tmp_path / "report")
     # search-3 (0.0042 ms) and search-1 are faster than smoothquant-w8a8, search-2's checkpoint faster still: by its held-out verdict
     assert json.loads((out / "report.json").read_text())["recommendation"] == {"reference": "search-2@held-out"}
     page = (out / "report.html").read_text()
     assert page.count('<circle class="score"') == 2 * 8 and "search-3@held-out" not in page
     # a plan without a search: a search.json left in the directory is not this run's
     other = build(_search_run(tmp_path / "other", plan_search=False))
-    assert [row["format"] for row in other["rows"]] == ["baseline", "gptq-int4", "smoothquant-w8a8"]
-    assert other["search"] is None and other["sensitivity"] is None
+    assert [row.format for row in other.rows] == ["baseline", "gptq-int4", "smoothquant-w8a8"]
+    assert other.search is None and other.sensitivity is None
+
+
+# ---- the document: escaping, report.json read back, its version ----------------------------------
+
+MARKUP_NAME = 'w8a8<script>alert("x&y")</script>|z'
+
+
+def test_markup_in_a_format_or_policy_name_is_text_on_the_page_and_keeps_the_markdown_table(tmp_path: Path) -> None:
+    """The templates escape every value (HTML and SVG alike): a name holding `<script>`, `&`, `"`
+    is text, never markup; in report.md its pipe is escaped, so the row keeps its columns."""
+    records = sample_report()
+    records["rows"][4]["format"] = MARKUP_NAME  # smoothquant-w8a8, the recommended format
+    records["policy"]["name"] = 'small"<b>&model'
+    out = write(composed(records), tmp_path / "report")
+    page = (out / "report.html").read_text()
+    assert "<script" not in page and "<b>&" not in page and 'small"' not in page
+    escaped = "w8a8&lt;script&gt;alert(&#34;x&amp;y&#34;)&lt;/script&gt;|z"
+    assert f'<section class="candidate" id="candidate-{escaped}">' in page and f'<a href="#candidate-{escaped}">{escaped}</a>' in page
+    assert f"<li>On reference: {escaped}, the approved format" in page  # a sentence
+    assert f'aria-label="forest plot of the metric gates of {escaped}"' in page and f">{escaped}</text>" in page  # the figures
+    assert "Policy small&#34;&lt;b&gt;&amp;model@v2 narrowed to" in page
+    text = (out / "report.md").read_text()
+    header = next(line for line in text.splitlines() if line.startswith("| format | MB |"))
+    row = next(line for line in text.splitlines() if line.startswith("| w8a8<script>"))
+    assert '</script>\\|z | 166.0 |' in row  # the name's pipe escaped
+    cells = re.split(r"(?<!\\)\|", row)
+    assert len(cells) == len(header.split("|")) and cells[-2].strip() == "wiki-text 75, arc-easy 50"
+    assert 'Policy small"<b>&model@v2' in text  # Markdown is text: nothing else escaped
+
+
+def test_report_json_reads_back_as_the_same_report_and_renders_the_same_page(cli, tmp_path: Path) -> None:
+    """report.json is the Report's JSON: read back (an infinite estimate included) it is the same
+    model and renders the same report.md and report.html; `quantgate report` renders them from it
+    alone, given the file or a folder holding it and no run."""
+    records = sample_report(search="approved")
+    records["rows"][2]["gates"][7]["estimate"] = math.inf  # gptq-int4's wiki-text kl_p99
+    report = composed(records)
+    out = write(report, tmp_path / "report")
+    document = (out / "report.json").read_text()
+    assert document.startswith('{\n  "schema_version": 2,') and '"estimate": Infinity' in document
+    again = read_report(out / "report.json")
+    assert again == report
+    assert html_page(again) == (out / "report.html").read_text() and markdown(again) == (out / "report.md").read_text()
+    rendered = cli("report", out / "report.json", "--out", tmp_path / "again")
+    assert rendered.code == 0, rendered.err
+    assert "recommended on reference: search-2@held-out" in rendered.out
+    for name in ("report.json", "report.md", "report.html"):
+        assert (tmp_path / "again" / name).read_text() == (out / name).read_text(), name
+    (out / "report.html").unlink()
+    assert cli("report", out).code == 0 and (out / "report.html").read_text() == (tmp_path / "again" / "report.html").read_text()
+
+
+def test_a_report_json_of_another_schema_version_is_refused_in_one_line(cli, tmp_path: Path) -> None:
+    path = write(sample(), tmp_path / "report") / "report.json"
+    data = json.loads(path.read_text())
+    for version in (1, 3, None):
+        path.write_text(json.dumps({**data, "schema_version": version}))
+        with pytest.raises(InputError) as refused:
+            read_report(path)
+        assert str(refused.value).startswith(f"{path}: report schema_version {version} is not one this version of quantgate reads (2)")
+        assert "\n" not in str(refused.value)
+    result = cli("report", path)
+    errors = [line for line in result.err.splitlines() if line.startswith("quantgate: error:")]
+    assert result.code == 2 and len(errors) == 1 and f"{path}: report schema_version None" in errors[0]
+    path.write_text(json.dumps({**data, "colour": "blue"}))
+    with pytest.raises(InputError, match="report.json: not a quantgate report: colour: Extra inputs are not permitted"):
+        read_report(path)
+
+
+# ---- served in vLLM -----------------------------------------------------------------------------
+
+
+def _with_serving(records: dict[str, Any]) -> dict[str, Any]:
+    """sample_report's records with serve checks as verdicts keep them (evalsets.served.served_summary,
+    more fields than the report reads): the baseline and fp8-e4m3 served (fp8-e4m3 slower than the
+    baseline, and the engine's default would serve it otherwise), awq-int4 not loaded, and
+    smoothquant-w8a8 pending on a class without its kernel."""
+    rows = {row["format"]: row for row in records["rows"]}
+    agreement = {"mean_abs_logprob_difference": 0.0123, "p99_abs_logprob_difference": 0.0871, "kl_served_gated_mean": 0.00042,
+                 "top1_agreement": 0.991, "nll_change": 0.0004, "positions": 512, "evalset": "wiki-text@v1"}
+    served = {"served": True, "status": "served", "engine": {"engine": "vllm", "version": "0.32.0", "torch": "2.9"}, "dtype": "bfloat16",
+              "device": "cpu", "device_class": "cpu-avx512", "engine_settings": {}, "schemes": [], "kernels": ["CPU attention"],
+              "agreement": agreement, "greedy": {"identical": 8, "prompts": 8, "tokens": 16}, "bandwidth_bytes_per_s": 12.3e9, "log": "/l",
+              "throughput": {"1": {"tokens_per_s": 48.7, "bound_tokens_per_s": 1210.4}, "8": {"tokens_per_s": 301.2, "bound_tokens_per_s": 9650.0}}}
+    rows["baseline"]["serving"] = served
+    rows["fp8-e4m3"]["serving"] = {
+        **served, "agreement": {**agreement, "mean_abs_logprob_difference": 0.041}, "engine_settings": {"VLLM_CPU_INT4_W4A8": "0"},
+        "throughput": {"1": {"tokens_per_s": 40.1, "bound_tokens_per_s": 1800.0}},
+        "schemes": [{"scheme": "W4A16", "served_as": "W4A16", "engine_default": "W4A8"}],
+        "engine_default": {"settings": {"VLLM_CPU_INT4_W4A8": "1"}, "served_as": {"W4A16": "W4A8"}, "because": ["vLLM source"],
+                           "served": True, "agreement": {**agreement, "nll_change": 0.0123}}}
+    rows["fp8-e4m3"]["gates"].append({"gate": "serving mean_logprob_difference", "outcome": "pass", "estimate": 0.041, "limit": 0.0623,
+                                      "unit": "", "reason": "served & gated <agree>", "decided_by": "exact"})
+    rows["fp8-e4m3"]["classes"] = {"cpu-avx512": {"status": "approved", "reason": "served as gated"}}
+    rows["awq-int4"]["serving"] = {"served": False, "status": "not_served", "reason": "vLLM cannot load it", "log": "/l", "kernels": []}
+    rows["smoothquant-w8a8"].update(verdict="pending", serving={"served": False, "status": "pending", "reason": "no kernel here"},
+                                    classes={"cpu-avx2": {"status": "pending", "reason": "no kernel",
+                                                          "next": "quantgate serve-check /c --run /r"}})
+    return records
+
+
+def test_the_served_section_the_measured_recommendation_and_a_pending_format(tmp_path: Path) -> None:
+    report = compose(RunRecords.from_records(_with_serving(sample_report())))
+    measured = report.measured_recommendation
+    assert measured is not None and measured.format == "fp8-e4m3" and measured.slower_than_baseline == ["fp8-e4m3"]
+    assert report.summary.measured is not None and report.summary.measured.startswith(
+        "On this machine (cpu, vLLM, measured): fp8-e4m3, the approved format vLLM decodes fastest at batch 1 (40.1 tokens/s); "
+        "the 16-bit baseline decodes at 48.7 tokens/s there.")
+    assert report.summary.engine_defaults == [
+        "fp8-e4m3: vLLM's defaults on cpu-avx512 would serve W4A16 as W4A8; the serve stage served it as gated "
+        "(VLLM_CPU_INT4_W4A8=0). Under the default, served log-probs differ from gated by 0.012 nats a token (mean; p99 0.087), "
+        "NLL +0.0123 nats a token."]
+    assert report.summary.pending == ["smoothquant-w8a8 passes every quality gate and is pending serving: cpu-avx2: pending: "
+                                      "no kernel; to attest it where it will serve: quantgate serve-check /c --run /r"]
+    out = write(report, tmp_path / "report")
+    text = (out / "report.md").read_text()
+    served = text[text.index("## Served in vLLM"):text.index("## Candidates")]
+    assert "vLLM 0.32.0 (vllm)" in served and "(12.3 GB/s)" in served
+    assert "| fp8-e4m3 | yes (bfloat16) | 0.041 / 0.087 (0.062 / –) | 0.0004 | 0.991 | 8 of 8 | 40.1 (1,800) | – |" in served
+    assert "| awq-int4 | no: vLLM cannot load it | – |" in served and "| smoothquant-w8a8 | pending: no kernel here | – |" in served
+    page = (out / "report.html").read_text()
+    assert '<td style="color: #cf222e">no: vLLM cannot load it</td>' in page and "<td>pending: no kernel here</td>" in page
+    assert "<li>fp8-e4m3: vLLM&#39;s defaults on cpu-avx512 would serve W4A16 as W4A8;" in page
+    assert '<li class="pending">smoothquant-w8a8 passes every quality gate' in page
+    assert "served &amp; gated &lt;agree&gt;" in page and "<agree>" not in page
+    baseline = json.loads((out / "report.json").read_text())["rows"][0]["serving"]
+    assert baseline["served"] and "log" not in baseline and "torch" not in baseline["engine"]  # what the report reads, no more

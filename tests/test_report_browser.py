@@ -16,7 +16,7 @@ import pytest
 from quantgate.gates.report import write
 from quantgate.pipeline import runner as pipeline
 from quantgate.pipeline.plan import from_mapping
-from tests.helpers import plan_mapping, sample_report
+from tests.helpers import plan_mapping, sample
 
 CHROMIUM = shutil.which("chromium")
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -61,7 +61,7 @@ def layout(tmp_path: Path, page: Path, width: int) -> dict[str, Any]:
 def test_report_renders_its_table_and_plot_in_chromium(tmp_path: Path) -> None:
     from PIL import Image
 
-    page = write(sample_report(), tmp_path / "report") / "report.html"
+    page = write(sample(), tmp_path / "report") / "report.html"
     dom = chromium(tmp_path, "--dump-dom", page.as_uri()).stdout
     assert dom.count("<tr class=\"approved\">") == 2 and dom.count("<tr class=\"blocked\">") == 2
     assert dom.count("<tr class=\"baseline\">") == 1
@@ -76,7 +76,7 @@ def test_report_renders_its_table_and_plot_in_chromium(tmp_path: Path) -> None:
 
 
 def test_report_fits_a_1280_pixel_window_with_every_forest_plot(tmp_path: Path) -> None:
-    page = write(sample_report(), tmp_path / "report") / "report.html"
+    page = write(sample(), tmp_path / "report") / "report.html"
     seen = layout(tmp_path, page, 1280)
     assert seen["clientWidth"] == 1280, seen  # the window size took
     assert seen["scrollWidth"] <= 1280 and seen["widest"] <= 1280, seen  # no horizontal scrolling
@@ -91,7 +91,7 @@ def test_report_fits_a_1280_pixel_window_with_every_forest_plot(tmp_path: Path) 
 def test_a_search_report_fits_a_1280_pixel_window_with_its_charts(tmp_path: Path) -> None:
     """A report with a mixed-precision search: the trials' and the held-out gate's rows, the plot
     with its diamonds and ring, the trials table and the sensitivity chart, inside 1280 pixels."""
-    page = write(sample_report(search="approved"), tmp_path / "report") / "report.html"
+    page = write(sample(search="approved"), tmp_path / "report") / "report.html"
     dom = chromium(tmp_path, "--dump-dom", page.as_uri()).stdout
     assert dom.count('<tr class="trial passed">') == 2 and dom.count('<tr class="held-out approved">') == 1
     assert dom.count('class="point trial') == 3 and 'class="held-out-approved"' in dom

@@ -16,10 +16,11 @@ from quantgate.core.rundir import RunDir
 from quantgate.gates import report as report_module
 from quantgate.gates import stats
 from quantgate.gates.policy import Outcome, decide, load_policy
+from quantgate.gates.report_model import RunRecords
 from quantgate.gates.sequential import decide_at_look
 from quantgate.gates.verdict import GateResult, Look, compare, metric_gate
 from quantgate.pipeline.looks import Looks
-from tests.helpers import sample_report
+from tests.helpers import composed, sample_report
 from tests.test_looks import FAIL_FAST_POLICY, FMT, Evaluator, plan, same_answers, text_set
 from tests.test_looks import policy as looks_policy
 from tests.test_verdict import mc_items, policy_file
@@ -259,24 +260,24 @@ def stability_report() -> dict:
 
 
 def test_the_gate_table_has_a_stability_column() -> None:
-    report = stability_report()
-    awq = next(row for row in report["rows"] if row["format"] == "awq-int4")
+    records = RunRecords.model_validate(stability_report())
+    awq = next(row for row in records.rows if row.format == "awq-int4")
     column = report_module.GATE_HEADER.index("stability")
-    cells = {gate["gate"]: report_module.gate_cells(gate)[column] for gate in awq["gates"]}
+    cells = {gate.gate: report_module.gate_cells(gate)[column] for gate in awq.gates}
     assert cells["arc-easy@v1 acc"] == "0.62" and cells["wiki-text@v1 kl_divergence"] == "0.98"
     assert cells["size bits_per_weight"] == cells["integrity finite_logits"] == "exact"
-    assert report_module.GATE_HEADER[-1] == "reason" and len(report_module.gate_cells(awq["gates"][0])) == len(report_module.GATE_HEADER)
+    assert report_module.GATE_HEADER[-1] == "reason" and len(report_module.gate_cells(awq.gates[0])) == len(report_module.GATE_HEADER)
 
 
 def test_an_unstable_decided_gate_is_flagged_in_every_form(tmp_path: Path) -> None:
     report = stability_report()
-    rows = {row["format"]: row for row in report["rows"]}
+    rows = {row.format: row for row in RunRecords.model_validate(report).rows}
     (flag,) = report_module.stability_lines(rows["awq-int4"])
     assert flag == ("arc-easy acc (insufficient evidence) is unstable: a resample of its items decides otherwise in 38% "
                     "of cases (stability 0.62 over 200 resamples)")
     assert report_module.stability_lines(rows["fp8-e4m3"])[0].startswith("Every decided metric gate is stable")
     assert report_module.stability_lines(rows["gptq-int4"]) == []  # nothing recorded: nothing claimed
-    out = report_module.write(report, tmp_path / "report")
+    out = report_module.write(composed(report), tmp_path / "report")
     page = (out / "report.html").read_text()
     section = page[page.index('id="candidate-awq-int4"'):]
     section = section[:section.index("</section>")]

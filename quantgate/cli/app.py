@@ -40,7 +40,8 @@ COMMANDS: dict[str, Entry] = {
                  "evaluate the baseline and each candidate, gate, append to the ledger, write the report."),
     "demo": Entry("quantgate.cli.run", "Run the whole pipeline on the embedded demo plan (quantgate/pipeline/plans/demo.yaml): "
                   "SmolLM2-135M, two formats and a mixed-precision search, two golden sets in looks, the small-model policy, served in vLLM."),
-    "report": Entry("quantgate.cli.run", "Write the size-vs-accuracy report of a run again from its artifacts, and print its summary."),
+    "report": Entry("quantgate.cli.run", "Write the size-vs-accuracy report of a run again from its artifacts (or from a report.json alone), "
+                    "and print its summary."),
 }
 
 

@@ -9,20 +9,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from quantgate.core.artifacts import sha256_json
 from quantgate.core.errors import Interrupted
-from quantgate.gates.report import (
-    build,
-    class_lines,
-    deployable,
-    display_name,
-    measured_recommendation,
-    measured_sentence,
-    recommendation,
-    serving_class_sentences,
-    verdict_text,
-    write,
-)
+from quantgate.gates.report import build, data_key, read, write
+from quantgate.gates.report_model import Report, Serving
 from quantgate.pipeline import runner as pipeline
 from quantgate.pipeline.plan import load_plan, with_executor, with_signing_key
 
@@ -88,75 +77,93 @@ def _run_plan(spec: str, out: Path | None, quiet: bool = False, loaded: Any = No
     raise typer.Exit(result.exit_code)
 
 
-def _print_summary(data: dict[str, Any], result: Any = None) -> None:
-    table = Table(title=f"quantgate: {Path(data['model']).name} under policy {data['policy']['name']}@{data['policy']['version']}")
-    served = any(row.get("serving") for row in data["rows"])
-    columns = ["format", "MB", "x baseline", "bits/weight", "KL", data["plot"]["y"] or "metric"]
+def _print_summary(report: Report, result: Any = None) -> None:
+    policy = report.policy
+    table = Table(title=f"quantgate: {Path(report.model).name} under policy {policy.name}@{policy.version}")
+    served = any(row.serving for row in report.rows)
+    metric = report.plot.y
+    columns = ["format", "MB", "x baseline", "bits/weight", "KL", metric or "metric"]
     columns += ["served: |logprob diff|, tokens/s b1"] if served else []
     for column in [*columns, "verdict", "reasons"]:
         table.add_column(column, overflow="fold")
-    for row in data["rows"]:
-        shown = row["metrics"].get(data["plot"]["y"] or "", {}).get("value")
+    for row in report.rows:
+        entry = row.metrics.get(metric or "")
+        shown = entry.value if entry is not None else None
         # a search trial's own verdict approves nothing: "passed the search split" (gates.report)
-        text = verdict_text(row)
-        colour = "green" if deployable(row) else "red" if row["verdict"] == "blocked" else "yellow"
-        verdict = f"[{colour}]{text}[/{colour}]" if row["verdict"] in ("approved", "blocked", "pending") else text
-        reasons = row["reasons"]
-        cells = [row["format"], f"{row['bytes'] / 1e6:.1f}" if row["bytes"] else "-",
-                 f"{row['ratio_to_baseline']:.3f}" if row["ratio_to_baseline"] else "-",
-                 f"{row['bits_per_weight_layers']:.3f}" if row["bits_per_weight_layers"] else "-",
-                 f"{row['kl_divergence']:.4f}" if row["kl_divergence"] is not None else "-",
+        colour = "green" if row.deployable else "red" if row.verdict == "blocked" else "yellow"
+        verdict = f"[{colour}]{row.verdict_text}[/{colour}]" if row.verdict in ("approved", "blocked", "pending") else row.verdict_text
+        reasons = row.reasons
+        cells = [row.format, f"{row.bytes / 1e6:.1f}" if row.bytes else "-",
+                 f"{row.ratio_to_baseline:.3f}" if row.ratio_to_baseline else "-",
+                 f"{row.bits_per_weight_layers:.3f}" if row.bits_per_weight_layers else "-",
+                 f"{row.kl_divergence:.4f}" if row.kl_divergence is not None else "-",
                  f"{shown:.4f}" if isinstance(shown, float) else "-"]
-        cells += [_served_cell(row.get("serving"))] if served else []
+        cells += [_served_cell(row.serving)] if served else []
         table.add_row(*cells, verdict, "; ".join(reasons[:2]) + (f"; and {len(reasons) - 2} more" if len(reasons) > 2 else ""))
     console = Console(width=max(Console().width, 160))
     console.print(table)
-    for profile in data["hardware"]:
-        choice = recommendation(data["rows"], profile["name"])
-        console.print(f"recommended on {profile['name']}: {choice or 'none (no format approved)'}")
-    measured = measured_sentence(data | {"measured_recommendation": measured_recommendation(data["rows"])})
-    if measured:
-        console.print(measured)
-    if data.get("search"):
-        console.print(f"search: {data['search'].get('conclusion')}")
-    for row in data["rows"]:  # per device class: approved, pending (what to run next) or blocked
-        for line in class_lines(row) if row["verdict"] != "blocked" else []:
-            console.print(f"{display_name(row)} serving on {line}", highlight=False, soft_wrap=True)
-    for sentence in serving_class_sentences(data):
-        if "would serve" in sentence:  # the engine's default differs from what was gated
-            console.print(sentence, highlight=False, soft_wrap=True)
+    for profile, choice in report.recommendation.items():
+        console.print(f"recommended on {profile}: {choice or 'none (no format approved)'}")
+    if report.summary.measured:
+        console.print(report.summary.measured)
+    if report.search is not None:
+        console.print(f"search: {report.search.conclusion}")
+    for row in report.rows:  # per device class: approved, pending (what to run next) or blocked
+        for line in row.class_lines if row.verdict != "blocked" else []:
+            console.print(f"{row.display_name} serving on {line}", highlight=False, soft_wrap=True)
+    for sentence in report.summary.engine_defaults:  # the engine's default differs from what was gated
+        console.print(sentence, highlight=False, soft_wrap=True)
     for failed in getattr(result, "failed_units", None) or []:
         console.print(f"[red]failed unit[/red] (the run went on without it; the same command tries it again): {failed}",
                       highlight=False, soft_wrap=True)
     if result is not None:
         redone = len(result.redone)
         console.print(f"run directory {result.out} ({redone} of {len(result.stages)} stages run, {len(result.stages) - redone} reused) "
-                      f"in {result.seconds:.0f} s; report {result.out / 'report' / 'report.html'}; ledger {data.get('ledger')}")
+                      f"in {result.seconds:.0f} s; report {result.out / 'report' / 'report.html'}; ledger {report.ledger}")
 
 
-def _served_cell(serving: dict[str, Any] | None) -> str:
+def _served_cell(serving: Serving | None) -> str:
     """'yes: 0.043 nats, 47.7 tok/s', 'no: <reason>', or '-' (not served: a trial, or no serve stage)."""
-    if not serving:
+    if serving is None:
         return "-"
-    if not serving.get("served"):
-        return f"no: {serving.get('reason', '?')}"
-    agreement = serving.get("agreement")
-    rate = (serving.get("throughput") or {}).get("1")
-    parts = [f"{agreement['mean_abs_logprob_difference']:.3f} nats" if agreement else "not compared",
-             f"{rate['tokens_per_s']:.1f} tok/s" if rate else "no rate"]
+    if not serving.served:
+        return f"no: {serving.reason or '?'}"
+    rate = serving.throughput.get("1")
+    parts = [f"{serving.agreement.mean_abs_logprob_difference:.3f} nats" if serving.agreement else "not compared",
+             f"{rate.tokens_per_s:.1f} tok/s" if rate else "no rate"]
     return "yes: " + ", ".join(parts)
 
 
 @commands.command("report")
 def report_command(
-    run_dir: Path = typer.Argument(..., help="a run directory (quantgate run)"),
-    out: Path | None = typer.Option(None, "--out", help="where to write report.{md,json,html} (default: RUN_DIR/report)"),
+    run_dir: Path = typer.Argument(..., help="a run directory (quantgate run), or a report.json (or the folder holding one) "
+                                   "to render again on its own"),
+    out: Path | None = typer.Option(None, "--out", help="where to write report.{md,json,html} (default: RUN_DIR/report; "
+                                    "for a report.json, its own folder)"),
 ) -> None:
-    """Write the size-vs-accuracy report of a run again from its artifacts, and print its summary.
+    """Write the size-vs-accuracy report of a run again from its artifacts (or from a report.json alone), and print its summary.
+
+    Given a report.json (or a folder with one and no run.json: a report copied off the machine
+    that ran), report.md and report.html are rendered again from it alone.
 
     Example: quantgate report demo-out
     """
-    data = build(run_dir)
-    target = write({**data, "key": sha256_json(data)}, out or run_dir / "report")
-    _print_summary(data)
+    saved = _saved_report(run_dir)
+    if saved is not None:
+        report, default_out = read(saved), saved.parent
+    else:
+        built = build(run_dir)
+        report, default_out = built.model_copy(update={"key": data_key(built)}), run_dir / "report"
+    target = write(report, out or default_out)
+    _print_summary(report)
     typer.echo(f"report written to {target}/report.html, report.md, report.json")
+
+
+def _saved_report(path: Path) -> Path | None:
+    """The report.json `path` names: the file itself, or the one in a folder that holds no run
+    (no run.json); None for a run directory, whose report is made from its artifacts."""
+    if path.is_file():
+        return path
+    if path.is_dir() and not (path / "run.json").is_file() and (path / "report.json").is_file():
+        return path / "report.json"
+    return None

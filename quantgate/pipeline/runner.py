@@ -48,6 +48,7 @@ from quantgate.evalsets.served import FAILED, probe_seconds, served_summary
 from quantgate.evalsets.served import check as serve_check
 from quantgate.gates.policy import LoadedPolicy, Outcome, mixed_precision_class, precision_class
 from quantgate.gates.report import build as build_report
+from quantgate.gates.report import data_key as report_key
 from quantgate.gates.report import write as write_report
 from quantgate.gates.stage import item_records, overlap_summary, record_verdict, verdict_record
 from quantgate.gates.verdict import (
@@ -447,13 +448,13 @@ class _Run:
     def report(self) -> None:
         """The report of the run directory; its report.json carries the key of its data."""
         begun = self.cache.begin("report")
-        data = build_report(self.dir.root)
-        key = sha256_json(data)
+        report = build_report(self.dir.root)
+        key = report_key(report)
         existing = self.dir.report_json
         if existing.is_file() and read_json(existing).get("key") == key:
             self.cache.finish("report", "report", "reused", begun)
         else:
-            write_report({**data, "key": key}, self.dir.report)
+            write_report(report.model_copy(update={"key": key}), self.dir.report)
             self.cache.finish("report", "report", "done", begun, str(self.dir.report_html))
 
     # ---- per format -------------------------------------------------------------------------
