@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import stat
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -207,6 +208,118 @@ def test_writers_publishing_the_same_cache_entry_at_once_all_succeed_and_leave_o
     (final / "result.txt").write_text("torn")
     assert _publish_at_once(final, 1, "keep") == [0]
     assert (final / "result.txt").read_text() == "the same result" * 1000
+
+
+# --- a stale judgment of a shared entry (the race of the test above) ---------------------------
+# Writer B judges the entry (missing, or damaged because it read it mid-swap), writer A publishes
+# a whole one, then B acts on what it saw: B must not replace A's entry. Before the publishing
+# lock, B replaced it, and A reading its entry right after publishing found it missing.
+
+
+def _whole(entry: Path) -> bool:
+    from quantgate.core.artifacts import read_json
+
+    try:
+        verify_files(entry, read_json(entry / "manifest.json")["files"], "entry")
+        return True
+    except Exception:
+        return False
+
+
+def _stage(staging: Path, who: str) -> None:
+    (staging / "who.txt").write_text(who)
+    write_json(staging / "manifest.json", {"files": file_hashes(staging)})
+
+
+def test_a_writer_that_found_no_entry_keeps_the_one_published_before_it_acts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    final = tmp_path / "entry"
+    seen: dict[str, object] = {}
+
+    def publish_a() -> None:  # another writer, publishing the whole entry in the moment after B looked
+        with atomic_directory(final, keep=_whole) as staging:
+            _stage(staging, "A")
+        seen["a"] = _whole(final) and (final / "who.txt").read_text()
+
+    real_exists = Path.exists
+    armed = {"b": False}
+
+    def exists(self: Path, *args: Any, **kwargs: Any) -> bool:
+        answer = real_exists(self, *args, **kwargs)
+        if armed["b"] and self == final and threading.current_thread() is threading.main_thread():
+            armed["b"] = False  # B's look: nothing there; A publishes before B acts on it
+            writer = threading.Thread(target=publish_a)
+            writer.start()
+            writer.join(timeout=10)
+            assert not writer.is_alive()
+        return answer
+
+    monkeypatch.setattr(Path, "exists", exists)
+    with atomic_directory(final, keep=_whole) as staging:
+        _stage(staging, "B")
+        armed["b"] = True
+    monkeypatch.undo()
+    assert seen["a"] == "A"  # A found its entry whole after publishing
+    assert (final / "who.txt").read_text() == "A" and _whole(final)  # and B kept it
+    assert [path.name for path in tmp_path.iterdir()] == ["entry"]
+
+
+def test_a_writer_that_judged_the_entry_mid_swap_does_not_replace_it(tmp_path: Path) -> None:
+    final = tmp_path / "entry"
+    with atomic_directory(final, keep=_whole) as staging:
+        _stage(staging, "A")
+    published = final.stat().st_ino
+    looks = []
+
+    def keep(entry: Path) -> bool:
+        looks.append(entry)
+        if len(looks) == 1:  # B's first look lands while another writer has the entry renamed aside
+            entry.rename(tmp_path / "aside")
+            try:
+                return _whole(entry)  # False: it is not there
+            finally:
+                (tmp_path / "aside").rename(entry)
+        return _whole(entry)
+
+    with atomic_directory(final, keep=keep) as staging:
+        _stage(staging, "B")
+    assert len(looks) == 2  # judged again before acting, and found whole
+    assert (final / "who.txt").read_text() == "A" and final.stat().st_ino == published
+    assert [path.name for path in tmp_path.iterdir()] == ["entry"]
+
+
+def test_a_damaged_entry_is_swapped_for_the_new_one_in_one_step(tmp_path: Path) -> None:
+    from quantgate.core.artifacts import _exchange, _replace_directory
+
+    old, new = tmp_path / "entry", tmp_path / ".entry.partial-new"
+    old.mkdir()
+    (old / "who.txt").write_text("old")
+    new.mkdir()
+    (new / "who.txt").write_text("new")
+    if not _exchange(old, new):
+        pytest.skip("this system or filesystem cannot swap two directories in one step")
+    assert (old / "who.txt").read_text() == "new" and (new / "who.txt").read_text() == "old"
+    _replace_directory(new, old)  # swapped back, and the other removed
+    assert (old / "who.txt").read_text() == "old" and [path.name for path in tmp_path.iterdir()] == ["entry"]
+
+
+def test_replacing_in_two_renames_puts_the_old_entry_back_when_the_new_one_cannot_go_in(tmp_path: Path,
+                                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    from quantgate.core import artifacts
+
+    monkeypatch.setattr(artifacts, "_exchange", lambda first, second: False)  # a system without the swap
+    final = tmp_path / "entry"
+    final.mkdir()
+    (final / "who.txt").write_text("old")
+    with pytest.raises(FileNotFoundError):
+        artifacts._replace_directory(tmp_path / ".entry.partial-gone", final)  # the new one is not there to rename in
+    assert (final / "who.txt").read_text() == "old" and [path.name for path in tmp_path.iterdir()] == ["entry"]
+    staged = tmp_path / ".entry.partial-new"
+    staged.mkdir()
+    (staged / "who.txt").write_text("new")
+    artifacts._replace_directory(staged, final)
+    assert (final / "who.txt").read_text() == "new" and [path.name for path in tmp_path.iterdir()] == ["entry"]
 
 
 @pytest.mark.parametrize("name", ["a\x00b", "x" * 5000, "caf\udce9"])

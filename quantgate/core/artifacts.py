@@ -4,6 +4,7 @@ canonical JSON for fingerprints, and the provenance every manifest carries."""
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import fcntl
 import hashlib
@@ -413,32 +414,107 @@ def atomic_directory(final: Path, overwrite: bool = False, keep: Callable[[Path]
 
 
 def _replace_directory(temporary: Path, final: Path) -> None:
-    """`final` replaced by `temporary`: the old one is renamed aside first, then removed."""
+    """`final` replaced by `temporary`. Where the system swaps two directories in one step
+    (`_exchange`), they are swapped and the old one, now under the temporary's name, removed:
+    one who looks meanwhile finds the old entry or the new one, never none and never half of
+    one. Elsewhere the old one is renamed aside first, then the new one renamed in (a moment
+    with none), then the old one removed; if the new one cannot be renamed in, the old one is
+    put back (or removed, when something else took its place), so nothing is left aside."""
+    if _exchange(temporary, final):
+        shutil.rmtree(temporary, ignore_errors=True)
+        return
     retired = final.with_name(f".{final.name}.old-{_writer()}-{uuid.uuid4().hex[:8]}")
     final.rename(retired)
-    temporary.rename(final)
-    shutil.rmtree(retired, ignore_errors=True)
+    try:
+        temporary.rename(final)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            retired.rename(final)
+        raise
+    finally:
+        shutil.rmtree(retired, ignore_errors=True)  # gone already when it was put back
+
+
+_RENAME_EXCHANGE = 2  # renameat2's flag (Linux 3.15); renamex_np's RENAME_SWAP (macOS 10.12) has the same value
+_AT_FDCWD = -100
+
+
+def _exchange(first: Path, second: Path) -> bool:
+    """Swap two existing directories in one step (Linux `renameat2(RENAME_EXCHANGE)`, macOS
+    `renamex_np(RENAME_SWAP)`). False where this system or filesystem cannot (the caller then
+    renames in two steps); an error when it can but the swap fails (one of them is gone)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if sys.platform.startswith("linux"):
+            done = libc.renameat2(_AT_FDCWD, os.fsencode(first), _AT_FDCWD, os.fsencode(second), _RENAME_EXCHANGE)
+        elif sys.platform == "darwin":
+            done = libc.renamex_np(os.fsencode(first), os.fsencode(second), _RENAME_EXCHANGE)
+        else:
+            return False
+    except (OSError, AttributeError):  # no C library to load, or one without the call (glibc < 2.28)
+        return False
+    if done == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EPERM):
+        return False  # a kernel or filesystem without the swap (EPERM: a seccomp filter that refuses it)
+    raise OSError(code, os.strerror(code), str(first), None, str(second))
+
+
+@contextlib.contextmanager
+def _publishing_lock(directory: Path) -> Iterator[None]:
+    """Hold an exclusive `flock` on `directory` itself while an entry in it is judged and put in
+    place: one at a time among the processes publishing into it, and nothing made beside the
+    entries (no lock file to leave behind). Held only for the judging and the renames, never
+    while an entry is made. A filesystem that cannot lock a directory (NFS emulates `flock`
+    with POSIX locks, which want a file open for writing) publishes without it."""
+    handle = os.open(directory, os.O_RDONLY)
+    try:
+        with contextlib.suppress(OSError):
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(handle)  # closing drops the lock
 
 
 def _publish_shared(temporary: Path, final: Path, keep: Callable[[Path], bool]) -> None:
-    """Publish a shared cache entry (see `atomic_directory`'s `keep`): a rename that fails
-    because another process's entry landed first leaves that entry, once it is found good."""
-    for _ in range(8):
-        if final.exists() and keep(final):
-            shutil.rmtree(temporary, ignore_errors=True)  # the same entry, published by another process
-            return
-        try:
-            if final.exists():
-                _replace_directory(temporary, final)  # damaged: ours replaces it
-            else:
-                temporary.rename(final)
-            return
-        except FileNotFoundError:
-            continue  # another process retired it meanwhile: look again
-        except OSError as error:
-            if error.errno not in (errno.ENOTEMPTY, errno.EEXIST):
-                raise
-            continue  # another process's entry landed first: look again
+    """Publish a shared cache entry (see `atomic_directory`'s `keep`): an entry found whole stays
+    and ours is dropped; a missing one is renamed in, a damaged one replaced.
+
+    Why the lock: a judgment made without it can be stale by the time it is acted on. Writer B
+    looked and found no entry (or judged one damaged because it read it while another writer
+    was swapping it); writer A then published a whole entry; B, acting on what it saw, replaced
+    A's entry: A (or any reader) looking right after publishing found `final` missing (between
+    B's rename aside and rename in) or emptied under it (B removing the retired one), and
+    another writer judging it meanwhile found it damaged and replaced it in turn. So an entry is
+    put in place only by a process holding the directory's lock (`_publishing_lock`), after
+    judging it again under that lock: no writer that merely saw an entry mid-publish replaces
+    it, and only an entry that is really damaged (or one `keep` refuses, `pull --force`) is
+    ever replaced, in one swap where the system allows (`_replace_directory`). An entry found
+    whole without the lock (the common case) is kept at once: judging it again under the lock
+    would only hold up the other writers (a model's judgment hashes gigabytes)."""
+    if final.exists() and keep(final):
+        shutil.rmtree(temporary, ignore_errors=True)  # the same entry, published by another process
+        return
+    with _publishing_lock(final.parent):
+        # the loop is for writers that do not take the lock (an `overwrite` write of the same
+        # path, a filesystem without locks): among those that do, a judgment holds until acted on
+        for _ in range(8):
+            if final.exists() and keep(final):
+                shutil.rmtree(temporary, ignore_errors=True)
+                return
+            try:
+                if final.exists():
+                    _replace_directory(temporary, final)  # damaged: ours replaces it
+                else:
+                    temporary.rename(final)
+                return
+            except FileNotFoundError:
+                continue  # another process retired it meanwhile: look again
+            except OSError as error:
+                if error.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                    raise
+                continue  # another process's entry landed first: look again
     raise OSError(errno.EBUSY, f"cannot publish {final}: other processes keep replacing it")
 
 
