@@ -13,6 +13,7 @@ import yaml
 
 from quantgate import pipeline, serving
 from quantgate.core.artifacts import read_json
+from quantgate.evalsets import served as served_check
 from quantgate.pipeline.plan import from_mapping
 from quantgate.serving import environment
 from tests.helpers import LENIENT_POLICY, SERVED_FORMAT, SERVING_RULES, TINY_POLICY, plan_mapping, write_policy
@@ -44,6 +45,10 @@ def test_the_serve_stage_serves_the_baseline_and_each_format_and_the_gate_judges
         record = read_json(out / "serve" / f"{name}.json")["value"]
         assert record["served"] and record["agreement"]["items"] == 4 and "1" in record["throughput"]["batches"]
         assert (out / "serve" / name / "worker.log").is_file()
+        # the timed probe ran first: its forward passes, and the limit they were held to (the
+        # baseline's own limit for the baseline; the candidate's scales with the baseline's probe)
+        assert len(record["probe"]["forward_seconds"]) == served_check.PROBE_PASSES and record["probe_limit_seconds"] > 0
+    assert read_json(out / "serve" / "baseline.json")["value"]["probe_limit_seconds"] == served_check.BASELINE_PROBE_SECONDS
     verdict = read_json(out / "verdicts" / f"{SERVED_FORMAT}.json")["value"]
     gates = {gate["gate"]: gate for gate in verdict["gates"]}
     assert gates["serving loads"]["outcome"] == "pass"

@@ -20,9 +20,10 @@ FORMATS = ["gptq-int4", "awq-int4", "smoothquant-w8a8", "fp8-e4m3"]
 
 @pytest.fixture(scope="module")
 def held_out(demo_calibration) -> list[str]:
-    """Demo paragraphs the calibration set did not use."""
+    """Demo paragraphs the calibration set did not use: six (about a thousand tokens) tell a 10%
+    perplexity bound apart well enough, each model's perplexity on the same texts."""
     used = set(demo_calibration.manifest["selection"]["documents_used"])
-    return [text for index, text in enumerate(demo_paragraphs()) if index not in used][:12]
+    return [text for index, text in enumerate(demo_paragraphs()) if index not in used][:6]
 
 
 def perplexity(model_dir: Path, texts: list[str]) -> float:
