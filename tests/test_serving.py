@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from quantgate import evalsets, quantize, serving
+from quantgate.cli import serve as serve_command
 from quantgate.core.errors import InputError
 from quantgate.evalsets.served import ServeCheckConfig, check
 from quantgate.gates.policy import Outcome, load_policy
@@ -168,33 +169,43 @@ def test_scales_perturbed_after_the_gated_evaluation_are_caught_by_the_agreement
     assert any("served log-probs differ from gated by" in gate.reason for gate in caught)
 
 
-def test_a_checkpoint_vllm_cannot_load_is_blocked_by_the_serving_gate_with_the_reason(
-        gated: dict[str, Path], reference: dict, serving_env: serving.ServingEnv, tmp_path: Path) -> None:
+def test_serve_check_command_writes_the_record_and_exits_1_when_not_served(
+        cli, gated: dict[str, Path], candidate: dict, reference: dict, served: serving.ServingEnv, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The command's own work (the record written, its log moved with it, the lines printed, the exit
+    codes) on the candidate's serve record; then, through the command and the real engine, a config
+    vLLM cannot load: not served, with vLLM's reason, and blocked by the serving gate for it."""
+    asked: list[ServeCheckConfig] = []
+
+    def served_already(model: Path, results: object, cfg: ServeCheckConfig, env: serving.ServingEnv, work: Path) -> dict:
+        asked.append(cfg)
+        work.mkdir(parents=True)
+        (work / launch.LOG).write_text("vLLM's log")
+        return {**candidate, "log": str(work / launch.LOG)}
+
+    with monkeypatch.context() as patch:
+        patch.setattr(serve_command, "check", served_already)
+        out = tmp_path / "serve"
+        result = cli("serve-check", gated["checkpoint"], "--results", gated["results"], "--out", out, "--items", "4",
+                     "--batch-sizes", "1", "--decode-tokens", "4", "--runs", "1")
+    assert result.code == 0, result.err
+    assert (asked[0].items, asked[0].batch_sizes, asked[0].decode_tokens, asked[0].runs) == (4, (1,), 4, 1)
+    record = json.loads((out / "serve.json").read_text())
+    assert record["served"] and Path(record["log"]).is_file() and Path(record["log"]).is_relative_to(out)
+    assert "agreement with the gated results" in result.out and "decode at batch 1" in result.out
+
     broken = Path(shutil.copytree(gated["checkpoint"], tmp_path / "broken"))
     config = json.loads((broken / "config.json").read_text())
     config["quantization_config"]["config_groups"]["group_0"]["weights"]["num_bits"] = 3  # no kernel, no format for it
     (broken / "config.json").write_text(json.dumps(config))
-    record = check(broken, evalsets.load_results(gated["results"]), CFG, serving_env, tmp_path / "work")
+    result = cli("serve-check", broken, "--out", tmp_path / "serve-broken", "--batch-sizes", "1", "--decode-tokens", "2", "--runs", "1")
+    assert result.code == 1 and "not served: vLLM" in result.out
+    record = json.loads((tmp_path / "serve-broken" / "serve.json").read_text())
     assert not record["served"]
-    assert record["reason"].startswith(f"vLLM {serving_env.version} ({serving_env.engine}) cannot load it: ")
+    assert record["reason"].startswith(f"vLLM {served.version} ({served.engine}) cannot load it: ")
     verdict = judge({}, None, load_policy(SERVING_POLICY), "4bit", serving=ServingEvidence(record, reference))
     assert not verdict.approved
     assert any(reason == f"serving: {record['reason']}" for reason in verdict.reasons)
-
-
-def test_serve_check_command_writes_the_record_and_exits_1_when_not_served(cli, gated: dict[str, Path], served: serving.ServingEnv,
-                                                                           tmp_path: Path) -> None:
-    out = tmp_path / "serve"
-    result = cli("serve-check", gated["checkpoint"], "--results", gated["results"], "--out", out, "--items", "4",
-                 "--batch-sizes", "1", "--decode-tokens", "4", "--runs", "1")
-    assert result.code == 0, result.err
-    record = json.loads((out / "serve.json").read_text())
-    assert record["served"] and Path(record["log"]).is_file() and Path(record["log"]).is_relative_to(out)
-    assert "agreement with the gated results" in result.out and "decode at batch 1" in result.out
-    broken = Path(shutil.copytree(gated["checkpoint"], tmp_path / "broken"))
-    (broken / "config.json").write_text(json.dumps({**json.loads((broken / "config.json").read_text()), "architectures": ["NoSuchModel"]}))
-    result = cli("serve-check", broken, "--out", tmp_path / "serve-broken", "--batch-sizes", "1", "--decode-tokens", "2", "--runs", "1")
-    assert result.code == 1 and "not served: vLLM" in result.out
     # bad input: exit 2, one line, nothing written
     result = cli("serve-check", gated["checkpoint"], "--out", tmp_path / "bad", "--batch-sizes", "0")
     assert result.code == 2 and not (tmp_path / "bad").exists()
