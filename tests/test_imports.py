@@ -364,3 +364,41 @@ def test_stage_folders_install_under_the_namespace() -> None:
         assert link.is_symlink() and link.resolve() == (ROOT / stage).resolve(), f"{link} should link to ../{stage}"
     assert setuptools["packages"]["find"]["include"] == [f"{NAMESPACE}*"]
     assert set(setuptools["package-data"]) <= set(find_modules(ROOT))
+
+
+def test_installed_names_are_under_the_namespace_only(tmp_path: Path) -> None:
+    """Outside a checkout (no stage folder on the path), `import gates` fails and
+    `import quantgate.gates` works: nothing installs a top-level stage name."""
+    code = ("import importlib.util, json\n"
+            "print(json.dumps({name: importlib.util.find_spec(name) is not None for name in "
+            "('gates', 'serving', 'quantize', 'evalsets', 'calibration', 'quantgate.gates', 'quantgate.serving')}))")
+    found = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120, check=True)
+    assert json.loads(found.stdout) == {"gates": False, "serving": False, "quantize": False, "evalsets": False, "calibration": False,
+                                        "quantgate.gates": True, "quantgate.serving": True}
+
+
+def test_the_wheel_holds_only_the_namespace(tmp_path: Path) -> None:
+    """The wheel a user installs: every file under quantgate/ (the stage folders mapped in, their
+    data with them) or its metadata; no top-level stage package."""
+    import shutil
+    import zipfile
+
+    # built from a copy (links kept as links), so that setuptools' build/ stays out of the checkout
+    source = tmp_path / "source"
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md", "LICENSE", "NOTICE", NAMESPACE, *{top.name for top in ROOT.iterdir()
+                                                                              if (top / "__init__.py").is_file()}):
+        if (ROOT / name).is_dir():
+            shutil.copytree(ROOT / name, source / name, symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
+        elif (ROOT / name).is_file():
+            shutil.copy2(ROOT / name, source / name)
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--quiet", "--quiet",
+                            "--wheel-dir", str(tmp_path), str(source)], capture_output=True, text=True, timeout=300)
+    assert built.returncode == 0, built.stderr[-2000:]
+    (wheel,) = tmp_path.glob("quantgate-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    tops = {name.split("/")[0] for name in names}
+    assert tops == {NAMESPACE, next(top for top in tops if top.endswith(".dist-info"))}, sorted(tops)
+    for expected in ("quantgate/gates/verdict.py", "quantgate/serving/worker.py", "quantgate/quantize/measure/hardware/h200.yaml",
+                     "quantgate/gates/policies/small-model/v4.yaml", "quantgate/pipeline/plans/demo.yaml"):
+        assert expected in names, expected
