@@ -386,8 +386,8 @@ def test_the_wheel_holds_only_the_namespace(tmp_path: Path) -> None:
     # built from a copy (links kept as links), so that setuptools' build/ stays out of the checkout
     source = tmp_path / "source"
     source.mkdir()
-    for name in ("pyproject.toml", "README.md", "LICENSE", "NOTICE", NAMESPACE, *{top.name for top in ROOT.iterdir()
-                                                                              if (top / "__init__.py").is_file()}):
+    packages = {top.name for top in ROOT.iterdir() if (top / "__init__.py").is_file() and top.name not in NOT_PACKAGES}
+    for name in ("pyproject.toml", "README.md", "LICENSE", "NOTICE", *sorted(packages)):
         if (ROOT / name).is_dir():
             shutil.copytree(ROOT / name, source / name, symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
         elif (ROOT / name).is_file():
