@@ -120,7 +120,7 @@ def test_the_run_command_names_a_failed_unit_and_exits_1(cli, quant_model: Path,
     plan = tmp_path / "plan.yaml"
     plan.write_text(yaml.safe_dump(plan_mapping(quant_model, tmp_path, formats=["gptq-int4"])))
     result = cli("run", str(plan))
-    assert result.code == 1
+    assert result.code == 1, result.err[-3000:]
     assert "failed unit" in result.out and "quantize gptq-int4 failed: RuntimeError: boom in the quantizer" in result.out
 
 

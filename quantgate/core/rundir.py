@@ -108,8 +108,9 @@ class RunDir:
         return self.root / "logs" / "libraries.log"
 
     def unit_log(self, kind: str, name: str) -> Path:
-        """The traceback of a unit of work that failed (a quantization that raised, an evaluation
-        out of memory): the run went on without it."""
+        """One unit of work's log: what the libraries printed while it worked (run on this machine),
+        and, when it failed (a quantization that raised, an evaluation out of memory), its
+        traceback at the end: the run went on without it."""
         return self.root / "logs" / f"{kind}-{name}.log"
 
     def stage_record(self, stage: str) -> Path:

@@ -28,7 +28,6 @@ from typing import Any, TypeVar
 from quantgate import calibration, evalsets, quantize
 from quantgate.core.artifacts import (
     MANIFEST,
-    atomic_file,
     read_json,
     remove_temporaries,
     sha256_file,
@@ -365,19 +364,28 @@ class _Run:
         """Run one unit of work; a failure of its own (it raised, ran out of memory, its worker died
         or never answered) becomes UnitFailed, with its traceback in logs/, and the run goes on.
         `also`: errors that otherwise end a run (bad input, a lost task) and here only fail this unit."""
+        log = self.dir.unit_log(kind, name)
         try:
-            return work()
+            # each unit's own log of what the libraries printed (the run's libraries.log keeps what
+            # is printed between units). Not under a concurrent executor: units then overlap in
+            # time, and their output is printed where their tasks run (docs/scale-out.md)
+            with library_output(log, enabled=not (self.pipeline.verbose or self.executor.concurrent)):
+                done = work()
+            if log.is_file() and log.stat().st_size == 0:
+                log.unlink()  # a reused stage, or one that printed nothing: no empty log
+            return done
         except Exception as error:
             if not (_unit_error(error) or isinstance(error, also)):
                 raise
-            log = self.dir.unit_log(kind, name)
-            with atomic_file(log) as stream:
-                stream.write("".join(traceback.format_exception(error)).encode())
+            printed = tail(log)  # what the libraries printed last, before the traceback
+            log.parent.mkdir(parents=True, exist_ok=True)
+            with open(log, "a", encoding="utf-8") as stream:  # appended after what it printed
+                stream.write("".join(traceback.format_exception(error)))
             reason = f"{label} failed: {type(error).__name__}: {' '.join(str(error).split())[:400]} (log {log})"
             self.failed_units.append(reason)
             self.log.end(kind, label, "failed", 0.0, reason)
-            if self.pipeline.show_progress:  # what the libraries printed last, from logs/libraries.log
-                for line in tail(self.dir.library_log):
+            if self.pipeline.show_progress:
+                for line in printed:
                     stderr.print(f"  | {line}", highlight=False, markup=False, soft_wrap=True)
             raise UnitFailed(kind, label, reason) from error
 
