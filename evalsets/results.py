@@ -18,10 +18,6 @@ from quantgate.evalsets.config import EvaluateConfig, Kind
 
 RESULTS_KIND: Final = "evaluation-results"
 SCHEMA_VERSION: Final = 1
-# What of a model's identity decides its numbers (its path does not): its weights, its config
-# (quantization scheme included: two checkpoints may share weights and differ in activation
-# quantization) and its tokenizer. Every cache key holds these.
-IDENTITY_KEYS = ("weights_sha256", "config_sha256", "tokenizer_sha256")
 
 
 class ModelIdentity(RecordPart):
@@ -41,7 +37,9 @@ class ModelIdentity(RecordPart):
         return value
 
     def numbers(self) -> dict[str, str]:
-        """The fields that decide the model's numbers: what a cache key holds of it."""
+        """What of the identity decides the model's numbers, and so what every cache key holds of
+        it: its weights, its config (quantization scheme included: two checkpoints may share
+        weights and differ in activation quantization) and its tokenizer; not its path."""
         return {"weights_sha256": self.weights_sha256, "config_sha256": self.config_sha256,
                 "tokenizer_sha256": self.tokenizer_sha256}
 
