@@ -147,13 +147,13 @@ def demo_timing(model: str, checkpoints: list[Path], json_path: Path | None) -> 
         manifest = results.manifest
         figures[path.name] = {
             "seconds": time.perf_counter() - clock,
-            "model_load_seconds": manifest["model_load_seconds"],
-            "sets": {spec: {"items": entry["items"], "seconds": entry["seconds"],
-                            "items_per_second": entry["items"] / entry["seconds"],
-                            "metrics": {k: v for k, v in entry["metrics"].items() if "stderr" not in k}}
-                     for spec, entry in manifest["sets"].items()},
+            "model_load_seconds": manifest.model_load_seconds,
+            "sets": {spec: {"items": entry.items, "seconds": entry.seconds,
+                            "items_per_second": entry.items / entry.seconds,
+                            "metrics": {k: v for k, v in entry.metrics.items() if "stderr" not in k}}
+                     for spec, entry in manifest.sets.items()},
         }
-        print(f"{path.name}: {figures[path.name]['seconds']:.1f} s (model load {manifest['model_load_seconds']:.1f} s)")
+        print(f"{path.name}: {figures[path.name]['seconds']:.1f} s (model load {manifest.model_load_seconds or 0:.1f} s)")
         for spec, entry in figures[path.name]["sets"].items():
             shown = ", ".join(f"{k} {v:.4g}" for k, v in sorted(entry["metrics"].items()))
             print(f"  {spec:14} {entry['items']:4} items {entry['seconds']:6.1f} s {entry['items_per_second']:6.2f} items/s  {shown}")

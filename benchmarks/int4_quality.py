@@ -190,10 +190,10 @@ def evaluate(model_dir: Path, out: Path, items: int, baseline: Path | None = Non
 def bits(checkpoint: Path, baseline: Path) -> dict:
     from quantgate.quantize.measure.accounting import measure
 
-    data = measure(checkpoint, baseline).to_json()
-    return {"file_bytes": data["totals"]["file_bytes"],
-            "bits_per_weight": data["quantized_linear"]["bits_per_weight"]["measured"],
-            "bits_per_parameter": data["whole_model"]["bits_per_parameter"]["measured"]}
+    data = measure(checkpoint, baseline).record()
+    return {"file_bytes": data.totals.file_bytes,
+            "bits_per_weight": data.quantized_linear.bits_per_weight.measured,
+            "bits_per_parameter": data.whole_model.bits_per_parameter.measured}
 
 
 def table(rows: list[dict]) -> str:

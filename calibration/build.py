@@ -14,25 +14,24 @@ from pathlib import Path
 from typing import Any
 
 from quantgate.calibration.config import CalibrationConfig, Packing
+from quantgate.calibration.manifest import KIND, CalibrationManifest, CalibrationSource, Selection, TokenizerIdentity
 from quantgate.calibration.sources import Documents, load_documents
 from quantgate.core.artifacts import (
     MANIFEST,
     Stopwatch,
+    UnreadableJSON,
     atomic_directory,
     file_hashes,
     provenance,
-    read_json,
     sha256_bytes,
     sha256_json,
     verify_files,
-    write_json,
 )
 from quantgate.core.console import progress_bar
 from quantgate.core.errors import InputError, IntegrityError, ModelError, OutputExistsError, SourceError
 from quantgate.core.models import max_sequence_length, resolve_model, tokenizer_hash
-from quantgate.core.validation import manifest_files
+from quantgate.core.records import Provenance
 
-KIND = "calibration-set"
 TOKENS_FILE = "tokens.safetensors"
 TEXT_FILE = "text.jsonl"
 _ENCODE_BATCH = 64
@@ -43,14 +42,14 @@ class CalibrationSet:
     """A calibration set on disk, loaded and verified against its manifest."""
 
     path: Path
-    manifest: dict[str, Any]
+    manifest: CalibrationManifest
     input_ids: Any  # torch.LongTensor [samples, seq_len]
     attention_mask: Any  # torch.LongTensor [samples, seq_len]
     reused: bool = False
 
     @property
     def fingerprint(self) -> str:
-        return self.manifest["fingerprint"]
+        return self.manifest.fingerprint
 
     @property
     def samples(self) -> int:
@@ -131,26 +130,23 @@ def run(cfg: CalibrationConfig, out: Path, overwrite: bool = False) -> Calibrati
     with atomic_directory(out, overwrite=True) as staging:
         save_file({"input_ids": input_ids, "attention_mask": attention_mask}, staging / TOKENS_FILE)
         _write_texts(staging / TEXT_FILE, tokenizer, rows)
-        manifest = {
-            "kind": KIND,
-            "schema_version": 1,
-            "fingerprint": fingerprint,
-            "input_key": input_key,
-            "model": str(model_dir),
-            "source": {"spec": cfg.source, "kind": documents.kind, "description": documents.description,
-                       "sha256": documents.sha256, "documents": len(documents.texts)},
-            "tokenizer": {"sha256": tokenizer_sha256, "files": tokenizer_files, "class": type(tokenizer).__name__,
-                          "vocab_size": len(tokenizer), "eos_token_id": tokenizer.eos_token_id},
-            "selection": {**settings, "documents_used": used},
-            "samples": len(rows),
-            "seq_len": cfg.seq_len,
-            "tokens": int(attention_mask.sum()),
-            "tokens_sha256": tokens_sha256,
-            "files": file_hashes(staging),
-            "config": cfg.model_dump(mode="json"),
-            "provenance": provenance(stopwatch),
-        }
-        write_json(staging / MANIFEST, manifest)
+        CalibrationManifest(
+            fingerprint=fingerprint,
+            input_key=input_key,
+            model=str(model_dir),
+            source=CalibrationSource(spec=cfg.source, kind=documents.kind, description=documents.description,
+                                     sha256=documents.sha256, documents=len(documents.texts)),
+            tokenizer=TokenizerIdentity(sha256=tokenizer_sha256, files=tokenizer_files, class_=type(tokenizer).__name__,
+                                        vocab_size=len(tokenizer), eos_token_id=tokenizer.eos_token_id),
+            selection=Selection.model_validate({**settings, "documents_used": used}),
+            samples=len(rows),
+            seq_len=cfg.seq_len,
+            tokens=int(attention_mask.sum()),
+            tokens_sha256=tokens_sha256,
+            files=file_hashes(staging),
+            config=cfg,
+            provenance=Provenance.model_validate(provenance(stopwatch)),
+        ).write(staging / MANIFEST)
     return load(out)
 
 
@@ -183,7 +179,7 @@ def _reusable(out: Path, input_key: str) -> CalibrationSet | None:
         existing = load(out)
     except (IntegrityError, InputError):
         return None
-    if existing.manifest.get("input_key") != input_key:
+    if existing.manifest.input_key != input_key:
         return None
     return CalibrationSet(existing.path, existing.manifest, existing.input_ids, existing.attention_mask, reused=True)
 
@@ -271,15 +267,10 @@ def load(path: Path) -> CalibrationSet:
     if not manifest_path.is_file():
         raise InputError(f"{path} is not a calibration set (no {MANIFEST})")
     try:
-        manifest = read_json(manifest_path)
-    except json.JSONDecodeError as error:
+        manifest = CalibrationManifest.read(manifest_path)
+    except UnreadableJSON as error:  # not JSON at all: a damaged set, not a wrong input
         raise IntegrityError(f"calibration set {path}: {error.msg}") from error
-    if not isinstance(manifest, dict) or manifest.get("kind") != KIND:
-        kind = manifest.get("kind", "unknown") if isinstance(manifest, dict) else "unknown"
-        raise InputError(f"{path} is a {kind!r} artifact, not a calibration set")
-    if not isinstance(manifest.get("fingerprint"), str):
-        raise IntegrityError(f"calibration set {path}: its manifest has no fingerprint")
-    verify_files(path, manifest_files(manifest, f"calibration set {path}", error=IntegrityError), "calibration set")
+    verify_files(path, manifest.files, "calibration set")
     try:
         tensors = load_file(path / TOKENS_FILE)
         input_ids, attention_mask = tensors["input_ids"].long(), tensors["attention_mask"].long()

@@ -41,16 +41,15 @@ from quantgate.core.models import (
     tokenizer_hash,
     weights_sha256,
 )
-from quantgate.core.validation import is_file_name, is_path, manifest_files
+from quantgate.core.records import Provenance
 from quantgate.evalsets import lm_eval_tasks, text_eval
 from quantgate.evalsets import sets as golden_sets
 from quantgate.evalsets.config import EvalBackend, EvaluateConfig, Kind
+from quantgate.evalsets.results import SCHEMA_VERSION, BaselineResults, ModelIdentity, ResultsManifest, SetResults
 from quantgate.evalsets.sets import GoldenSet
 from quantgate.evalsets.text_eval import BaselineSide
 from quantgate.serving import device as device_classes
 
-RESULTS_KIND = "evaluation-results"
-SCHEMA_VERSION = 1
 # Bump when a change to this package changes a number: every cached result is then recomputed.
 EVALUATOR_VERSION = 3  # 3: log-likelihoods from one pass over a shared context (evalsets.loglikelihood), equal within 1e-4
 RECORD_FILE = "record.json"
@@ -58,9 +57,6 @@ ITEMS_FILE = "items.json"
 TOPK_FILE = "topk.safetensors"
 TOKENS_FILE = "tokens.safetensors"
 ORDER_RULE = "the first N items of the set's seeded order (items.jsonl line order) after its first `offset`"
-# What of a model's identity decides its numbers (its path does not).
-# What identifies a model in every cache key: its weights, its config and its tokenizer.
-IDENTITY_KEYS = ("weights_sha256", "config_sha256", "tokenizer_sha256")
 
 
 @dataclass(frozen=True)
@@ -68,12 +64,12 @@ class EvaluationResults:
     """A results directory on disk, verified against its manifest."""
 
     path: Path
-    manifest: dict[str, Any]
+    manifest: ResultsManifest
 
     def set_dir(self, spec: str) -> Path:
-        if spec not in self.manifest["sets"]:
-            raise InputError(f"results in {self.path} hold no {spec}; they hold {', '.join(self.manifest['sets'])}")
-        return self.path / self.manifest["sets"][spec]["dir"]
+        if spec not in self.manifest.sets:
+            raise InputError(f"results in {self.path} hold no {spec}; they hold {', '.join(self.manifest.sets)}")
+        return self.path / self.manifest.sets[spec].dir
 
     def record(self, spec: str) -> dict[str, Any]:
         record = read_json(self.set_dir(spec) / RECORD_FILE)
@@ -104,7 +100,7 @@ class EvaluationResults:
 
     @property
     def from_cache(self) -> dict[str, bool]:
-        return {spec: entry["from_cache"] for spec, entry in self.manifest["sets"].items()}
+        return {spec: entry.from_cache for spec, entry in self.manifest.sets.items()}
 
 
 def _is_number(value: Any) -> bool:
@@ -142,39 +138,21 @@ def _wrong_item_field(item: dict[str, Any]) -> str:
 
 def load_results(path: str | Path) -> EvaluationResults:
     """A results directory, its files verified against its manifest; a manifest that is not a
-    results manifest (unreadable, another artifact's, fields of the wrong type, a set directory
-    outside `path`) is one line (InputError or IntegrityError)."""
+    results manifest (unreadable, another artifact's, another schema_version, fields of the wrong
+    type, a set directory outside `path`) is one line (InputError or IntegrityError)."""
     path = Path(path)
     manifest_path = path / MANIFEST
     if not manifest_path.is_file():
         raise InputError(f"{path} is not an evaluation results directory (no {MANIFEST})")
-    manifest = read_json(manifest_path)
-    if not isinstance(manifest, dict) or manifest.get("artifact") != RESULTS_KIND:
-        artifact = manifest.get("artifact", "different artifact") if isinstance(manifest, dict) else "different artifact"
-        raise InputError(f"{path} holds a {artifact}, not evaluation results")
+    manifest = ResultsManifest.read(manifest_path)
     what = f"evaluation results {path}"
-    verify_files(path, manifest_files(manifest, what, error=IntegrityError), what)
-    _check_results_manifest(path, manifest, what)
-    return EvaluationResults(path, manifest)
-
-
-def _check_results_manifest(path: Path, manifest: dict[str, Any], what: str) -> None:
-    """The fields readers of results take from the manifest, each of its type: the model's path
-    and weights hash, and per set a directory of its own inside `path`."""
-    model = manifest.get("model")
-    if not (isinstance(model, dict) and isinstance(model.get("path"), str) and is_path(model["path"])
-            and isinstance(model.get("weights_sha256", ""), str)):
-        raise IntegrityError(f"{what}: its manifest's `model` has no path (and a weights_sha256, if any, that is text)")
-    sets = manifest.get("sets")
-    if not isinstance(sets, dict) or not sets:
-        raise IntegrityError(f"{what}: its manifest's `sets` names no golden set")
+    verify_files(path, manifest.files, what)
     base = path.resolve()
-    for spec, entry in sets.items():
-        folder = entry.get("dir") if isinstance(entry, dict) else None
-        if not isinstance(folder, str) or not is_file_name(folder) or not isinstance(entry.get("from_cache", False), bool):
-            raise IntegrityError(f"{what}: its manifest's entry for {spec!r} has no directory")
-        if not (base / folder).resolve().is_relative_to(base) or not (base / folder).is_dir():
-            raise IntegrityError(f"{what}: the directory of {spec!r}, {folder!r}, is not a directory inside it")
+    for spec, entry in manifest.sets.items():
+        folder = base / entry.dir
+        if not folder.resolve().is_relative_to(base) or not folder.is_dir():
+            raise IntegrityError(f"{what}: the directory of {spec!r}, {entry.dir!r}, is not a directory inside it")
+    return EvaluationResults(path, manifest)
 
 
 # ---- identities and the cache key -----------------------------------------------------------
@@ -186,27 +164,23 @@ def as_served(results: EvaluationResults, settings: dict[str, str], wanted: Iter
     the reference numerics only: the serve check compares them as served), of those `wanted`
     (NAME or NAME@vN; None: all); None: no such set."""
     refs = None if wanted is None else [SetRef.parse(name) for name in wanted]
-    sets = {spec: entry for spec, entry in results.manifest["sets"].items() if entry.get("kind") != Kind.text.value
+    sets = {spec: entry for spec, entry in results.manifest.sets.items() if entry.kind is not Kind.text
             and (refs is None or any(ref.matches(SetRef.parse(spec)) for ref in refs))}
     if not sets:
         return None
-    made = EvaluateConfig.model_validate(results.manifest["config"])
-    return EvaluateConfig(evalsets=tuple(sets), limits={spec: entry["limit"] for spec, entry in sets.items() if entry.get("limit")},
-                          offsets={spec: entry["offset"] for spec, entry in sets.items() if entry.get("offset")},
+    made = results.manifest.config
+    return EvaluateConfig(evalsets=tuple(sets), limits={spec: entry.limit for spec, entry in sets.items() if entry.limit},
+                          offsets={spec: entry.offset for spec, entry in sets.items() if entry.offset},
                           backend=EvalBackend.vllm, engine_settings=dict(settings), batch_size=made.batch_size,
                           bootstrap_iters=made.bootstrap_iters, use_cache=made.use_cache, allow_pickle=made.allow_pickle)
 
 
-def model_identity(model_dir: Path) -> dict[str, Any]:
+def model_identity(model_dir: Path) -> ModelIdentity:
     """What decides a model's numbers: its weight bytes, its config (quantization scheme
     included: two checkpoints may share weights and differ in activation quantization), its tokenizer."""
-    return {
-        "path": str(model_dir),
-        "weights_sha256": weights_sha256(model_dir),
-        "config_sha256": sha256_file(model_dir / "config.json"),
-        "tokenizer_sha256": tokenizer_hash(model_dir)[0],
-        "storage_dtype": baseline_dtype(model_dir),
-    }
+    return ModelIdentity(path=str(model_dir), weights_sha256=weights_sha256(model_dir),
+                         config_sha256=sha256_file(model_dir / "config.json"), tokenizer_sha256=tokenizer_hash(model_dir)[0],
+                         storage_dtype=baseline_dtype(model_dir))
 
 
 def run_settings(cfg: EvaluateConfig, golden: GoldenSet, device: str, dtype: str) -> dict[str, Any]:
@@ -245,10 +219,10 @@ def _with_offset(cfg: EvaluateConfig, golden: GoldenSet, settings: dict[str, Any
     return {**settings, "offset": offset} if offset else settings
 
 
-def cache_key(identity: dict[str, Any], golden: GoldenSet, settings: dict[str, Any], baseline_topk: str | None) -> str:
+def cache_key(identity: ModelIdentity, golden: GoldenSet, settings: dict[str, Any], baseline_topk: str | None) -> str:
     return sha256_json(
         {
-            "model": {key: identity[key] for key in IDENTITY_KEYS},
+            "model": identity.numbers(),
             "evalset": {"spec": golden.spec, "sha256": golden.sha256},
             "settings": settings,
             "libraries": library_versions(),
@@ -313,23 +287,23 @@ class Evaluator:
     every look."""
 
     def __init__(self, model: str | Path, *, allow_pickle: bool = False, home: Path | None = None,
-                 identity: dict[str, Any] | None = None) -> None:
+                 identity: ModelIdentity | None = None) -> None:
         self.model_dir = resolve_model(model, allow_pickle=allow_pickle)
         # `identity`: the model's, hashed already by the caller (a run hashes its baseline once)
-        self.identity = dict(identity) if identity is not None else model_identity(self.model_dir)
+        self.identity = identity if identity is not None else model_identity(self.model_dir)
         self.home = home
         self._loaded: dict[str, _LoadedModel] = {}  # device -> the model loaded there
 
     def loaded(self, device: str) -> _LoadedModel:
         if device not in self._loaded:
-            self._loaded[device] = _LoadedModel(self.model_dir, device, compute_dtype_name(device, self.identity["storage_dtype"]))
+            self._loaded[device] = _LoadedModel(self.model_dir, device, compute_dtype_name(device, self.identity.storage_dtype))
         return self._loaded[device]
 
     def cache_keys(self, cfg: EvaluateConfig) -> dict[str, str]:
         """Set spec -> the cache key this model's results on it would have under `cfg`, without a
         baseline (what a results directory made with these settings, evaluator and libraries records)."""
         device = cfg.device or _default_device()
-        dtype = compute_dtype_name(device, self.identity["storage_dtype"])
+        dtype = compute_dtype_name(device, self.identity.storage_dtype)
         keys = {}
         for spec in cfg.evalsets:
             golden = golden_sets.load(spec, self.home)
@@ -349,7 +323,7 @@ class Evaluator:
         goldens = [golden_sets.load(spec, home) for spec in cfg.evalsets]
         baseline = load_results(baseline_results) if baseline_results is not None else None
         device = cfg.device or _default_device()
-        dtype = compute_dtype_name(device, identity["storage_dtype"])
+        dtype = compute_dtype_name(device, identity.storage_dtype)
         root = cache_root(home)
 
         jobs = []
@@ -368,18 +342,16 @@ class Evaluator:
 
         with atomic_directory(out, overwrite=overwrite) as staging:
             entries = {job.golden.spec: _publish(job, staging) for job in jobs}
-            manifest = {
-                "artifact": RESULTS_KIND,
-                "schema_version": SCHEMA_VERSION,
-                "model": identity,
-                "baseline": None if baseline is None else {"results": str(baseline.path.resolve()), "model": baseline.manifest["model"]},
-                "config": cfg.model_dump(mode="json"),
-                "sets": entries,
-                "model_load_seconds": load_seconds,
-                "files": file_hashes(staging),
-                "provenance": provenance(stopwatch),
-            }
-            write_json(staging / MANIFEST, manifest)
+            manifest = ResultsManifest(
+                model=identity,
+                baseline=None if baseline is None else BaselineResults(results=str(baseline.path.resolve()), model=baseline.manifest.model),
+                config=cfg,
+                sets=entries,
+                model_load_seconds=load_seconds,
+                files=file_hashes(staging),
+                provenance=Provenance.model_validate(provenance(stopwatch)),
+            )
+            manifest.write(staging / MANIFEST)
         return EvaluationResults(out, manifest)
 
 
@@ -401,7 +373,7 @@ def run(
     return Evaluator(model, allow_pickle=cfg.allow_pickle, home=home).run(cfg, out, baseline_results, overwrite)
 
 
-def _publish(job: _SetJob, staging: Path) -> dict[str, Any]:
+def _publish(job: _SetJob, staging: Path) -> SetResults:
     """Copy one set's cache entry into the results being written; its line of their manifest.
     The copy is checked against the entry's manifest: bytes that changed after the entry was
     found good are refused, never published."""
@@ -414,19 +386,10 @@ def _publish(job: _SetJob, staging: Path) -> dict[str, Any]:
         _link_or_copy(str(job.entry / relative), str(target))
     verify_files(staging / directory, manifest["files"], f"cached evaluation {job.key[:12]} (as copied)")
     record = read_json(staging / directory / RECORD_FILE)
-    return {
-        "dir": directory,
-        "kind": job.golden.kind.value,
-        "sha256": job.golden.sha256,
-        "primary": record["primary"],
-        "metrics": record["metrics"],
-        "items": record["items"],
-        "limit": job.settings["limit"],
-        "offset": job.settings.get("offset", 0),
-        "cache_key": job.key,
-        "from_cache": job.from_cache,
-        "seconds": record["timing"]["seconds"],
-    }
+    return SetResults(dir=directory, kind=job.golden.kind, sha256=job.golden.sha256, primary=record["primary"],
+                      metrics=record["metrics"], items=record["items"], limit=job.settings["limit"],
+                      offset=job.settings.get("offset", 0), cache_key=job.key, from_cache=job.from_cache,
+                      seconds=record["timing"]["seconds"])
 
 
 def _link_or_copy(source: str, target: str) -> None:
@@ -456,10 +419,10 @@ def compute_dtype_name(device: str, storage_dtype: str) -> str:
 
 def _baseline_topk_sha256(baseline: EvaluationResults, golden: GoldenSet, settings: dict[str, Any]) -> str:
     """The baseline's cached top-k for a text set, checked to line up with this evaluation."""
-    if golden.spec not in baseline.manifest["sets"]:
+    if golden.spec not in baseline.manifest.sets:
         raise InputError(f"the baseline results in {baseline.path} hold no {golden.spec}; evaluate the baseline on it first")
-    entry = baseline.manifest["sets"][golden.spec]
-    if entry["sha256"] != golden.sha256:
+    entry = baseline.manifest.sets[golden.spec]
+    if entry.sha256 != golden.sha256:
         raise IntegrityError(f"the baseline results for {golden.spec} were made on a different set (sha256 differs)")
     base_settings = baseline.record(golden.spec)["settings"]
     for name in ("limit", "max_tokens", "offset"):
@@ -468,7 +431,7 @@ def _baseline_topk_sha256(baseline: EvaluationResults, golden: GoldenSet, settin
                 f"{golden.spec}: the baseline was evaluated with {name}={base_settings.get(name)}, this run uses "
                 f"{settings.get(name)}; evaluate both on the same items (limit, offset) and max tokens"
             )
-    return baseline.manifest["files"][f"{entry['dir']}/{TOPK_FILE}"]
+    return baseline.manifest.files[f"{entry.dir}/{TOPK_FILE}"]
 
 
 def _compute(
@@ -476,7 +439,7 @@ def _compute(
     loaded: _LoadedModel,
     jobs: list[_SetJob],
     *,
-    identity: dict[str, Any],
+    identity: ModelIdentity,
     baseline: EvaluationResults | None,
     root: Path,
 ) -> float:
@@ -561,7 +524,7 @@ class _LoadedModel:
         return lm
 
 
-def _earlier_look(cfg: EvaluateConfig, loaded: _LoadedModel, job: _SetJob, *, identity: dict[str, Any],
+def _earlier_look(cfg: EvaluateConfig, loaded: _LoadedModel, job: _SetJob, *, identity: ModelIdentity,
                   root: Path) -> dict[str, Any]:
     """The cached entry of the look before `job`'s (made first if the cache lost it): its
     per-item records and its key, which `job`'s results extend."""
@@ -660,7 +623,7 @@ def _write_entry(
     cfg: EvaluateConfig,
     job: _SetJob,
     *,
-    identity: dict[str, Any],
+    identity: ModelIdentity,
     baseline: EvaluationResults | None,
     items: list[dict[str, Any]],
     result: dict[str, Any],
@@ -672,8 +635,8 @@ def _write_entry(
     # a text set without a baseline to agree with: perplexity is what this run measured
     unagreed = golden.kind is Kind.text and "kl_divergence" not in metrics
     primary = "perplexity" if unagreed else golden.manifest["scoring"]["primary"]
-    baseline_model = None if baseline is None else {key: baseline.manifest["model"][key] for key in IDENTITY_KEYS}
-    model = {key: identity[key] for key in IDENTITY_KEYS}
+    baseline_model = None if baseline is None else baseline.manifest.model.numbers()
+    model = identity.numbers()
     write_json(
         staging / ITEMS_FILE,
         {

@@ -104,7 +104,7 @@ class ServeCheckConfig(Strict):
 
 def text_spec(results: EvaluationResults, wanted: str | None) -> str:
     """The text set of `results` to compare on: `wanted` (NAME or NAME@vN) or the only one."""
-    texts = [spec for spec in results.manifest["sets"] if (results.set_dir(spec) / TOPK_FILE).is_file()]
+    texts = [spec for spec in results.manifest.sets if (results.set_dir(spec) / TOPK_FILE).is_file()]
     if wanted is not None:
         ref = SetRef.parse(wanted)
         matching = [spec for spec in texts if ref.matches(SetRef.parse(spec))]
@@ -358,10 +358,10 @@ class _Gated:
 
     def describe(self) -> dict[str, Any]:
         identity = model_identity(self.checkpoint)
-        recorded = self.results.manifest["model"]
+        recorded = self.results.manifest.model
         return {"results": str(self.results.path), "results_sha256": sha256_file(self.results.path / MANIFEST),
-                "evalset": self.spec, "items": self.count, "tokens": self.starts[-1], "weights_sha256": identity["weights_sha256"],
-                "weights_match": all(identity[key] == recorded.get(key) for key in ("weights_sha256", "config_sha256"))}
+                "evalset": self.spec, "items": self.count, "tokens": self.starts[-1], "weights_sha256": identity.weights_sha256,
+                "weights_match": (identity.weights_sha256, identity.config_sha256) == (recorded.weights_sha256, recorded.config_sha256)}
 
     def ids(self, index: int) -> list[int]:
         return [int(token) for token in self.side.token_ids[self.starts[index] : self.starts[index + 1]].tolist()]

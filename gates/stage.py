@@ -17,7 +17,7 @@ from quantgate.core.errors import InputError
 from quantgate.core.ids import SetRef
 from quantgate.core.metrics import GATEABLE
 from quantgate.core.models import weight_hashes
-from quantgate.evalsets import EvaluationResults, GoldenSet
+from quantgate.evalsets import EvaluationResults, GoldenSet, SetResults
 from quantgate.evalsets.served import load_record
 from quantgate.evalsets.sets import all_names, scored_metrics
 from quantgate.gates import ledger as ledger_module
@@ -67,7 +67,7 @@ def item_records(results: EvaluationResults) -> dict[str, Records]:
     against a baseline also carry, in memory only, their per-token values
     (`record["token_values"]`: {"kl": array, "top_prob_change": array}) for the tail gates."""
     records = {}
-    for spec in results.manifest["sets"]:
+    for spec in results.manifest.sets:
         items = results.items(spec)["items"]
         values = results.token_values(spec)
         if values:
@@ -107,15 +107,15 @@ def verdict_record(fmt: str, verdict: Verdict, *, precision: str, policy: Loaded
                    weights: dict[str, str] | None = None) -> dict[str, Any]:
     """A verdict as written to verdicts/<format>.json and (with the checkpoint's weights) the ledger.
     `weights`: the weight files' sha256s where the caller already holds them verified."""
-    sets = baseline_results.manifest["sets"]
+    sets = baseline_results.manifest.sets
     return {
         "kind": "verdict",
         "format": fmt,
         "precision": precision,
         "checkpoint": None if checkpoint is None else {
             "path": str(Path(checkpoint).resolve()), "format": fmt, "weights": weights or weight_hashes(checkpoint)},
-        "baseline": {"model": baseline_results.manifest["model"]["path"],
-                     "weights_sha256": baseline_results.manifest["model"]["weights_sha256"]},
+        "baseline": {"model": baseline_results.manifest.model.path,
+                     "weights_sha256": baseline_results.manifest.model.weights_sha256},
         "policy": policy.identity,
         "evalsets": [_evalset(spec, entry) for spec, entry in sorted(sets.items())],
         "metrics": {gate.gate: {"outcome": gate.outcome.value, "estimate": gate.estimate, "low": gate.low,
@@ -129,10 +129,10 @@ def verdict_record(fmt: str, verdict: Verdict, *, precision: str, policy: Loaded
     }
 
 
-def _evalset(spec: str, entry: dict[str, Any]) -> dict[str, Any]:
+def _evalset(spec: str, entry: SetResults) -> dict[str, Any]:
     """A verdict's record of one golden set the candidate was evaluated on."""
     ref = SetRef.parse(spec)
-    return {"name": ref.name, "version": ref.tag, "sha256": entry["sha256"], "limit": entry["limit"], "items": entry["items"]}
+    return {"name": ref.name, "version": ref.tag, "sha256": entry.sha256, "limit": entry.limit, "items": entry.items}
 
 
 def ledger_entry(record: dict[str, Any]) -> dict[str, Any]:
@@ -210,7 +210,7 @@ def _check_serve_records(served: dict[str, Any] | None, reference: dict[str, Any
     if served is not None and served.get("gated") and served["gated"].get("results_sha256") != sha256_file(candidate.path / MANIFEST):
         raise InputError(f"--served: that serve record compared other results ({served['gated'].get('results')}), not {candidate.path}")
     if reference is not None and reference.get("gated") and \
-            reference["gated"].get("weights_sha256") != baseline.manifest["model"].get("weights_sha256"):
+            reference["gated"].get("weights_sha256") != baseline.manifest.model.weights_sha256:
         raise InputError("--served-baseline: that serve record is of another model than the baseline these results were computed on")
 
 
@@ -229,14 +229,14 @@ def gate_results(baseline: Path, candidate: Path, policy_spec: str | Path, *, ch
         signing.load_signing_key(signing_key)  # a bad key is refused before any work
     baseline_results = evalsets.load_results(baseline)
     candidate_results = evalsets.load_results(candidate)
-    specs = list(baseline_results.manifest["sets"])
-    missing = [spec for spec in specs if spec not in candidate_results.manifest["sets"]]
+    specs = list(baseline_results.manifest.sets)
+    missing = [spec for spec in specs if spec not in candidate_results.manifest.sets]
     if missing:
         raise InputError(f"the candidate's results hold no {', '.join(missing)}; evaluate it on the baseline's sets")
     policy = load_gate_policy(policy_spec, specs, narrow_to)
 
     if checkpoint is None:
-        named = Path(candidate_results.manifest["model"]["path"])
+        named = Path(candidate_results.manifest.model.path)
         checkpoint = named if named.is_dir() else None
     elif not checkpoint.is_dir():
         raise InputError(f"checkpoint {checkpoint} is not a directory")
@@ -251,8 +251,8 @@ def gate_results(baseline: Path, candidate: Path, policy_spec: str | Path, *, ch
 
     measurement = None
     if checkpoint is not None:
-        baseline_dir = Path(baseline_results.manifest["model"]["path"])
-        measurement = measure(checkpoint, baseline_dir if baseline_dir.is_dir() else None).to_json()
+        baseline_dir = Path(baseline_results.manifest.model.path)
+        measurement = measure(checkpoint, baseline_dir if baseline_dir.is_dir() else None).record()
     if calibration_dir is None and manifest is not None and Path(manifest["calibration"]["path"]).is_dir():
         calibration_dir = Path(manifest["calibration"]["path"])
     overlap = overlap_summary(calibration.load(calibration_dir), [evalsets.load(spec) for spec in specs]) if calibration_dir is not None else None

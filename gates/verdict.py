@@ -19,7 +19,7 @@ from quantgate.evalsets.served import FAILED
 from quantgate.gates import stats
 from quantgate.gates.policy import LoadedPolicy, MetricGate, Outcome, Statistics
 from quantgate.gates.sequential import decide_at_look, detectable_regression
-from quantgate.quantize.measure.causes import UNEXPLAINED_CAUSES
+from quantgate.quantize.measure.record import MeasurementRecord
 
 Records = list[dict[str, Any]]  # per-item records of one set (docs/evaluate.md, items.json)
 
@@ -345,11 +345,11 @@ def _single(scope: str, check: str, passed: bool, *, value: float, limit: float,
                       estimate=value, low=value, high=value, limit=limit, unit=unit, reason=reason)
 
 
-def allocation_gate(measurement: dict[str, Any], allocation: dict[str, int]) -> GateResult:
+def allocation_gate(measurement: MeasurementRecord, allocation: dict[str, int]) -> GateResult:
     """A mixed-precision checkpoint against the allocation it was made from: every linear layer
     stores exactly the bytes the allocation gave it (its format's bytes for that layer, measured
     on the format's uniform checkpoint), and no other layer is there. Exact, to the byte."""
-    measured = {layer["name"]: int(layer["bytes"]) for layer in measurement["linear_layers"]}
+    measured = {layer.name: layer.bytes for layer in measurement.linear_layers}
     differing = sorted(name for name in set(measured) | set(allocation) if measured.get(name) != allocation.get(name))
     total_measured = sum(measured.get(name, 0) for name in allocation)
     total_allocated = sum(allocation.values())
@@ -363,7 +363,7 @@ def allocation_gate(measurement: dict[str, Any], allocation: dict[str, int]) -> 
                    unit="bytes", reason=reason)
 
 
-def size_gates(measurement: dict[str, Any], policy: LoadedPolicy, allocation: dict[str, int] | None = None) -> list[GateResult]:
+def size_gates(measurement: MeasurementRecord, policy: LoadedPolicy, allocation: dict[str, int] | None = None) -> list[GateResult]:
     """From `quantgate measure --json` of the candidate (measured against the baseline):
     bits per weight of the quantized layers against the format's exact figure, and bytes the
     accounting cannot explain (the explanation lines whose cause is storage departing from the
@@ -371,8 +371,8 @@ def size_gates(measurement: dict[str, Any], policy: LoadedPolicy, allocation: di
     checkpoint its bytes per layer against its `allocation`. Exact comparisons, no rounding."""
     rules = policy.policy.size
     results = [] if allocation is None else [allocation_gate(measurement, allocation)]
-    bits = measurement["quantized_linear"]["bits_per_weight"]
-    measured, exact = bits.get("measured"), bits.get("exact")
+    bits = measurement.quantized_linear.bits_per_weight
+    measured, exact = bits.measured, bits.exact
     if measured is not None and exact is not None:
         excess = measured - exact
         ok = excess <= rules.max_bits_per_weight_excess
@@ -381,11 +381,10 @@ def size_gates(measurement: dict[str, Any], policy: LoadedPolicy, allocation: di
             reason=f"size: quantized layers store {measured:.4f} bits per weight, the format's exact figure is {exact:.4f} "
             f"({excess:+.4f}, {'within' if ok else 'exceeds'} the tolerance {rules.max_bits_per_weight_excess})"))
     if rules.forbid_unexplained_bytes:
-        lines = [line for line in measurement["explanation"]["lines"]
-                 if line["cause"] in UNEXPLAINED_CAUSES and (line["bytes"] or 0) > 0]
-        extra = sum(line["bytes"] for line in lines)
+        lines = [line for line in measurement.explanation.lines if line.cause.is_unexplained and line.bytes > 0]
+        extra = sum(line.bytes for line in lines)
         if lines:
-            details = "; ".join(f"{line['detail']} ({line['bytes']:,.0f} B)" for line in lines[:3])
+            details = "; ".join(f"{line.detail} ({line.bytes:,.0f} B)" for line in lines[:3])
             more = f"; and {len(lines) - 3} more" if len(lines) > 3 else ""
             reason = f"size: {extra:,.0f} bytes the format does not explain: {details}{more}"
         else:
@@ -621,7 +620,7 @@ def _serving_check(check: str, measured: dict[str, Any], floor: float, margin: f
 
 
 def judge(baseline_items: dict[str, Records], candidate_items: dict[str, Records] | None, policy: LoadedPolicy,
-          precision: str, *, measurement: dict[str, Any] | None = None, smoke: dict[str, Any] | None = None,
+          precision: str, *, measurement: MeasurementRecord | None = None, smoke: dict[str, Any] | None = None,
           overlap: dict[str, Any] | None = None, metric_gates: list[GateResult] | None = None,
           allocation: dict[str, int] | None = None, serving: ServingEvidence | None = None) -> Verdict:
     """Every gate of the policy: integrity, size (when the candidate was measured), serving (where

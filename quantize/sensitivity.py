@@ -185,12 +185,12 @@ def _reusable(out: Path, key: str) -> Sensitivity | None:
     return Sensitivity(existing.path, existing.manifest, existing.report, reused=True)
 
 
-def _checked_calibration(calibration_dir: Path, model_dir: Path) -> Any:
+def _checked_calibration(calibration_dir: Path, model_dir: Path) -> calibration.CalibrationSet:
     if not calibration_dir.exists():
         raise InputError(f"calibration set {calibration_dir} does not exist")
     calibration_set = calibration.load(calibration_dir)
     model_tokenizer, _ = tokenizer_hash(model_dir)
-    if calibration_set.manifest["tokenizer"]["sha256"] != model_tokenizer:
+    if calibration_set.manifest.tokenizer.sha256 != model_tokenizer:
         raise InputError(f"calibration set {calibration_dir} was made with another tokenizer than {model_dir}'s")
     return calibration_set
 

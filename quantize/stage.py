@@ -119,17 +119,18 @@ def run_mixed(
     return _save(loaded, out, overwrite=overwrite, stopwatch=stopwatch, manifest=manifest)
 
 
-def _inputs(model: str | Path, calibration_dir: str | Path, out: Path, *, overwrite: bool, allow_pickle: bool) -> tuple[Path, Any]:
+def _inputs(model: str | Path, calibration_dir: str | Path, out: Path, *, overwrite: bool, allow_pickle: bool
+            ) -> tuple[Path, calibration.CalibrationSet]:
     """The baseline's directory and the calibration set, checked (made with the baseline's tokenizer)."""
     if out.exists() and not overwrite:
         raise OutputExistsError(f"{out} already exists (pass --overwrite to replace it)")
     model_dir = resolve_model(model, allow_pickle=allow_pickle)
     calibration_set = calibration.load(Path(calibration_dir))
     model_tokenizer, _ = tokenizer_hash(model_dir)
-    if calibration_set.manifest["tokenizer"]["sha256"] != model_tokenizer:
+    if calibration_set.manifest.tokenizer.sha256 != model_tokenizer:
         raise InputError(
             f"calibration set {calibration_dir} was made with another tokenizer than {model_dir}'s "
-            f"(tokenizer sha256 {calibration_set.manifest['tokenizer']['sha256'][:12]} vs {model_tokenizer[:12]})"
+            f"(tokenizer sha256 {calibration_set.manifest.tokenizer.sha256[:12]} vs {model_tokenizer[:12]})"
         )
     return model_dir, calibration_set
 

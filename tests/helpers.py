@@ -12,10 +12,14 @@ from typing import Any, Protocol
 
 import pytest
 
+from quantgate.core.artifacts import MANIFEST, Stopwatch, file_hashes, provenance
 from quantgate.core.headers import DTYPE_BITS
-from quantgate.evalsets.config import Kind
+from quantgate.core.records import Provenance
+from quantgate.evalsets.config import EvaluateConfig, Kind
+from quantgate.evalsets.results import ModelIdentity, ResultsManifest, SetResults
 from quantgate.gates.report import compose
 from quantgate.gates.report_model import Report, RunRecords
+from quantgate.quantize.measure.record import MeasurementRecord
 
 
 class CliOutcome(Protocol):
@@ -123,6 +127,23 @@ def vllm_cpu_serves_int4() -> bool:
 SERVED_FORMAT = "gptq-int4" if vllm_cpu_serves_int4() else "smoothquant-w8a8"
 
 
+# --- evaluation results ---------------------------------------------------------------------------
+
+
+def write_results_manifest(path: Path, items: dict[str, int], kind: Kind = Kind.multiple_choice) -> Path:
+    """The manifest of a results directory whose sets (spec -> items evaluated, each in its own
+    directory, of `kind`) a test wrote itself: every file under `path` hashed, made-up identities."""
+    zeros = "0" * 64
+    sets = {spec: SetResults(dir=spec, kind=kind, sha256=zeros, primary="acc", metrics={}, items=count, limit=None, offset=0,
+                             cache_key=zeros, from_cache=False, seconds=0.0) for spec, count in items.items()}
+    ResultsManifest(
+        model=ModelIdentity(path=str(path), weights_sha256=zeros, config_sha256=zeros, tokenizer_sha256=zeros, storage_dtype="BF16"),
+        baseline=None, config=EvaluateConfig(evalsets=tuple(items)), sets=sets, model_load_seconds=None, files=file_hashes(path),
+        provenance=Provenance.model_validate(provenance(Stopwatch())),
+    ).write(path / MANIFEST)
+    return path
+
+
 # --- measure --------------------------------------------------------------------------------------
 
 
@@ -138,6 +159,36 @@ def assert_every_byte_accounted(data: dict[str, Any]) -> None:
     assert all(line["cause"] != "unexplained" for line in explanation["lines"])
     assert sum(line["bytes"] for line in explanation["lines"]) == pytest.approx(explanation["gap_bytes"], abs=1e-6)
     assert explanation["expected_bytes"] + explanation["gap_bytes"] == pytest.approx(files, abs=1e-6)
+
+
+def measurement_record(layers: dict[str, tuple[int, bool]] | None = None, *, tensor_bytes: int = 0, measured: float | None = None,
+                       exact: float | None = None, lines: list[dict[str, Any]] | None = None) -> MeasurementRecord:
+    """A measurement record with only what a test sets: linear layers (name -> (bytes, quantized)),
+    the tensor bytes, the quantized layers' measured and exact bits per weight, the explanation's
+    lines ({cause, bytes, detail}); everything else empty or zero."""
+    empty_block = {"index": None, "bytes": {}, "total_bytes": 0, "parameters": 0}
+    layer_fields = {"block": None, "layout": "unquantized", "bits": None, "group_size": None, "symmetric": None, "strategy": None,
+                    "in_features": 0, "out_features": 0, "parameters": 0, "bytes_by_role": {}, "bits_per_weight": 0.0,
+                    "exact_bits_per_weight": None, "nominal_bits_per_weight": None, "gaps": [], "notes": []}
+    value = {
+        "kind": "measurement", "schema_version": 1, "checkpoint": "ckpt", "index": None, "files": [],
+        "format": {"family": "dense", "layout": "bf16", "name": "unquantized BF16", "detected_from": "a test", "quant_method": None,
+                   "weights": None, "activations": None, "tie_word_embeddings": None, "config_dtype": None},
+        "totals": {"file_bytes": tensor_bytes, "header_bytes": 0, "tensor_bytes": tensor_bytes, "parameters": 0, "bits_per_parameter": None},
+        "categories": {}, "blocks": [], "outside_blocks": empty_block,
+        "linear_layers": [{"name": name, "bytes": size, "quantized": quantized, **layer_fields}
+                          for name, (size, quantized) in (layers or {}).items()],
+        "quantized_linear": {"layers": 0, "parameters": 0, "bytes": 0, "by_scheme": {},
+                             "bits_per_weight": {"measured": measured, "exact": exact, "format_at_g128": None, "rule": None,
+                                                 "unweighted_mean": None}},
+        "whole_model": {"bits_per_parameter": {"measured": None, "exact": None, "rule": 16}},
+        "rule": {"bits_per_weight": 16, "group_size": 128, "source": "a test"},
+        "baseline_dtype": {"dtype": "BF16", "source": "a test"},
+        "explanation": {"expected_bytes": 0, "measured_bytes": tensor_bytes, "gap_bytes": 0, "unexplained_bytes": 0,
+                        "lines": [{"bits_per_parameter": None, **line} for line in lines or []]},
+        "baseline": None, "notes": [], "wall_seconds": 0.0,
+    }
+    return MeasurementRecord.from_json(value, "a test's measurement")
 
 
 def write_header_only(path: Path, tensors: dict[str, tuple[str, list[int]]], metadata: dict[str, str] | None = None) -> int:

@@ -38,7 +38,7 @@ def test_another_seed_gives_another_set(tiny_model: Path, tmp_path: Path) -> Non
     seed1 = build(tiny_model, tmp_path / "s1", seed=1)
     assert seed0.fingerprint != seed1.fingerprint
     assert not (seed0.input_ids == seed1.input_ids).all()
-    assert seed0.manifest["selection"]["documents_used"] != seed1.manifest["selection"]["documents_used"]
+    assert seed0.manifest.selection.documents_used != seed1.manifest.selection.documents_used
 
 
 def test_other_settings_change_the_fingerprint(tiny_model: Path, tmp_path: Path) -> None:
@@ -96,17 +96,17 @@ def test_text_file_is_split_into_paragraphs(tiny_model: Path, tmp_path: Path) ->
     source = tmp_path / "notes.txt"
     source.write_text("\n\n".join(PARAGRAPHS) + "\n")
     built = build(tiny_model, tmp_path / "set", source=str(source), samples=2, seq_len=32)
-    assert built.manifest["source"]["documents"] == 3
-    assert built.manifest["source"]["kind"] == "txt"
+    assert built.manifest.source.documents == 3
+    assert built.manifest.source.kind == "txt"
 
 
 def test_jsonl_field_is_read(tiny_model: Path, tmp_path: Path) -> None:
     source = tmp_path / "data.jsonl"
     source.write_text("".join(json.dumps({"id": i, "body": text}) + "\n" for i, text in enumerate(PARAGRAPHS)))
     built = build(tiny_model, tmp_path / "set", source=str(source), field="body", samples=2, seq_len=32)
-    assert built.manifest["source"]["kind"] == "jsonl" and built.manifest["source"]["documents"] == 3
+    assert built.manifest.source.kind == "jsonl" and built.manifest.source.documents == 3
     # the first row is the start of the first shuffled document, token for token
-    first = PARAGRAPHS[built.manifest["selection"]["documents_used"][0]]
+    first = PARAGRAPHS[built.manifest.selection.documents_used[0]]
     assert first.startswith(built.texts()[0])
 
 
@@ -122,7 +122,7 @@ def test_parquet_arrow_and_datasets_directory_sources(tiny_model: Path, tmp_path
     fingerprints = {}
     for name, spec in {"parquet": tmp_path / "data.parquet", "arrow": arrow_file, "datasets": tmp_path / "dsdir"}.items():
         built = build(tiny_model, tmp_path / f"set-{name}", source=str(spec), samples=2, seq_len=32)
-        assert built.manifest["source"]["kind"] == name
+        assert built.manifest.source.kind == name
         fingerprints[name] = built.fingerprint
     # same texts in the same order: same tokens, but the sources' hashes differ
     first = calibration.load(tmp_path / "set-parquet").input_ids
@@ -150,7 +150,7 @@ def test_chat_messages_in_jsonl_are_templated(tiny_model: Path, tmp_path: Path) 
     built = build(tiny_model, tmp_path / "set", source=str(source), field="messages", chat_template=True,
                   packing=Packing.document, samples=3, seq_len=64, min_document_tokens=4)
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
-    for row, mask, index in zip(built.input_ids, built.attention_mask, built.manifest["selection"]["documents_used"], strict=True):
+    for row, mask, index in zip(built.input_ids, built.attention_mask, built.manifest.selection.documents_used, strict=True):
         expected = tokenizer.apply_chat_template(rows[index]["messages"], tokenize=False)
         assert tokenizer.decode(row[mask.bool()]) == expected  # both turns, in the template's markup
 

@@ -259,7 +259,7 @@ def test_a_damaged_evaluation_cache_entry_is_never_trusted_and_is_computed_again
     # end to end: an entry whose bytes changed is computed again, and replaced by a whole one
     cfg = EvaluateConfig(evalsets=("wiki-text",), limit=2)
     first = evaluate.run(cfg, quant_model, tmp_path / "first", home=home)
-    key = first.manifest["sets"]["wiki-text@v1"]["cache_key"]
+    key = first.manifest.sets["wiki-text@v1"].cache_key
     items = cache / key / "items.json"
     original = items.read_bytes()
     items.unlink()  # a new file, not the bytes the first results share

@@ -323,11 +323,11 @@ def test_items_json_is_the_documented_schema(evaluated) -> None:
     example = json.loads(fenced_block("evaluate.md", "Per-item results: `items.json`, schema_version 1"))
     by_kind = item_fields_by_kind()
     assert set(by_kind) == {kind.value for kind in evalsets.Kind}
-    assert {evaluated[0].items(spec)["kind"] for spec in evaluated[0].manifest["sets"]} == set(by_kind)
+    assert {evaluated[0].items(spec)["kind"] for spec in evaluated[0].manifest.sets} == set(by_kind)
     shared = set(example["items"][0]) - {"..."}
     assert shared == {"index", "id"}
     for results in evaluated:
-        for spec in results.manifest["sets"]:
+        for spec in results.manifest.sets:
             items = results.items(spec)
             assert set(items) == set(example) and set(items["model"]) == set(example["model"]), spec
             always, with_baseline = by_kind[items["kind"]]
@@ -336,4 +336,4 @@ def test_items_json_is_the_documented_schema(evaluated) -> None:
                 assert set(item) == expected, (spec, sorted(set(item) ^ expected))
                 if "metrics" in item:
                     assert set(item["metrics"]) == metrics_documented(items["kind"]), spec
-    assert any(evaluated[1].items(spec)["baseline"] for spec in evaluated[1].manifest["sets"])  # the baseline-only fields were seen
+    assert any(evaluated[1].items(spec)["baseline"] for spec in evaluated[1].manifest.sets)  # the baseline-only fields were seen

@@ -98,10 +98,10 @@ def test_identical_candidate_has_kl_zero_and_top1_agreement_one(agreement_mode: 
     baseline = evalsets.run(config("wiki-text", limit=4), tiny_model, tmp_path / "baseline")
     twin = Path(shutil.copytree(tiny_model, tmp_path / "twin"))  # another directory, the same model
     candidate = evalsets.run(config("wiki-text", limit=4), twin, tmp_path / "candidate", baseline_results=baseline.path)
-    metrics = candidate.manifest["sets"]["wiki-text@v1"]["metrics"]
+    metrics = candidate.manifest.sets["wiki-text@v1"].metrics
     assert metrics["kl_divergence"] == 0.0 and metrics["top1_agreement"] == 1.0
     items = candidate.items("wiki-text@v1")
-    assert items["primary"] == "kl_divergence" and items["baseline"]["weights_sha256"] == baseline.manifest["model"]["weights_sha256"]
+    assert items["primary"] == "kl_divergence" and items["baseline"]["weights_sha256"] == baseline.manifest.model.weights_sha256
     assert all(item["kl_sum"] == 0.0 and item["top1_matches"] == item["tokens"] for item in items["items"])
     # per token too: KL and the change in the probability of the baseline's top token are exactly 0
     unagreed, run = text_runs
@@ -142,7 +142,7 @@ def test_exact_mode_equals_the_kl_of_the_full_distributions_and_top_k_never_exce
     baseline = evalsets.run(config("wiki-text", limit=3), tiny_model_template, tmp_path / "baseline")
     other = build_tiny_llama(tmp_path / "other", seed=1)  # same tokenizer, other weights
     candidate = evalsets.run(config("wiki-text", limit=3), other, tmp_path / "candidate", baseline_results=baseline.path)
-    kl = candidate.manifest["sets"]["wiki-text@v1"]["metrics"]["kl_divergence"]
+    kl = candidate.manifest.sets["wiki-text@v1"].metrics["kl_divergence"]
     truth = exact_kl_by_hand(tiny_model_template, other, [item["text"] for item in evalsets.load("wiki-text").items(3)])
     assert truth > 0
     run = text_runs[-1]
@@ -176,7 +176,7 @@ def test_no_cache_recomputes_and_a_damaged_cache_entry_is_recomputed(tiny_model:
     again = evalsets.run(cfg.model_copy(update={"use_cache": False}), tiny_model, tmp_path / "again")
     assert again.from_cache == {"lambada@v1": False}
     assert again.items("lambada@v1")["items"] == first.items("lambada@v1")["items"]  # deterministic
-    entry = isolated_home / "eval-cache" / first.manifest["sets"]["lambada@v1"]["cache_key"]
+    entry = isolated_home / "eval-cache" / first.manifest.sets["lambada@v1"].cache_key
     (entry / "items.json").write_text("{}")
     assert evalsets.run(cfg, tiny_model, tmp_path / "third").from_cache == {"lambada@v1": False}
 
@@ -222,7 +222,7 @@ def test_baseline_with_other_settings_or_tampered_results_is_refused(tiny_model:
 def test_per_set_limits_and_the_demo_table(tiny_model: Path, tmp_path: Path) -> None:
     cfg = evalsets.EvaluateConfig(evalsets=("arc-easy", "lambada"), limit=2, limits={"lambada": 1})
     results = evalsets.run(cfg, tiny_model, tmp_path / "results")
-    assert {spec: entry["items"] for spec, entry in results.manifest["sets"].items()} == {"arc-easy@v1": 2, "lambada@v1": 1}
+    assert {spec: entry.items for spec, entry in results.manifest.sets.items()} == {"arc-easy@v1": 2, "lambada@v1": 1}
 
 
 def test_evaluate_command_prints_one_line_per_set_and_refuses_an_existing_out(cli, tiny_model: Path, tmp_path: Path) -> None:
@@ -271,7 +271,7 @@ def test_offsets_take_the_items_after_them_and_key_apart(tiny_model: Path, tmp_p
         golden = evalsets.load(spec)
         expected = [item["id"] for item in golden.items(5)[3:]]
         assert [str(item["id"]) for item in base.items(spec)["items"]] == [str(i) for i in expected], spec
-        assert base.items(spec)["offset"] == 3 and base.manifest["sets"][spec]["offset"] == 3
+        assert base.items(spec)["offset"] == 3 and base.manifest.sets[spec].offset == 3
     assert cand.record("wiki-text@v1")["metrics"]["kl_divergence"] == pytest.approx(0.0, abs=1e-6)
     assert "offset" not in evalsets.run(plain, tiny_model, tmp_path / "plain").record("arc-easy@v1")["settings"]
     with pytest.raises(InputError, match="offset"):

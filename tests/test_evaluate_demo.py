@@ -35,13 +35,13 @@ def baseline_results(demo_model, demo_home: Path, tmp_path_factory: pytest.TempP
 
 
 def test_baseline_evaluates_on_all_four_sets(baseline_results) -> None:
-    sets = baseline_results.manifest["sets"]
-    assert {spec: entry["items"] for spec, entry in sets.items()} == {
+    sets = baseline_results.manifest.sets
+    assert {spec: entry.items for spec, entry in sets.items()} == {
         "arc-easy@v1": 8, "hellaswag@v1": 4, "lambada@v1": 8, "wiki-text@v1": 8}
     for spec in ("arc-easy@v1", "hellaswag@v1", "lambada@v1"):
-        assert 0.0 <= sets[spec]["metrics"]["acc"] <= 1.0
+        assert 0.0 <= sets[spec].metrics["acc"] <= 1.0
         assert baseline_results.record(spec)["lm_eval"]["task_hashes"]
-    wiki = sets["wiki-text@v1"]["metrics"]
+    wiki = sets["wiki-text@v1"].metrics
     assert 1.0 < wiki["perplexity"] < 200 and 0.3 < wiki["bits_per_byte"] < 2.0  # a trained model, not noise
 
 
@@ -53,8 +53,9 @@ def test_quantized_checkpoint_evaluates_against_the_baseline(
     # a text set and a multiple-choice one: each evaluator path on the candidate's own numerics (the
     # baseline covers every set; the other two kinds add time here, not paths)
     results = evalsets.run(config(("arc-easy", "wiki-text")), demo_checkpoints[fmt], tmp_path / fmt, baseline_results=baseline_results.path)
-    assert results.manifest["baseline"]["model"]["weights_sha256"] == baseline_results.manifest["model"]["weights_sha256"]
-    wiki = results.manifest["sets"]["wiki-text@v1"]["metrics"]
+    assert results.manifest.baseline is not None
+    assert results.manifest.baseline.model.weights_sha256 == baseline_results.manifest.model.weights_sha256
+    wiki = results.manifest.sets["wiki-text@v1"].metrics
     # the candidate's own numerics, activation quantization included: never identical to the baseline
     assert 0.0 < wiki["kl_divergence"] < 1.0 and math.isfinite(wiki["kl_divergence"])
     assert 0.5 < wiki["top1_agreement"] <= 1.0

@@ -6,6 +6,7 @@ a minute in all; `benchmarks/fuzz_campaign.py` runs the same properties far long
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 import yaml
@@ -98,9 +99,9 @@ REGRESSIONS = [
     ("calibration source .jsonl", b'{"text": "\\ud800"}\n', 2, "unpaired surrogate"),
     ("calibration source: datasets directory state.json", b'{"_data_files": [', 2, "not a readable datasets directory"),
     ("calibration set manifest.json", b"\xff\xfe{}", 2, "not UTF-8 text"),
-    ("calibration set manifest.json", b'{"kind": "calibration-set", "fingerprint": "f", "files": {"a\\u0000b": "0"}}', 2, "not a relative path"),
-    ("calibration set manifest.json", b'{"kind": "calibration-set", "fingerprint": "f", "files": {"' + b"a" * 1000 + b'": "0"}}', 2,
-     "not a relative path"),
+    # a manifest of another schema_version (or none) is refused before any field is read
+    ("calibration set manifest.json", b'{"kind": "calibration-set", "fingerprint": "f", "files": {"a\\u0000b": "0"}}', 2,
+     "no schema_version; this quantgate reads 1"),
     ("golden set source JSONL (evalsets add)", b"[" * 50_000 + b"]" * 50_000 + b"\n", 2, "nested too deeply"),
     ("golden set source JSONL (evalsets add)", b'{"query": "q", "choices": ["a"], "gold": ' + b"9" * 5000 + b"}\n", 2, "digits"),
     ("golden set items.jsonl", b"\x00\n", 2, "line 1: not valid JSON"),
@@ -114,7 +115,8 @@ REGRESSIONS = [
     ("hardware profile YAML (bounds)", b"hbm_bytes_per_second: " + b"9" * 5000 + b"\n", 2, "digits"),
     ("hardware profile YAML (bounds)", b"[" * 5000 + b"]" * 5000, 2, "nested too deeply"),
     ("hardware profile YAML (bounds)", HARDWARE.replace("4.8e12", "1e999").encode(), 2, "invalid hbm_bytes_per_second: Input should be a finite number"),
-    ("evaluation results manifest.json (gate)", b'{"artifact": "evaluation-results", "files": [], "sets": 1}', 2, "no `files` table"),
+    ("evaluation results manifest.json (gate)", b'{"artifact": "evaluation-results", "schema_version": 7, "files": [], "sets": 1}', 2,
+     "schema_version 7; this quantgate reads 1"),
     ("evaluation results mine@v1/items.json (gate)", b'{"items": 7}', 2, "holds no `items` list"),
 ]
 
@@ -175,7 +177,32 @@ def test_results_naming_a_model_path_no_file_can_have(sandbox: Sandbox, seeds: d
     manifest["model"]["path"] = "/" + "m" * 5000
     outcome, failure = run_one(reader, sandbox, Mutation("found", json.dumps(manifest).encode()))
     assert failure is None, failure
-    assert outcome is not None and outcome.code == 2 and "its manifest's `model` has no path" in outcome.err, outcome
+    assert outcome is not None and outcome.code == 2 and "field model.path: no file can have this path" in outcome.err, outcome
+
+
+DAMAGED_MANIFESTS = [
+    # reader, a change to its valid manifest, the error line's fragment: each once a crash or a
+    # check of its own, now the record's one line naming the field
+    ("calibration set manifest.json", lambda manifest: manifest["files"].update({"a\x00b": "0"}), "field files: 'a\\x00b' cannot name a file"),
+    ("calibration set manifest.json", lambda manifest: manifest["files"].update({"a" * 1000: "0"}), "cannot name a file"),
+    ("calibration set manifest.json", lambda manifest: manifest["tokenizer"].update(sha256=7), "field tokenizer.sha256: Input should be a valid string"),
+    ("evaluation results manifest.json (gate)", lambda manifest: manifest.update(files=[]), "field files: Input should be a valid dictionary"),
+    ("evaluation results manifest.json (gate)", lambda manifest: manifest["sets"]["mine@v1"].update(items="4"),
+     "field sets.mine@v1.items: Input should be a valid integer"),
+    ("evaluation results manifest.json (gate)", lambda manifest: manifest["sets"]["mine@v1"].update(dir="../elsewhere"),
+     "is not a directory inside it"),
+]
+
+
+@pytest.mark.parametrize("name, change, fragment", DAMAGED_MANIFESTS, ids=[row[2] for row in DAMAGED_MANIFESTS])
+def test_damaged_manifests_are_refused_naming_the_field(name: str, change: Any, fragment: str, sandbox: Sandbox,
+                                                        seeds: dict[str, bytes]) -> None:
+    reader = next(reader for reader in READERS if reader.name == name)
+    manifest = json.loads(seeds[reader.name])
+    change(manifest)
+    outcome, failure = run_one(reader, sandbox, Mutation("found", json.dumps(manifest).encode()))
+    assert failure is None, failure
+    assert outcome is not None and outcome.code == 2 and outcome.err.count("\n") == 1 and fragment in outcome.err, outcome
 
 
 @pytest.mark.parametrize("data", [b"[1, 2]", b"\xff\xfe", b'{"kind": 7, "items": "many"}'])

@@ -1,7 +1,7 @@
 """`quantgate.pipeline.looks.Looks.run` with a scripted evaluator: no model, no lm-eval.
 
 The evaluator records every call and answers with per-item records written for the test (a
-results object `gates.stage.item_records` reads: `manifest["sets"]`, `items(spec)`,
+results object `gates.stage.item_records` reads: `manifest.sets`, `items(spec)`,
 `token_values(spec)`, `path`). The plan is a stand-in for `ResolvedPlan` with what `Looks` and
 `set_order` use: `policy`, `looks`, `set_specs` and `goldens[spec].kind`.
 """
@@ -50,8 +50,8 @@ class FakeResults:
     values: dict[str, np.ndarray]
 
     @property
-    def manifest(self) -> dict[str, Any]:
-        return {"sets": {self.spec: {"items": len(self.records)}}}
+    def manifest(self) -> SimpleNamespace:
+        return SimpleNamespace(sets={self.spec: SimpleNamespace(items=len(self.records))})
 
     def items(self, spec: str) -> dict[str, Any]:
         assert spec == self.spec

@@ -158,7 +158,7 @@ def comparable(record: dict[str, Any], out: Path) -> dict[str, Any]:
 def per_item(out: Path, name: str) -> dict[str, list[dict[str, Any]]]:
     """Every set's per-item records of one results directory, without its run's paths."""
     results = evalsets.load_results(out / name)
-    return {spec: results.items(spec)["items"] for spec in results.manifest["sets"]}
+    return {spec: results.items(spec)["items"] for spec in results.manifest.sets}
 
 
 def temporaries(root: Path) -> list[Path]:

@@ -12,7 +12,6 @@ from statistics import NormalDist
 import numpy as np
 import pytest
 
-from quantgate.core.artifacts import MANIFEST, sha256_file
 from quantgate.core.errors import InputError
 from quantgate.core.metrics import METRICS
 from quantgate.gates.policy import load_policy
@@ -28,6 +27,7 @@ from quantgate.gates.samplesize import (
     zero_loss_floor,
 )
 from quantgate.gates.sequential import critical_value
+from tests.helpers import write_results_manifest
 
 SEQUENTIAL_POLICY = """name: planned
 version: v1
@@ -205,10 +205,7 @@ def write_results(path: Path, spec: str, records: list[dict]) -> Path:
     """A minimal evaluation-results directory: a manifest and one set's items.json."""
     (path / spec).mkdir(parents=True)
     (path / spec / "items.json").write_text(json.dumps({"schema_version": 1, "items": records}))
-    manifest = {"artifact": "evaluation-results", "files": {f"{spec}/items.json": sha256_file(path / spec / "items.json")},
-                "sets": {spec: {"dir": spec}}, "model": {"path": str(path)}}
-    (path / MANIFEST).write_text(json.dumps(manifest))
-    return path
+    return write_results_manifest(path, {spec: len(records)})
 
 
 def test_plan_command_prints_each_gate_with_its_looks(cli, tmp_path: Path) -> None:

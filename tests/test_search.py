@@ -16,6 +16,7 @@ from quantgate.pipeline.resolve import ResolvedPlan
 from quantgate.pipeline.search import Space, Trials, run_search
 from quantgate.quantize.allocation import Allocation, Option, Unit
 from quantgate.quantize.config import UNQUANTIZED
+from tests.helpers import measurement_record
 
 # ---- bisection ---------------------------------------------------------------------------------
 
@@ -183,15 +184,11 @@ def test_layers_outside_the_search_are_held_to_their_16_bit_bytes() -> None:
     find its 16-bit bytes in the allocation, or every trial of such a model would be blocked."""
     from quantgate.pipeline.search import build_space
 
-    def measurement(bits: dict[str, tuple[int, bool]], total: int) -> dict[str, Any]:
-        return {"linear_layers": [{"name": name, "bytes": size, "quantized": quantized} for name, (size, quantized) in bits.items()],
-                "totals": {"tensor_bytes": total}}
-
     names = ["model.layers.0.mlp.down_proj", "lm_head"]
     space_ = build_space(("w4", "w8"), {
-        UNQUANTIZED: measurement({names[0]: (100, False), names[1]: (400, False)}, 1000),
-        "w4": measurement({names[0]: (25, True), names[1]: (400, False)}, 925),
-        "w8": measurement({names[0]: (50, True), names[1]: (400, False)}, 950)},
+        UNQUANTIZED: measurement_record({names[0]: (100, False), names[1]: (400, False)}, tensor_bytes=1000),
+        "w4": measurement_record({names[0]: (25, True), names[1]: (400, False)}, tensor_bytes=925),
+        "w8": measurement_record({names[0]: (50, True), names[1]: (400, False)}, tensor_bytes=950)},
         {"w4": {names[0]: 0.1}, "w8": {names[0]: 0.01}})
     assert [group.name for group in space_.groups] == [names[0]] and space_.fixed == 900
     allocation = Allocation(choice={names[0]: "w4"}, bytes=25, cost=0.1, budget=25)

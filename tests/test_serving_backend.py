@@ -61,8 +61,8 @@ def test_vllm_backend_agrees_with_hf_item_by_item(served: serving.ServingEnv, en
         assert record["settings"]["engine"] == served.identity()
         assert record["lm_eval"]["config"]["served_by"] == served.label
         assert record["lm_eval"]["config"]["served"]["dtype"] == "bfloat16"  # the checkpoint's: vLLM's dtype "auto"
-        assert vllm.manifest["sets"][spec]["cache_key"] != hf.manifest["sets"][spec]["cache_key"]
-    pairs = {spec: list(zip(hf.items(spec)["items"], vllm.items(spec)["items"], strict=True)) for spec in vllm.manifest["sets"]}
+        assert vllm.manifest.sets[spec].cache_key != hf.manifest.sets[spec].cache_key
+    pairs = {spec: list(zip(hf.items(spec)["items"], vllm.items(spec)["items"], strict=True)) for spec in vllm.manifest.sets}
     assert all(a["id"] == b["id"] for items in pairs.values() for a, b in items)
     assert len(pairs["arc-easy@v1"]) == len(pairs["lambada@v1"]) == ITEMS
 
@@ -75,7 +75,7 @@ def test_vllm_backend_agrees_with_hf_item_by_item(served: serving.ServingEnv, en
     assert [a["greedy"] for a, b in pairs["lambada@v1"]] == [b["greedy"] for a, b in pairs["lambada@v1"]]
 
     again = evalsets.run(vllm_cfg, engine_model, tmp_path / "again")  # from the cache: no engine started
-    assert again.from_cache == dict.fromkeys(vllm.manifest["sets"], True)
+    assert again.from_cache == dict.fromkeys(vllm.manifest.sets, True)
 
 
 def test_the_engine_release_is_in_the_cache_key(engine_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

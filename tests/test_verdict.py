@@ -11,6 +11,8 @@ import pytest
 from quantgate.core.errors import InputError
 from quantgate.gates.policy import Outcome, load_policy
 from quantgate.gates.verdict import compare
+from quantgate.quantize.measure.record import MeasurementRecord
+from tests.helpers import measurement_record
 
 
 def mc_items(correct: list[int]) -> list[dict]:
@@ -177,9 +179,8 @@ def test_a_tail_gate_without_per_token_values_asks_for_a_baseline(tmp_path: Path
         compare({"wiki-text@v1": text_items(nll)}, {"wiki-text@v1": short}, policy, "8bit")
 
 
-def measurement(measured: float | None, exact: float | None, lines: list[dict] | None = None) -> dict:
-    return {"quantized_linear": {"bits_per_weight": {"measured": measured, "exact": exact}},
-            "explanation": {"lines": lines or []}}
+def measurement(measured: float | None, exact: float | None, lines: list[dict] | None = None) -> MeasurementRecord:
+    return measurement_record(measured=measured, exact=exact, lines=lines)
 
 
 def test_size_gates_compare_bits_exactly_and_block_unexplained_bytes(tmp_path: Path) -> None:

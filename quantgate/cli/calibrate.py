@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import typer
 
@@ -46,17 +45,17 @@ def calibrate(
     _report_calibration(built)
 
 
-def _report_calibration(built: Any) -> None:
+def _report_calibration(built: calibration.CalibrationSet) -> None:
     manifest = built.manifest
     state = "up to date, reused" if built.reused else "written"
     typer.echo(f"calibration set {state}: {built.path}")
     typer.echo(
-        f"{manifest['samples']} samples x {manifest['seq_len']} tokens ({manifest['tokens']} real tokens) "
-        f"from {manifest['source']['description']}"
+        f"{manifest.samples} samples x {manifest.seq_len} tokens ({manifest.tokens} real tokens) "
+        f"from {manifest.source.description}"
     )
     typer.echo(f"fingerprint {built.fingerprint}")
-    if manifest["samples"] < manifest["selection"]["samples_requested"]:
-        typer.echo(f"note: {manifest['selection']['samples_requested']} samples were asked, the source gave {manifest['samples']}")
+    if manifest.samples < manifest.selection.samples_requested:
+        typer.echo(f"note: {manifest.selection.samples_requested} samples were asked, the source gave {manifest.samples}")
 
 
 @commands.command("overlap")

@@ -204,11 +204,11 @@ def evaluate_command(
     )
     results = evalsets.run(cfg, model, out, baseline_results=baseline_results, overwrite=overwrite)
     if as_json:
-        print_json(results.manifest)
+        print_json(results.manifest.to_json())
         return
-    for spec, entry in results.manifest["sets"].items():
-        metrics = entry["metrics"]
+    for spec, entry in results.manifest.sets.items():
+        metrics = entry.metrics
         shown = ", ".join(f"{name} {metrics[name]:.4g}" for name in sorted(metrics) if "stderr" not in name)
-        source = "cached" if entry["from_cache"] else f"{entry['seconds']:.1f} s"
-        typer.echo(f"{spec}\t{entry['items']} items\t{source}\t{shown}")
+        source = "cached" if entry.from_cache else f"{entry.seconds:.1f} s"
+        typer.echo(f"{spec}\t{entry.items} items\t{source}\t{shown}")
     typer.echo(f"results written to {results.path}")

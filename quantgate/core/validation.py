@@ -78,20 +78,6 @@ def validated(
         raise error(f"{prefix}: {problem.message}") from failure
 
 
-def manifest_files(manifest: object, what: str, *, error: type[QuantgateError] = InputError) -> dict[str, str]:
-    """The `files` table of an artifact's manifest (relative path -> sha256), checked to be one:
-    a JSON object of non-empty relative paths (no NUL, which no file name holds) to strings, else
-    `error` in one line. What the table names is then checked by `verify_files`."""
-    files = manifest.get("files") if isinstance(manifest, dict) else None
-    if not isinstance(files, dict):
-        raise error(f"{what}: its manifest has no `files` table of relative paths and sha256 digests")
-    for name, digest in files.items():
-        if not isinstance(digest, str) or not is_file_name(name):
-            shown = name if len(name) <= 80 else f"{name[:80]}... ({len(name)} characters)"
-            raise error(f"{what}: its manifest's `files` table holds {shown!r}: {str(digest)[:80]!r}, not a relative path and a sha256 digest")
-    return files
-
-
 def is_file_name(name: str) -> bool:
     """Whether `name` can name a file at all, so that asking the filesystem about it is no error:
     not empty, no NUL, valid Unicode (no unpaired surrogate), each part at most 255 bytes and the

@@ -17,7 +17,8 @@ from quantgate.core.ids import GateId, SetRef
 from quantgate.core.metrics import metric
 from quantgate.core.models import DEMO_MODELS, pull, resolve_model
 from quantgate.core.validation import is_path, validated
-from quantgate.evalsets.evaluate import IDENTITY_KEYS, model_identity
+from quantgate.evalsets.evaluate import model_identity
+from quantgate.evalsets.results import ModelIdentity
 from quantgate.evalsets.served import ServeCheckConfig
 from quantgate.gates.policy import PRECISION_CLASSES, LoadedPolicy, mixed_precision_class, precision_class
 from quantgate.gates.samplesize import Discordance, GatePower, gate_powers
@@ -30,8 +31,6 @@ from quantgate.quantize.llmcompressor_backend import check_mixed_formats
 from quantgate.quantize.measure.hardware import HardwareProfile, load_profile
 from quantgate.quantize.presets import get_preset
 from quantgate.serving import device
-
-# the fields of a model's identity that decide its numbers (its path does not)
 
 
 @dataclass(frozen=True)
@@ -64,7 +63,7 @@ class ResolvedPlan:
     looks: Mapping[str, tuple[int, ...]]  # set spec -> the item counts it is looked at; the last is its ceiling
     model_dir: Path
     calibration_cfg: calibration.CalibrationConfig
-    identity: Mapping[str, Any]  # the baseline's model_identity
+    identity: ModelIdentity  # the baseline's
     version: str  # of quantgate
     holdout: Split | None = None  # a plan with a search: the items its chosen trial is gated on
     search_looks: Mapping[str, tuple[int, ...]] | None = None  # a plan with a search: its trials' looks
@@ -103,7 +102,7 @@ class ResolvedPlan:
     @property
     def identity_key(self) -> dict[str, str]:
         """The baseline's identity without its path: what decides its numbers."""
-        return {key: self.identity[key] for key in IDENTITY_KEYS}
+        return self.identity.numbers()
 
     @property
     def eval_settings(self) -> dict[str, Any]:

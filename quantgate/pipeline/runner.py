@@ -41,8 +41,8 @@ from quantgate.core.headers import read_checkpoint
 from quantgate.core.ids import SERVING, GateId
 from quantgate.core.models import weight_file_hashes
 from quantgate.core.rundir import BASELINE, RUN_KIND, RunDir
-from quantgate.core.stagecache import Cached, StageCache
-from quantgate.evalsets.evaluate import IDENTITY_KEYS, cache_root, model_identity
+from quantgate.core.stagecache import Cached, StageCache, stored_value
+from quantgate.evalsets.evaluate import cache_root, model_identity
 from quantgate.evalsets.served import FAILED, probe_seconds, served_summary
 from quantgate.evalsets.served import check as serve_check
 from quantgate.gates.policy import LoadedPolicy, Outcome, mixed_precision_class, precision_class
@@ -75,7 +75,7 @@ from quantgate.pipeline.search import Trials, build_space, mixed_config, run_sea
 from quantgate.quantize import sensitivity
 from quantgate.quantize.allocation import Allocation
 from quantgate.quantize.checkpoint import QuantizationFailed
-from quantgate.quantize.measure import measure_and_bound
+from quantgate.quantize.measure import MeasurementRecord, measure_and_bound, stage_measurement
 from quantgate.quantize.presets import get_preset
 from quantgate.serving import device
 
@@ -255,7 +255,7 @@ class _Prepared:
     under a concurrent executor); `lost`: a task of it that the cluster lost for good."""
 
     candidate: _Candidate
-    measured: dict[str, Any] | None = None
+    measured: MeasurementRecord | None = None
     measure_key: str = ""
     evidence: _Evidence | None = None
     served: _Served | None = None
@@ -613,8 +613,7 @@ class _Run:
         if plan.serve_cfg is None or plan.serving_env is None:
             return None
         cfg, env = plan.serve_cfg, plan.serving_env
-        identity = model_identity(model)
-        key = keys.serve_key(plan, checkpoint={item: identity[item] for item in IDENTITY_KEYS},
+        key = keys.serve_key(plan, checkpoint=model_identity(model).numbers(),
                              results=sha256_file(results.path / MANIFEST) if results is not None else None)
         reference = None if name == BASELINE else probe_seconds(_record_of(self.baseline_served.result()))
         label = f"serve {name}"
@@ -668,24 +667,25 @@ class _Run:
                                                        checkpoint=None, baseline_results=baseline.results, candidate_results=None),
                                         candidate))
 
-    def measure(self, candidate: _Candidate) -> tuple[dict[str, Any], str]:
-        """The checkpoint's byte accounting and decode bounds, and the key they were made with."""
+    def measure(self, candidate: _Candidate) -> tuple[MeasurementRecord, str]:
+        """The checkpoint's byte accounting (its decode bounds are stored beside it, for the
+        report), and the key they were made with."""
         key = keys.measure_key(self.plan, candidate.quantized.manifest_sha256)
-        label = f"measure {candidate.fmt}"
-        measured = self.cache.json(kind="measure", label=label, path=self.dir.measure(candidate.fmt), key=key,
+        label, path = f"measure {candidate.fmt}", self.dir.measure(candidate.fmt)
+        measured = self.cache.json(kind="measure", label=label, path=path, key=key,
                                    produce=lambda: self.call("measure", label, partial(measure_and_bound, candidate.checkpoint, self.plan.model_dir,
                                                                                      self.plan.profiles)))
-        return measured, key
+        return stage_measurement(measured, str(path)), key
 
-    def pre_gates(self, candidate: _Candidate, measured: dict[str, Any], overlap: _Overlap) -> str | None:
+    def pre_gates(self, candidate: _Candidate, measured: MeasurementRecord, overlap: _Overlap) -> str | None:
         """The first size or integrity gate that blocks the candidate before any evaluation
         (fail fast: they are exact numbers, decided without a single item), or None."""
         policy = self.plan.policy
         gates = integrity_gates(policy, candidate.manifest.get("smoke"), overlap.summary) + size_gates(
-            measured["measurement"], policy, allocation=candidate.allocation)
+            measured, policy, allocation=candidate.allocation)
         return next((gate.reason for gate in gates if gate.outcome is not Outcome.passed), None)
 
-    def evaluate_sequentially(self, candidate: _Candidate, *, measured: dict[str, Any], measure_key: str,
+    def evaluate_sequentially(self, candidate: _Candidate, *, measured: MeasurementRecord, measure_key: str,
                               overlap: _Overlap) -> _Evidence:
         """The candidate's looks (quantgate.pipeline.looks), then its results and the baseline's on
         the same items, published for the gate and the report."""
@@ -725,7 +725,7 @@ class _Run:
         except (InputError, IntegrityError, OSError, ValueError, KeyError):
             return None  # missing, or bytes changed since: never trusted, looked at again
 
-    def gate(self, candidate: _Candidate, *, measured: dict[str, Any], measure_key: str, evidence: _Evidence,
+    def gate(self, candidate: _Candidate, *, measured: MeasurementRecord, measure_key: str, evidence: _Evidence,
              baseline: _Baseline, overlap: _Overlap, served: _Served | None = None,
              as_served: list[_AsServed] | None = None) -> dict[str, Any]:
         """The verdict record, appended to the ledger unless the ledger holds it already."""
@@ -750,7 +750,7 @@ class _Run:
             candidate_items = item_records(evidence.results) if evidence.results else None
             serving = ServingEvidence(served.record if served else None, reference.record if reference else None) \
                 if gates_serving else None
-            judged = judge({}, candidate_items, plan.policy, candidate.precision, measurement=measured["measurement"],
+            judged = judge({}, candidate_items, plan.policy, candidate.precision, measurement=measured,
                            smoke=manifest.get("smoke"), overlap=overlap.summary, metric_gates=metric_gates,
                            allocation=candidate.allocation, serving=serving)
             # the weight files' sha256s from the checkpoint's manifest, which the quantize stage
@@ -789,7 +789,8 @@ class _Run:
         if unmeasured:  # its checkpoint failed its own checks, or its task was lost on a cluster
             raise TaskLost("measure", f"measure {unmeasured[0]}", f"the search mixes {unmeasured[0]}, which this run did not measure "
                            f"({uniform[unmeasured[0]]['reasons'][0] if uniform.get(unmeasured[0], {}).get('reasons') else 'no checkpoint'})")
-        measurements = {name: read_json(self.dir.measure(name))["value"]["measurement"] for name in (BASELINE, *search.formats)}
+        measurements = {name: stage_measurement(stored_value(self.dir.measure(name)), str(self.dir.measure(name)))
+                        for name in (BASELINE, *search.formats)}
         measurements[quantize.UNQUANTIZED] = measurements.pop(BASELINE)
         space = build_space(search.formats, measurements, {fmt: scores.scores(fmt) for fmt in search.formats})
         made: dict[str, _Candidate] = {}

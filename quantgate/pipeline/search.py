@@ -28,6 +28,7 @@ from quantgate.pipeline.resolve import ResolvedPlan
 from quantgate.quantize.allocation import Allocation, Option, Unit, allocate
 from quantgate.quantize.config import UNQUANTIZED, MixedConfig
 from quantgate.quantize.fusion import LayerGroup, layer_groups
+from quantgate.quantize.measure.record import MeasurementRecord
 from quantgate.quantize.presets import get_preset
 
 TRIAL_PREFIX = "search-"
@@ -55,22 +56,18 @@ class Space:
         return {"groups": len(self.groups), "fixed_bytes": self.fixed, "baseline_bytes": self.baseline, "uniform_bytes": self.uniform}
 
 
-def _layers(measurement: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
-    return {layer["name"]: layer for layer in measurement["linear_layers"]}
-
-
-def build_space(formats: tuple[str, ...], measurements: Mapping[str, Mapping[str, Any]],
+def build_space(formats: tuple[str, ...], measurements: Mapping[str, MeasurementRecord],
                 scores: Mapping[str, Mapping[str, float]]) -> Space:
     """`measurements`: the measurement (`quantgate measure --json`) of the baseline (key
     `16-bit`) and of each format's uniform checkpoint; `scores`: format -> group -> predicted
     cost. A group is searched when every format quantizes all of its layers; its 16-bit option
     costs nothing."""
-    baseline = _layers(measurements[UNQUANTIZED])
-    per_format = {fmt: _layers(measurements[fmt]) for fmt in formats}
-    layer_bytes = {UNQUANTIZED: {name: int(layer["bytes"]) for name, layer in baseline.items()},
-                   **{fmt: {name: int(layer["bytes"]) for name, layer in layers.items()} for fmt, layers in per_format.items()}}
+    baseline = measurements[UNQUANTIZED].layers_by_name()
+    per_format = {fmt: measurements[fmt].layers_by_name() for fmt in formats}
+    layer_bytes = {UNQUANTIZED: {name: layer.bytes for name, layer in baseline.items()},
+                   **{fmt: {name: layer.bytes for name, layer in layers.items()} for fmt, layers in per_format.items()}}
     searched = [group for group in layer_groups(list(baseline))
-                if all(per_format[fmt].get(layer, {}).get("quantized") for fmt in formats for layer in group.layers)]
+                if all(layer in per_format[fmt] and per_format[fmt][layer].quantized for fmt in formats for layer in group.layers)]
     units = []
     for group in searched:
         options = [Option(UNQUANTIZED, sum(layer_bytes[UNQUANTIZED][layer] for layer in group.layers), 0.0)]
@@ -79,10 +76,10 @@ def build_space(formats: tuple[str, ...], measurements: Mapping[str, Mapping[str
                 raise InputError(f"the sensitivity holds no score for {group.name} in {fmt}: made for another model or ignore list")
             options.append(Option(fmt, sum(layer_bytes[fmt][layer] for layer in group.layers), float(scores[fmt][group.name])))
         units.append(Unit(group.name, tuple(options)))
-    total = int(measurements[UNQUANTIZED]["totals"]["tensor_bytes"])
+    total = measurements[UNQUANTIZED].totals.tensor_bytes
     searched_bytes = sum(layer_bytes[UNQUANTIZED][layer] for group in searched for layer in group.layers)
     return Space(groups=searched, units=units, fixed=total - searched_bytes, baseline=total,
-                 uniform={fmt: int(measurements[fmt]["totals"]["tensor_bytes"]) for fmt in formats}, layer_bytes=layer_bytes)
+                 uniform={fmt: measurements[fmt].totals.tensor_bytes for fmt in formats}, layer_bytes=layer_bytes)
 
 
 def mixed_config(plan: ResolvedPlan, space: Space, allocation: Allocation) -> MixedConfig:

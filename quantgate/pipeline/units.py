@@ -28,7 +28,7 @@ _EVALUATORS: OrderedDict[tuple[str, bool], evalsets.Evaluator] = OrderedDict()
 _KEEP = 2  # models a process keeps loaded
 
 
-def evaluator(model: Path, allow_pickle: bool, identity: dict[str, Any] | None = None) -> evalsets.Evaluator:
+def evaluator(model: Path, allow_pickle: bool, identity: evalsets.ModelIdentity | None = None) -> evalsets.Evaluator:
     """The evaluator of `model` this process keeps (made, and its model loaded, on first use);
     `identity`: the model's, where the caller has it (the run's baseline: hashed once a run)."""
     key = (str(model), allow_pickle)
@@ -58,7 +58,7 @@ def evaluate(plan: ResolvedPlan, run_dir: RunDir, name: str, items: dict[str, in
     default the plan's own), into `out`; results already there for exactly these settings are
     used as they are."""
     cfg = plan.look_cfg(items, split)
-    made = evaluator(model_of(plan, run_dir, name), plan.plan.allow_pickle, dict(plan.identity) if name == BASELINE else None)
+    made = evaluator(model_of(plan, run_dir, name), plan.plan.allow_pickle, plan.identity if name == BASELINE else None)
     if baseline is None and out.is_dir():
         try:
             existing = evalsets.load_results(out)
@@ -66,7 +66,7 @@ def evaluate(plan: ResolvedPlan, run_dir: RunDir, name: str, items: dict[str, in
             existing = None
         # reused only when every set was made under the same cache key: the same model,
         # settings, device, evaluator version and libraries
-        if existing is not None and {spec: entry["cache_key"] for spec, entry in existing.manifest["sets"].items()} \
+        if existing is not None and {spec: entry.cache_key for spec, entry in existing.manifest.sets.items()} \
                 == made.cache_keys(cfg):
             return existing
     return made.run(cfg, out, baseline_results=baseline, overwrite=True)
@@ -74,7 +74,7 @@ def evaluate(plan: ResolvedPlan, run_dir: RunDir, name: str, items: dict[str, in
 
 def evaluate_baseline(plan: ResolvedPlan, out: Path) -> evalsets.EvaluationResults:
     """The baseline at every set's first look, into `out`."""
-    return evaluator(plan.model_dir, plan.plan.allow_pickle, dict(plan.identity)).run(plan.first_look_cfg, out, overwrite=True)
+    return evaluator(plan.model_dir, plan.plan.allow_pickle, plan.identity).run(plan.first_look_cfg, out, overwrite=True)
 
 
 def baseline_looks(plan: ResolvedPlan, run_dir: RunDir, spec: str) -> int:

@@ -33,7 +33,7 @@ from quantgate.quantize.measure.layouts import (
     number_kind,
     recognise_scheme,
 )
-from quantgate.quantize.measure.measurement import DetectedFormat, Gap, LinearLayer, Measurement, rule_bits
+from quantgate.quantize.measure.measurement import Gap, LinearLayer, Measurement, rule_bits
 from quantgate.quantize.measure.names import (
     QUANTIZATION_ROLES,
     ROLE_CATEGORY,
@@ -44,6 +44,18 @@ from quantgate.quantize.measure.names import (
     is_norm,
     short_name,
     tensor_role,
+)
+from quantgate.quantize.measure.record import (
+    BaselineComparison,
+    BlockBytes,
+    CategoryTotals,
+    DetectedFormat,
+    Explanation,
+    FileEntry,
+    InputActivations,
+    MeasurementRecord,
+    QuantizedLinear,
+    WeightSchemes,
 )
 from quantgate.quantize.measure.schemes import KNOWN_METHODS, ConfigSchemes
 
@@ -246,27 +258,42 @@ def _place(modules: dict[str, dict[str, TensorEntry]], others: list[TensorEntry]
     return placed
 
 
-def _empty_block(index: int | None) -> dict[str, Any]:
-    return {"index": index, "bytes": {category.value: 0 for category in Category}, "total_bytes": 0, "parameters": 0}
+@dataclass
+class _BlockTally:
+    """One block's bytes by category, added up tensor by tensor (then written as BlockBytes)."""
+
+    index: int | None
+    bytes: dict[str, int] = field(default_factory=lambda: {category.value: 0 for category in Category})
+    total_bytes: int = 0
+    parameters: int = 0
+
+    def add(self, category: Category, nbytes: int, parameters: int) -> None:
+        self.bytes[category.value] += nbytes
+        self.total_bytes += nbytes
+        self.parameters += parameters
+
+    def record(self) -> BlockBytes:
+        return BlockBytes(index=self.index, bytes=self.bytes, total_bytes=self.total_bytes, parameters=self.parameters)
 
 
 def _tally(assigned: dict[str, tuple[Category, int]], tensors: dict[str, TensorEntry]
-           ) -> tuple[dict[str, dict[str, int]], list[dict[str, Any]], dict[str, Any]]:
+           ) -> tuple[dict[str, CategoryTotals], list[BlockBytes], BlockBytes]:
     """(bytes, parameters and tensors by category; the same per decoder block; outside the blocks)."""
-    categories = {category.value: {"bytes": 0, "parameters": 0, "tensors": 0} for category in Category}
-    blocks: dict[int, dict[str, Any]] = {}
-    outside = _empty_block(None)
+    categories = {category.value: [0, 0, 0] for category in Category}  # bytes, parameters, tensors
+    blocks: dict[int, _BlockTally] = {}
+    outside = _BlockTally(None)
     for name, (category, parameters) in assigned.items():
         entry = tensors[name]
-        categories[category.value]["bytes"] += entry.nbytes
-        categories[category.value]["parameters"] += parameters
-        categories[category.value]["tensors"] += 1
+        totals = categories[category.value]
+        totals[0] += entry.nbytes
+        totals[1] += parameters
+        totals[2] += 1
         index = block_index(name)
-        target = outside if index is None else blocks.setdefault(index, _empty_block(index))
-        target["bytes"][category.value] += entry.nbytes
-        target["total_bytes"] += entry.nbytes
-        target["parameters"] += parameters
-    return categories, [blocks[index] for index in sorted(blocks)], outside
+        target = outside if index is None else blocks.setdefault(index, _BlockTally(index))
+        target.add(category, entry.nbytes, parameters)
+    return ({name: CategoryTotals(bytes=nbytes, parameters=parameters, tensors=count)
+             for name, (nbytes, parameters, count) in categories.items()},
+            [blocks[index].record() for index in sorted(blocks)], outside.record())
 
 
 # --- the reference: baseline dtype and the rule ------------------------------------------------
@@ -332,21 +359,23 @@ def detect_format(quantized: list[LinearLayer], schemes: ConfigSchemes, config: 
     name += f", group size {'/'.join(map(str, groups))}" if groups else f", per {'/'.join(strategies)}"
     activations = _activations(schemes)
     if activations is not None:
-        name += (f", {activations['type']}{activations['num_bits']} "
-                 f"{'dynamic' if activations['dynamic'] else 'static'} activations")
+        name += (f", {activations.type}{activations.num_bits} "
+                 f"{'dynamic' if activations.dynamic else 'static'} activations")
     detected = f"{schemes.source} (quant_method {schemes.method}) and tensor names" if schemes.qc else "tensor names (no quantization config)"
-    weights = {"bits": bits, "group_sizes": groups, "strategies": strategies, "symmetric": symmetric[0] if len(symmetric) == 1 else None}
+    weights = WeightSchemes(bits=bits, group_sizes=groups, strategies=strategies, symmetric=symmetric[0] if len(symmetric) == 1 else None)
     return DetectedFormat(family=family, layout=layout, name=name, detected_from=detected, quant_method=schemes.method,
                           weights=weights, activations=activations, tie_word_embeddings=_tie(config), config_dtype=_config_dtype(config))
 
 
-def _activations(schemes: ConfigSchemes) -> dict[str, Any] | None:
+def _activations(schemes: ConfigSchemes) -> InputActivations | None:
     """The first compressed-tensors config group's input activations, if any."""
     if schemes.method != "compressed-tensors" or not schemes.qc:
         return None
     for group in (schemes.qc.get("config_groups") or {}).values():
         if isinstance(group, dict) and isinstance(group.get("input_activations"), dict):
-            return {key: group["input_activations"].get(key) for key in ("num_bits", "type", "strategy", "dynamic", "symmetric")}
+            stated = group["input_activations"]
+            return InputActivations(num_bits=stated.get("num_bits"), type=stated.get("type"), strategy=stated.get("strategy"),
+                                    dynamic=stated.get("dynamic"), symmetric=stated.get("symmetric"))
     return None
 
 
@@ -376,7 +405,7 @@ def account(checkpoint: CheckpointFiles, baseline: Measurement | None = None) ->
     placed = _place(modules, others, schemes, _tie(config))
     baseline_dtype, baseline_source = _baseline_dtype(baseline, config, tensors)
     categories, blocks, outside = _tally(placed.assigned, tensors)
-    parameters = sum(value["parameters"] for value in categories.values())
+    parameters = sum(value.parameters for value in categories.values())
     file_bytes = sum(file.file_bytes for file in checkpoint.files)
     header_bytes = sum(file.header_bytes for file in checkpoint.files)
     quantized = [layer for layer in placed.layers if layer.quantized]
@@ -387,7 +416,7 @@ def account(checkpoint: CheckpointFiles, baseline: Measurement | None = None) ->
         explanation.append(Gap(Cause.unexplained, unexplained, UNEXPLAINED_TEXT))
     measurement = Measurement(
         checkpoint=str(checkpoint.root),
-        files=[{"name": file.path.name, "bytes": file.file_bytes, "header_bytes": file.header_bytes, "tensors": len(file.tensors)}
+        files=[FileEntry(name=file.path.name, bytes=file.file_bytes, header_bytes=file.header_bytes, tensors=len(file.tensors))
                for file in checkpoint.files],
         index=checkpoint.index.name if checkpoint.index else None,
         format=detect_format(quantized, schemes, config, tensors),
@@ -401,22 +430,22 @@ def account(checkpoint: CheckpointFiles, baseline: Measurement | None = None) ->
     return measurement
 
 
-def compare_to_baseline(measurement: Measurement, baseline: Measurement) -> dict[str, Any]:
+def compare_to_baseline(measurement: Measurement, baseline: Measurement) -> BaselineComparison:
     """Bytes against the baseline's: the whole checkpoint, and the linear layers alone."""
     linear, baseline_linear = measurement.linear_bytes, baseline.linear_bytes
-    result = {
-        "checkpoint": baseline.checkpoint,
-        "dtype": baseline.baseline_dtype,
-        "file_bytes": baseline.file_bytes,
-        "tensor_bytes": baseline.tensor_bytes,
-        "parameters": baseline.parameters,
-        "linear_bytes": baseline_linear,
-        "checkpoint_linear_bytes": linear,
-        "ratio_total": measurement.file_bytes / baseline.file_bytes if baseline.file_bytes else None,
-        "ratio_linear": linear / baseline_linear if baseline_linear else None,
-        "parameters_match": baseline.parameters == measurement.parameters,
-    }
-    if not result["parameters_match"]:
+    result = BaselineComparison(
+        checkpoint=baseline.checkpoint,
+        dtype=baseline.baseline_dtype,
+        file_bytes=baseline.file_bytes,
+        tensor_bytes=baseline.tensor_bytes,
+        parameters=baseline.parameters,
+        linear_bytes=baseline_linear,
+        checkpoint_linear_bytes=linear,
+        ratio_total=measurement.file_bytes / baseline.file_bytes if baseline.file_bytes else None,
+        ratio_linear=linear / baseline_linear if baseline_linear else None,
+        parameters_match=baseline.parameters == measurement.parameters,
+    )
+    if not result.parameters_match:
         measurement.notes.append(f"the baseline has {baseline.parameters:,} parameters, this checkpoint {measurement.parameters:,}")
     return result
 
@@ -438,70 +467,70 @@ def measure(checkpoint: str | Path, baseline: str | Path | None = None) -> Measu
 
 def render(measurement: Measurement) -> list[Any]:
     """Rich renderables for the terminal: format, categories, layers by scheme, the gap."""
-    data = measurement.to_json()
-    totals = data["totals"]
-    out: list[Any] = [f"[bold]{data['checkpoint']}[/]: {data['format']['name']}",
-                      f"  detected from {data['format']['detected_from']}",
-                      f"  {len(data['files'])} file(s), {totals['file_bytes']:,} bytes, {totals['parameters']:,} parameters, "
-                      f"{_fmt(totals['bits_per_parameter'])} bits/parameter",
+    data = measurement.record()
+    totals = data.totals
+    out: list[Any] = [f"[bold]{data.checkpoint}[/]: {data.format.name}",
+                      f"  detected from {data.format.detected_from}",
+                      f"  {len(data.files)} file(s), {totals.file_bytes:,} bytes, {totals.parameters:,} parameters, "
+                      f"{_fmt(totals.bits_per_parameter)} bits/parameter",
                       _categories_table(data)]
-    summary = data["quantized_linear"]
-    if summary["layers"]:
+    summary = data.quantized_linear
+    if summary.layers:
         out.append(_schemes_table(summary))
-        out.append(f"  rule: {_fmt(summary['bits_per_weight']['rule'])} bits/weight ({data['rule']['source']})")
-    figures = data["whole_model"]["bits_per_parameter"]
-    out.append(f"  whole model: {_fmt(figures['measured'])} bits/parameter measured, {_fmt(figures['exact'])} as the format implies, "
-               f"{_fmt(figures['rule'])} by the rule")
-    out.append(_gap_table(data["explanation"], totals["file_bytes"] or 1))
-    if data["baseline"]:
-        base = data["baseline"]
-        out.append(f"  against the baseline ({base['dtype']}, {base['file_bytes']:,} bytes): {base['ratio_total']:.4f} of its bytes in all, "
-                   f"{base['ratio_linear']:.4f} for the linear layers alone")
-    for note in data["notes"]:
+        out.append(f"  rule: {_fmt(summary.bits_per_weight.rule)} bits/weight ({data.rule.source})")
+    figures = data.whole_model.bits_per_parameter
+    out.append(f"  whole model: {_fmt(figures.measured)} bits/parameter measured, {_fmt(figures.exact)} as the format implies, "
+               f"{_fmt(figures.rule)} by the rule")
+    out.append(_gap_table(data.explanation, totals.file_bytes or 1))
+    if data.baseline:
+        base = data.baseline
+        out.append(f"  against the baseline ({base.dtype}, {base.file_bytes:,} bytes): {base.ratio_total:.4f} of its bytes in all, "
+                   f"{base.ratio_linear:.4f} for the linear layers alone")
+    for note in data.notes:
         out.append(f"  note: {note}")
     return out
 
 
-def _categories_table(data: dict[str, Any]) -> Table:
-    totals = data["totals"]
+def _categories_table(data: MeasurementRecord) -> Table:
+    totals = data.totals
     table = Table(title="bytes by category", title_justify="left")
     for column in ("category", "bytes", "share", "parameters", "tensors"):
         table.add_column(column, justify="left" if column == "category" else "right")
-    total = totals["file_bytes"] or 1
-    for name, value in data["categories"].items():
-        if value["bytes"] or value["tensors"]:
-            cells = (name, f"{value['bytes']:,}", f"{value['bytes'] / total:.2%}", f"{value['parameters']:,}", str(value["tensors"]))
+    total = totals.file_bytes or 1
+    for name, value in data.categories.items():
+        if value.bytes or value.tensors:
+            cells = (name, f"{value.bytes:,}", f"{value.bytes / total:.2%}", f"{value.parameters:,}", str(value.tensors))
             table.add_row(*cells)
-    table.add_row("header", f"{totals['header_bytes']:,}", f"{totals['header_bytes'] / total:.2%}", "", str(len(data["files"])))
-    table.add_row("[bold]total[/]", f"[bold]{total:,}[/]", "100%", f"{totals['parameters']:,}", "")
+    table.add_row("header", f"{totals.header_bytes:,}", f"{totals.header_bytes / total:.2%}", "", str(len(data.files)))
+    table.add_row("[bold]total[/]", f"[bold]{total:,}[/]", "100%", f"{totals.parameters:,}", "")
     return table
 
 
-def _schemes_table(summary: dict[str, Any]) -> Table:
+def _schemes_table(summary: QuantizedLinear) -> Table:
     table = Table(title="quantized linear layers (bits per weight)", title_justify="left")
     for column in ("scheme", "layers", "weights", "measured", "exact (format)", "nominal"):
         table.add_column(column, justify="left" if column == "scheme" else "right")
-    for key, entry in summary["by_scheme"].items():
-        cells = (key, str(entry["layers"]), f"{entry['parameters']:,}", _fmt(entry["bits_per_weight"]),
-                 _fmt(entry["exact_bits_per_weight"]), _fmt(entry["nominal_bits_per_weight"]))
+    for key, entry in summary.by_scheme.items():
+        cells = (key, str(entry.layers), f"{entry.parameters:,}", _fmt(entry.bits_per_weight),
+                 _fmt(entry.exact_bits_per_weight), _fmt(entry.nominal_bits_per_weight))
         table.add_row(*cells)
-    bpw = summary["bits_per_weight"]
-    cells = ("[bold]all (weighted mean)[/]", str(summary["layers"]), f"{summary['parameters']:,}", _fmt(bpw["measured"]),
-             _fmt(bpw["exact"]), _fmt(bpw["format_at_g128"]) + " at g128")
+    bpw = summary.bits_per_weight
+    cells = ("[bold]all (weighted mean)[/]", str(summary.layers), f"{summary.parameters:,}", _fmt(bpw.measured),
+             _fmt(bpw.exact), _fmt(bpw.format_at_g128) + " at g128")
     table.add_row(*cells)
     return table
 
 
-def _gap_table(explanation: dict[str, Any], total: int) -> Table:
-    table = Table(title=f"why {total:,} bytes, not the rule's {explanation['expected_bytes']:,.0f}", title_justify="left")
+def _gap_table(explanation: Explanation, total: int) -> Table:
+    table = Table(title=f"why {total:,} bytes, not the rule's {explanation.expected_bytes:,.0f}", title_justify="left")
     for column in ("cause", "bytes", "bits/param", "detail"):
         table.add_column(column, justify="right" if column in ("bytes", "bits/param") else "left", overflow="fold")
-    for line in explanation["lines"]:
-        per_parameter = f"{line['bits_per_parameter']:+.4f}" if line["bits_per_parameter"] is not None else ""
-        table.add_row(line["cause"], f"{line['bytes']:+,.1f}", per_parameter, line["detail"])
-    table.add_row("[bold]gap[/]", f"[bold]{explanation['gap_bytes']:+,.1f}[/]", "", "")
+    for line in explanation.lines:
+        per_parameter = f"{line.bits_per_parameter:+.4f}" if line.bits_per_parameter is not None else ""
+        table.add_row(line.cause.value, f"{line.bytes:+,.1f}", per_parameter, line.detail)
+    table.add_row("[bold]gap[/]", f"[bold]{explanation.gap_bytes:+,.1f}[/]", "", "")
     return table
 
 
-def _fmt(value: Any) -> str:
+def _fmt(value: float | None) -> str:
     return "-" if value is None else f"{value:.4f}"

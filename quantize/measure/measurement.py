@@ -1,7 +1,9 @@
 """What a measurement is: the detected format, every linear layer with its bytes and exact
-figure, the explanation's lines, and `Measurement.to_json`, the documented, versioned schema.
+figure, the explanation's lines, and `Measurement.record()`, the documented, versioned record
+(quantize.measure.record) every reader reads.
 
-Every figure is in bits with exact fractions, so the explanation sums to the byte.
+Every figure is in bits with exact fractions, so the explanation sums to the byte; the record
+writes them as numbers (`as_number`).
 """
 
 from __future__ import annotations
@@ -13,9 +15,26 @@ from typing import Any
 from quantgate.quantize.measure.causes import Cause
 from quantgate.quantize.measure.layouts import NOMINAL_SCALE_BITS
 from quantgate.quantize.measure.names import LINEAR_CATEGORIES, Category
-
-SCHEMA_VERSION = 1
-KIND = "measurement"
+from quantgate.quantize.measure.record import (
+    BaselineComparison,
+    BaselineDtype,
+    BlockBytes,
+    CategoryTotals,
+    DetectedFormat,
+    Explanation,
+    ExplanationLine,
+    FileEntry,
+    LayerGap,
+    LinearLayerRecord,
+    MeasurementRecord,
+    ModelBitsPerParameter,
+    QuantizedBitsPerWeight,
+    QuantizedLinear,
+    Rule,
+    SchemeSummary,
+    Totals,
+    WholeModel,
+)
 
 # The rule the report compares against: GPTQ (Frantar et al., 2022, §5) puts INT4 with one
 # 16-bit scale (and zero point) per 128 weights at about 4.15 bits per weight; 8-bit formats
@@ -38,21 +57,6 @@ def as_number(value: Fraction | float | int | None) -> float | int | None:
     return value
 
 
-@dataclass(frozen=True)
-class DetectedFormat:
-    """The checkpoint's format as measure detected it (`format` in the JSON, field by field)."""
-
-    family: str  # compressed-tensors | gptq | awq | dense | unknown
-    layout: str
-    name: str
-    detected_from: str
-    quant_method: str | None
-    weights: dict[str, Any] | None
-    activations: dict[str, Any] | None
-    tie_word_embeddings: bool | None
-    config_dtype: str | None
-
-
 @dataclass
 class Gap:
     cause: Cause
@@ -60,8 +64,8 @@ class Gap:
     detail: str
     role: str | None = None  # for a layer's gap: the tensor role it is about
 
-    def to_json(self) -> dict[str, Any]:
-        return {"cause": self.cause.value, "bytes": as_number(self.bits / 8), "detail": self.detail}
+    def record(self) -> LayerGap:
+        return LayerGap(cause=self.cause, bytes=_figure(self.bits / 8), detail=self.detail)
 
 
 @dataclass
@@ -101,59 +105,71 @@ class LinearLayer:
     def bits_per_weight(self) -> float:
         return self.bytes * 8 / self.parameters if self.parameters else 0.0
 
-    def to_json(self) -> dict[str, Any]:
+    def record(self) -> LinearLayerRecord:
         exact = self.exact_bits / self.parameters if self.exact_bits is not None and self.parameters else None
         nominal = self.nominal_bits / self.parameters if self.nominal_bits is not None and self.parameters else None
-        return {
-            "name": self.name, "block": self.block, "quantized": self.quantized, "layout": self.layout,
-            "bits": self.bits, "group_size": self.group_size, "symmetric": self.symmetric, "strategy": self.strategy,
-            "in_features": self.in_features, "out_features": self.out_features, "parameters": self.parameters,
-            "bytes": self.bytes, "bytes_by_role": dict(sorted(self.bytes_by_role.items())),
-            "bits_per_weight": self.bits_per_weight,
-            "exact_bits_per_weight": as_number(exact), "nominal_bits_per_weight": as_number(nominal),
-            "gaps": [gap.to_json() for gap in self.gaps], "notes": self.notes,
-        }
+        return LinearLayerRecord(
+            name=self.name, block=self.block, quantized=self.quantized, layout=self.layout,
+            bits=self.bits, group_size=self.group_size, symmetric=self.symmetric, strategy=self.strategy,
+            in_features=self.in_features, out_features=self.out_features, parameters=self.parameters,
+            bytes=self.bytes, bytes_by_role=dict(sorted(self.bytes_by_role.items())),
+            bits_per_weight=self.bits_per_weight,
+            exact_bits_per_weight=_optional_figure(exact), nominal_bits_per_weight=_optional_figure(nominal),
+            gaps=[gap.record() for gap in self.gaps], notes=list(self.notes),
+        )
+
+
+def _figure(value: Fraction) -> int | float:
+    """`as_number` of a figure that is there."""
+    return value.numerator if value.denominator == 1 else float(value)
+
+
+def _optional_figure(value: Fraction | None) -> int | float | None:
+    return None if value is None else _figure(value)
 
 
 def _scheme_key(layer: LinearLayer) -> str:
     return f"{layer.bits}-bit {layer.strategy}" + (f" g{layer.group_size}" if layer.group_size else "")
 
 
-def _by_scheme(layers: list[LinearLayer]) -> dict[str, dict[str, Any]]:
+def _by_scheme(layers: list[LinearLayer]) -> dict[str, SchemeSummary]:
     """The quantized layers summed per scheme ("4-bit group g64"), with their figures."""
-    by_group: dict[str, dict[str, Any]] = {}
+    grouped: dict[str, list[LinearLayer]] = {}
     for layer in layers:
-        entry = by_group.setdefault(_scheme_key(layer), {
-            "bits": layer.bits, "strategy": layer.strategy, "group_size": layer.group_size,
-            "layers": 0, "parameters": 0, "bytes": 0, "_exact": Fraction(0), "_nominal": Fraction(0)})
-        entry["layers"] += 1
-        entry["parameters"] += layer.parameters
-        entry["bytes"] += layer.bytes
-        entry["_exact"] += layer.exact_bits or 0
-        entry["_nominal"] += layer.nominal_bits or 0
-    for entry in by_group.values():
-        weights_in_group = entry["parameters"] or None  # None: a layout measure cannot size
-        exact, nominal = entry.pop("_exact"), entry.pop("_nominal")
-        entry["bits_per_weight"] = entry["bytes"] * 8 / weights_in_group if weights_in_group else None
-        entry["exact_bits_per_weight"] = as_number(exact / weights_in_group) if weights_in_group and exact else None
-        entry["nominal_bits_per_weight"] = as_number(nominal / weights_in_group) if weights_in_group and nominal else None
-    return dict(sorted(by_group.items()))
+        grouped.setdefault(_scheme_key(layer), []).append(layer)
+    summaries = {}
+    for key, members in sorted(grouped.items()):
+        first = members[0]
+        weights = sum(layer.parameters for layer in members)
+        stored = sum(layer.bytes for layer in members)
+        exact = sum((layer.exact_bits or Fraction(0) for layer in members), Fraction(0))
+        nominal = sum((layer.nominal_bits or Fraction(0) for layer in members), Fraction(0))
+        # no weights: a layout measure cannot size, so no figure per weight
+        summaries[key] = SchemeSummary(
+            bits=first.bits, strategy=first.strategy, group_size=first.group_size,
+            layers=len(members), parameters=weights, bytes=stored,
+            bits_per_weight=stored * 8 / weights if weights else None,
+            exact_bits_per_weight=_figure(exact / weights) if weights and exact else None,
+            nominal_bits_per_weight=_figure(nominal / weights) if weights and nominal else None,
+        )
+    return summaries
 
 
 @dataclass
 class Measurement:
-    """The accounting of one checkpoint; `to_json` is the documented, versioned schema."""
+    """The accounting of one checkpoint, with exact fractions; `record()` is the documented,
+    versioned record every reader reads."""
 
     checkpoint: str
-    files: list[dict[str, Any]]
+    files: list[FileEntry]
     index: str | None
     format: DetectedFormat
     file_bytes: int
     header_bytes: int
     parameters: int
-    categories: dict[str, dict[str, int]]
-    blocks: list[dict[str, Any]]
-    outside_blocks: dict[str, Any]
+    categories: dict[str, CategoryTotals]
+    blocks: list[BlockBytes]
+    outside_blocks: BlockBytes
     linear_layers: list[LinearLayer]
     rule_bits_per_weight: Fraction
     baseline_dtype: str | None
@@ -161,7 +177,7 @@ class Measurement:
     explanation: list[Gap]
     unexplained_bits: Fraction
     notes: list[str]
-    baseline: dict[str, Any] | None = None
+    baseline: BaselineComparison | None = None
     wall_seconds: float = 0.0
 
     @property
@@ -181,83 +197,81 @@ class Measurement:
         return [layer for layer in self.linear_layers if layer.quantized]
 
     def category_bytes(self, categories: tuple[Category, ...]) -> int:
-        return sum(self.categories[category.value]["bytes"] for category in categories)
+        return sum(self.categories[category.value].bytes for category in categories)
 
     @property
     def linear_bytes(self) -> int:
         return self.category_bytes(LINEAR_CATEGORIES)
 
-    def quantized_summary(self) -> dict[str, Any]:
+    def quantized_summary(self) -> QuantizedLinear:
         layers = self.quantized_layers
         weights = sum(layer.parameters for layer in layers)
         stored = sum(layer.bytes for layer in layers)
         exact_layers = [layer for layer in layers if layer.exact_bits is not None]
-        exact_bits = sum(layer.exact_bits for layer in exact_layers if layer.exact_bits is not None)
+        exact_bits = sum((layer.exact_bits for layer in exact_layers if layer.exact_bits is not None), Fraction(0))
         nominal_g128 = [layer.nominal_at(RULE_GROUP_SIZE) for layer in layers]
         known_g128 = [value for value in nominal_g128 if value is not None]
-        return {
-            "layers": len(layers),
-            "parameters": weights,
-            "bytes": stored,
-            "bits_per_weight": {
+        return QuantizedLinear(
+            layers=len(layers), parameters=weights, bytes=stored,
+            bits_per_weight=QuantizedBitsPerWeight(
                 # weighted by parameters: total bits over total weights
-                "measured": stored * 8 / weights if weights else None,
-                "exact": as_number(exact_bits / sum(layer.parameters for layer in exact_layers)) if exact_layers else None,
-                "format_at_g128": as_number(sum(known_g128) / weights) if weights and len(known_g128) == len(layers) else None,
-                "rule": as_number(self.rule_bits_per_weight) if weights else None,
-                "unweighted_mean": sum(layer.bits_per_weight for layer in layers) / len(layers) if layers else None,
-            },
-            "by_scheme": _by_scheme(layers),
-        }
+                measured=stored * 8 / weights if weights else None,
+                exact=_figure(exact_bits / sum(layer.parameters for layer in exact_layers)) if exact_layers else None,
+                format_at_g128=_figure(sum(known_g128, Fraction(0)) / weights) if weights and len(known_g128) == len(layers) else None,
+                rule=_figure(self.rule_bits_per_weight) if weights else None,
+                unweighted_mean=sum(layer.bits_per_weight for layer in layers) / len(layers) if layers else None,
+            ),
+            by_scheme=_by_scheme(layers),
+        )
 
-    def _totals(self) -> dict[str, Any]:
-        return {
-            "file_bytes": self.file_bytes,
-            "header_bytes": self.header_bytes,
-            "tensor_bytes": self.tensor_bytes,
-            "parameters": self.parameters,
-            "bits_per_parameter": self.file_bytes * 8 / self.parameters if self.parameters else None,
-        }
+    def _totals(self) -> Totals:
+        return Totals(file_bytes=self.file_bytes, header_bytes=self.header_bytes, tensor_bytes=self.tensor_bytes,
+                      parameters=self.parameters,
+                      bits_per_parameter=self.file_bytes * 8 / self.parameters if self.parameters else None)
 
-    def _explanation(self) -> dict[str, Any]:
+    def _explanation(self) -> Explanation:
         expected_bits = self.rule_bits_per_weight * self.parameters
-        lines = [gap.to_json() | {"bits_per_parameter": as_number(gap.bits / self.parameters) if self.parameters else None}
+        lines = [ExplanationLine(cause=gap.cause, bytes=_figure(gap.bits / 8), detail=gap.detail,
+                                 bits_per_parameter=_figure(gap.bits / self.parameters) if self.parameters else None)
                  for gap in self.explanation]
-        return {
-            "expected_bytes": as_number(expected_bits / 8),
-            "measured_bytes": self.file_bytes,
-            "gap_bytes": as_number((self.file_bytes * 8 - expected_bits) / 8),
-            "lines": lines,
-            "unexplained_bytes": as_number(self.unexplained_bits / 8),
-        }
+        return Explanation(
+            expected_bytes=_figure(expected_bits / 8),
+            measured_bytes=self.file_bytes,
+            gap_bytes=_figure((self.file_bytes * 8 - expected_bits) / 8),
+            lines=lines,
+            unexplained_bytes=_figure(self.unexplained_bits / 8),
+        )
 
-    def to_json(self) -> dict[str, Any]:
+    def record(self) -> MeasurementRecord:
+        """The measurement as written and read (docs/measure-and-bounds.md, "measure JSON")."""
+        # summed from int 0, as it always was: with no storage line the figure is a float, with
+        # one an exact fraction (an int when whole); the record keeps writing it the same way
         storage_bits = sum(gap.bits for gap in self.explanation if gap.cause.is_storage)
         exact_model_bits = self.file_bytes * 8 - storage_bits
-        return {
-            "kind": KIND,
-            "schema_version": SCHEMA_VERSION,
-            "checkpoint": self.checkpoint,
-            "index": self.index,
-            "files": self.files,
-            "format": vars(self.format),
-            "totals": self._totals(),
-            "categories": self.categories,
-            "blocks": self.blocks,
-            "outside_blocks": self.outside_blocks,
-            "linear_layers": [layer.to_json() for layer in self.linear_layers],
-            "quantized_linear": self.quantized_summary(),
-            "whole_model": {
-                "bits_per_parameter": {
-                    "measured": self.file_bytes * 8 / self.parameters if self.parameters else None,
-                    "exact": as_number(exact_model_bits / self.parameters) if self.parameters else None,
-                    "rule": as_number(self.rule_bits_per_weight),
-                },
-            },
-            "rule": {"bits_per_weight": as_number(self.rule_bits_per_weight), "group_size": RULE_GROUP_SIZE, "source": self.rule_source},
-            "baseline_dtype": {"dtype": self.baseline_dtype, "source": self.baseline_dtype_source},
-            "explanation": self._explanation(),
-            "baseline": self.baseline,
-            "notes": self.notes,
-            "wall_seconds": self.wall_seconds,
-        }
+        return MeasurementRecord(
+            checkpoint=self.checkpoint,
+            index=self.index,
+            files=list(self.files),
+            format=self.format,
+            totals=self._totals(),
+            categories=dict(self.categories),
+            blocks=list(self.blocks),
+            outside_blocks=self.outside_blocks,
+            linear_layers=[layer.record() for layer in self.linear_layers],
+            quantized_linear=self.quantized_summary(),
+            whole_model=WholeModel(bits_per_parameter=ModelBitsPerParameter(
+                measured=self.file_bytes * 8 / self.parameters if self.parameters else None,
+                exact=as_number(exact_model_bits / self.parameters) if self.parameters else None,
+                rule=_figure(self.rule_bits_per_weight),
+            )),
+            rule=Rule(bits_per_weight=_figure(self.rule_bits_per_weight), group_size=RULE_GROUP_SIZE, source=self.rule_source),
+            baseline_dtype=BaselineDtype(dtype=self.baseline_dtype, source=self.baseline_dtype_source),
+            explanation=self._explanation(),
+            baseline=self.baseline,
+            notes=list(self.notes),
+            wall_seconds=self.wall_seconds,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """The record's JSON (`quantgate measure --json`)."""
+        return self.record().to_json()

@@ -1,0 +1,206 @@
+"""The records that cross a layer (quantgate.core.records): the measurement, a calibration set's
+manifest and an evaluation's results manifest. Each is written by its class and read back by it
+equal, byte for byte the file its stage writes; a schema_version this quantgate does not read is
+refused in one line naming the file and the versions; a damaged field is refused naming the field."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from quantgate import calibration, evalsets
+from quantgate.calibration.manifest import CalibrationManifest
+from quantgate.core.artifacts import MANIFEST, write_json
+from quantgate.core.errors import InputError, IntegrityError
+from quantgate.core.records import Record
+from quantgate.evalsets.results import ResultsManifest
+from quantgate.quantize.measure.accounting import measure
+from quantgate.quantize.measure.record import MeasurementRecord
+from quantgate.quantize.measure.stage import stage_measurement
+from tests.helpers import write_header_only
+
+
+def rewritten(path: Path, change: Any) -> Path:
+    """`path`'s JSON with `change` applied to it, written back (its files table left as it was)."""
+    value = json.loads(path.read_text(encoding="utf-8"))
+    change(value)
+    path.write_text(json.dumps(value), encoding="utf-8")
+    return path
+
+
+def one_line(error: pytest.ExceptionInfo[Exception]) -> str:
+    message = str(error.value)
+    assert "\n" not in message, message
+    return message
+
+
+# ---- the measurement ------------------------------------------------------------------------
+
+
+def gptq_int4(root: Path) -> Path:
+    """One GPTQ INT4 g128 decoder block (two layers) with embeddings and a norm, header-only."""
+    root.mkdir(parents=True)
+    tensors: dict[str, tuple[str, list[int]]] = {"model.embed_tokens.weight": ("BF16", [512, 256]), "model.norm.weight": ("BF16", [256])}
+    for name in ("self_attn.q_proj", "mlp.up_proj"):
+        prefix = f"model.layers.0.{name}"
+        tensors |= {f"{prefix}.qweight": ("I32", [256 * 4 // 32, 256]), f"{prefix}.qzeros": ("I32", [2, 256 * 4 // 32]),
+                    f"{prefix}.scales": ("F16", [2, 256]), f"{prefix}.g_idx": ("I32", [256])}
+    write_header_only(root / "model.safetensors", tensors, {"format": "pt"})
+    (root / "config.json").write_text(json.dumps({"torch_dtype": "bfloat16", "tie_word_embeddings": True, "quantization_config":
+                                                  {"quant_method": "gptq", "bits": 4, "group_size": 128, "sym": False}}))
+    return root
+
+
+def test_a_measurement_round_trips_through_its_record(tmp_path: Path) -> None:
+    measured = measure(gptq_int4(tmp_path / "ckpt"))
+    record = measured.record()
+    record.write(tmp_path / "measure.json")
+    read = MeasurementRecord.read(tmp_path / "measure.json")
+    assert read == record and read.to_json() == measured.to_json()
+    # the class writes what `quantgate measure --json` always wrote: the same bytes through the writer
+    write_json(tmp_path / "as-dict.json", measured.to_json())
+    assert (tmp_path / "measure.json").read_bytes() == (tmp_path / "as-dict.json").read_bytes()
+    # an exact figure keeps its number type: an int where the fraction is whole, else a float
+    assert read.rule.bits_per_weight == 4.15 and isinstance(read.totals.file_bytes, int)
+    assert read.explanation.lines[-1].cause.value == "header"
+
+
+def test_a_measurement_of_another_schema_version_is_refused_in_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "measure.json"
+    measure(gptq_int4(tmp_path / "ckpt")).record().write(path)
+    rewritten(path, lambda value: value.update(schema_version=7))
+    with pytest.raises(InputError) as refused:
+        MeasurementRecord.read(path)
+    assert one_line(refused) == f"{path}: schema_version 7; this quantgate reads 1"
+    rewritten(path, lambda value: value.pop("schema_version"))
+    with pytest.raises(InputError, match="no schema_version; this quantgate reads 1"):
+        MeasurementRecord.read(path)
+    rewritten(path, lambda value: value.update(schema_version=True))  # JSON true is no version, though Python calls it 1
+    with pytest.raises(InputError, match="schema_version True; this quantgate reads 1"):
+        MeasurementRecord.read(path)
+
+
+@pytest.mark.parametrize("change, fragment", [
+    (lambda value: value["totals"].update(file_bytes="12"), "measurement field totals.file_bytes: Input should be a valid integer"),
+    (lambda value: value["totals"].update(file_bytes=12.0), "measurement field totals.file_bytes: Input should be a valid integer"),
+    (lambda value: value["linear_layers"][0].update(quantized=1), "measurement field linear_layers[0].quantized: Input should be a valid boolean"),
+    (lambda value: value["explanation"]["lines"][0].update(cause="a_new_cause"), "measurement field explanation.lines[0].cause: Input should be"),
+    (lambda value: value["quantized_linear"].pop("bits_per_weight"), "measurement field quantized_linear.bits_per_weight: Field required"),
+    (lambda value: value.update(totalz={}), "measurement field totalz: Extra inputs are not permitted"),
+    (lambda value: value.update(kind="bounds"), "kind 'bounds', not a measurement (kind 'measurement')"),
+])
+def test_a_damaged_measurement_is_refused_naming_the_field(tmp_path: Path, change: Any, fragment: str) -> None:
+    path = tmp_path / "measure.json"
+    measure(gptq_int4(tmp_path / "ckpt")).record().write(path)
+    rewritten(path, change)
+    with pytest.raises((InputError, IntegrityError)) as refused:
+        MeasurementRecord.read(path)
+    assert one_line(refused).startswith(f"{path}: ") and fragment in str(refused.value)
+
+
+def test_the_measure_stage_value_is_read_as_the_record(tmp_path: Path) -> None:
+    """The pipeline stores `{measurement, bounds}`; its readers take the measurement as the record."""
+    record = measure(gptq_int4(tmp_path / "ckpt")).record()
+    assert stage_measurement({"measurement": record.to_json(), "bounds": {}}, "measure/x.json") == record
+    with pytest.raises(InputError, match=r"^measure/x.json: measurement: not a measurement \(a JSON null, not an object\)$"):
+        stage_measurement({"bounds": {}}, "measure/x.json")
+
+
+def test_a_record_names_a_key_that_could_break_its_line(tmp_path: Path) -> None:
+    value = measure(gptq_int4(tmp_path / "ckpt")).to_json()
+    value["categories"]["bad\nkey"] = {"bytes": "1", "parameters": 0, "tensors": 0}
+    with pytest.raises(IntegrityError) as refused:
+        MeasurementRecord.from_json(value, "x.json")
+    assert one_line(refused) == "x.json: measurement field categories.'bad\\nkey'.bytes: Input should be a valid integer"
+
+
+# ---- the calibration set's manifest -----------------------------------------------------------
+
+
+@pytest.fixture
+def calibration_set(tiny_model_template: Path, tmp_path: Path) -> calibration.CalibrationSet:
+    cfg = calibration.CalibrationConfig(model=str(tiny_model_template), source="demo", samples=2, seq_len=16)
+    return calibration.run(cfg, tmp_path / "calibration")
+
+
+def test_a_calibration_manifest_round_trips_through_its_record(calibration_set: calibration.CalibrationSet, tmp_path: Path) -> None:
+    manifest_path = calibration_set.path / MANIFEST
+    read = CalibrationManifest.read(manifest_path)
+    assert read == calibration_set.manifest and read.fingerprint == calibration_set.fingerprint
+    read.write(tmp_path / "again.json")
+    assert (tmp_path / "again.json").read_bytes() == manifest_path.read_bytes()  # the stage wrote it through the class
+    assert json.loads(manifest_path.read_text())["tokenizer"]["class"] == read.tokenizer.class_
+
+
+def test_a_calibration_set_of_another_schema_version_is_refused(calibration_set: calibration.CalibrationSet) -> None:
+    path = rewritten(calibration_set.path / MANIFEST, lambda value: value.update(schema_version=2))
+    with pytest.raises(InputError) as refused:
+        calibration.load(calibration_set.path)
+    assert one_line(refused) == f"{path}: schema_version 2; this quantgate reads 1"
+
+
+def test_a_damaged_calibration_manifest_is_refused_naming_the_field(calibration_set: calibration.CalibrationSet) -> None:
+    path = rewritten(calibration_set.path / MANIFEST, lambda value: value["selection"].update(documents_used="all"))
+    with pytest.raises(IntegrityError) as refused:
+        calibration.load(calibration_set.path)
+    assert one_line(refused) == f"{path}: calibration set manifest field selection.documents_used: Input should be a valid list"
+
+
+# ---- the evaluation results manifest ----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def results(tiny_model_template: Path, tmp_path_factory: pytest.TempPathFactory) -> evalsets.EvaluationResults:
+    """The tiny model on two items of a multiple-choice set (about a second)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("QUANTGATE_HOME", str(tmp_path_factory.mktemp("records-home")))
+        patch.setenv("HF_HUB_OFFLINE", "1")
+        return evalsets.run(evalsets.EvaluateConfig(evalsets=("arc-easy",), limit=2), tiny_model_template,
+                            tmp_path_factory.mktemp("records") / "results")
+
+
+def copied(results: evalsets.EvaluationResults, tmp_path: Path) -> Path:
+    return Path(shutil.copytree(results.path, tmp_path / "results"))
+
+
+def test_a_results_manifest_round_trips_through_its_record(results: evalsets.EvaluationResults, tmp_path: Path) -> None:
+    loaded = evalsets.load_results(results.path)
+    assert loaded.manifest == results.manifest
+    loaded.manifest.write(tmp_path / "again.json")
+    assert (tmp_path / "again.json").read_bytes() == (results.path / MANIFEST).read_bytes()
+    entry = loaded.manifest.sets["arc-easy@v1"]
+    assert entry.items == 2 and entry.kind is evalsets.Kind.multiple_choice and 0 <= entry.metrics["acc"] <= 1
+    assert loaded.manifest.config.evalsets == ("arc-easy",)  # the config read back as the config
+
+
+def test_results_of_another_schema_version_are_refused(results: evalsets.EvaluationResults, tmp_path: Path) -> None:
+    path = rewritten(copied(results, tmp_path) / MANIFEST, lambda value: value.update(schema_version=7))
+    with pytest.raises(InputError) as refused:
+        evalsets.load_results(path.parent)
+    assert one_line(refused) == f"{path}: schema_version 7; this quantgate reads 1"
+
+
+@pytest.mark.parametrize("change, fragment", [
+    (lambda value: value["sets"]["arc-easy@v1"].update(from_cache="yes"), "field sets.arc-easy@v1.from_cache: Input should be a valid boolean"),
+    (lambda value: value["model"].pop("weights_sha256"), "field model.weights_sha256: Field required"),
+    (lambda value: value["config"].update(batch_size=0), "field config.batch_size: Input should be greater than 0"),
+    (lambda value: value.update(sets={}), "field sets: Dictionary should have at least 1 item"),
+    (lambda value: value.update(artifact="calibration-set"), "artifact 'calibration-set', not an evaluation results manifest"),
+])
+def test_a_damaged_results_manifest_is_refused_naming_the_field(results: evalsets.EvaluationResults, tmp_path: Path, change: Any,
+                                                                 fragment: str) -> None:
+    path = rewritten(copied(results, tmp_path) / MANIFEST, change)
+    with pytest.raises((InputError, IntegrityError)) as refused:
+        evalsets.load_results(path.parent)
+    assert one_line(refused).startswith(f"{path}: ") and fragment in str(refused.value)
+
+
+def test_every_record_names_its_kind_and_versions() -> None:
+    """What each reader checks first, and what it writes: the same kind and version."""
+    for record, field in ((MeasurementRecord, "kind"), (CalibrationManifest, "kind"), (ResultsManifest, "artifact")):
+        assert issubclass(record, Record) and record.KIND_FIELD == field and record.READS == (1,)
+        assert record.model_fields[field].default == record.KIND and record.model_fields["schema_version"].default == 1
