@@ -11,7 +11,7 @@ import random
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from quantgate.calibration.config import CalibrationConfig, Packing
 from quantgate.calibration.sources import Documents, load_documents
@@ -50,7 +50,7 @@ class CalibrationSet:
 
     @property
     def fingerprint(self) -> str:
-        return self.manifest["fingerprint"]
+        return str(self.manifest["fingerprint"])
 
     @property
     def samples(self) -> int:
@@ -212,15 +212,15 @@ def _encoded(tokenizer: Any, documents: Documents, order: list[int], cfg: Calibr
         yield from zip(batch, encoded, strict=True)
 
 
-def _as_string(tokenizer: Any, text: Any, cfg: CalibrationConfig, index: int) -> str:
+def _as_string(tokenizer: Any, text: str | list[dict[str, Any]], cfg: CalibrationConfig, index: int) -> str:
     if isinstance(text, list):
         if not text:  # an empty conversation: an empty document, skipped as an empty text is
             return ""
         if not cfg.chat_template:
             raise SourceError(f"document {index} is a list of chat messages: pass --chat-template")
-        return tokenizer.apply_chat_template(text, tokenize=False)
+        return cast(str, tokenizer.apply_chat_template(text, tokenize=False))  # transformers is untyped here
     if cfg.chat_template:
-        return tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False)
+        return cast(str, tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False))
     return text
 
 
