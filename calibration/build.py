@@ -11,7 +11,7 @@ import random
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from quantgate.calibration.config import CalibrationConfig, Packing
 from quantgate.calibration.manifest import KIND, CalibrationManifest, CalibrationSource, Selection, TokenizerIdentity
@@ -136,8 +136,10 @@ def run(cfg: CalibrationConfig, out: Path, overwrite: bool = False) -> Calibrati
             model=str(model_dir),
             source=CalibrationSource(spec=cfg.source, kind=documents.kind, description=documents.description,
                                      sha256=documents.sha256, documents=len(documents.texts)),
-            tokenizer=TokenizerIdentity(sha256=tokenizer_sha256, files=tokenizer_files, class_=type(tokenizer).__name__,
-                                        vocab_size=len(tokenizer), eos_token_id=tokenizer.eos_token_id),
+            # by its written names: `class` is a keyword, and mypy reads the field by its alias
+            tokenizer=TokenizerIdentity.model_validate({"sha256": tokenizer_sha256, "files": tokenizer_files,
+                                                        "class": type(tokenizer).__name__, "vocab_size": len(tokenizer),
+                                                        "eos_token_id": tokenizer.eos_token_id}),
             selection=Selection.model_validate({**settings, "documents_used": used}),
             samples=len(rows),
             seq_len=cfg.seq_len,
@@ -208,15 +210,15 @@ def _encoded(tokenizer: Any, documents: Documents, order: list[int], cfg: Calibr
         yield from zip(batch, encoded, strict=True)
 
 
-def _as_string(tokenizer: Any, text: Any, cfg: CalibrationConfig, index: int) -> str:
+def _as_string(tokenizer: Any, text: str | list[dict[str, Any]], cfg: CalibrationConfig, index: int) -> str:
     if isinstance(text, list):
         if not text:  # an empty conversation: an empty document, skipped as an empty text is
             return ""
         if not cfg.chat_template:
             raise SourceError(f"document {index} is a list of chat messages: pass --chat-template")
-        return tokenizer.apply_chat_template(text, tokenize=False)
+        return cast(str, tokenizer.apply_chat_template(text, tokenize=False))  # transformers is untyped here
     if cfg.chat_template:
-        return tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False)
+        return cast(str, tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False))
     return text
 
 

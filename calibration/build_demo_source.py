@@ -141,7 +141,7 @@ def build(out: Path) -> dict[str, Any]:
 
 def check() -> bool:
     """Rebuild into a temporary directory; True when every file hash equals the snapshot's."""
-    committed = read_json(demo_source_dir() / "manifest.json")
+    committed: dict[str, Any] = read_json(demo_source_dir() / "manifest.json")
     with tempfile.TemporaryDirectory() as temporary:
         rebuilt = build(Path(temporary))
     return rebuilt == committed

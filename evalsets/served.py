@@ -40,7 +40,7 @@ import os
 import platform
 import statistics
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from pydantic import Field
 
@@ -48,11 +48,11 @@ from quantgate import serving
 from quantgate.core.artifacts import MANIFEST, read_json, sha256_file
 from quantgate.core.errors import InputError
 from quantgate.core.headers import read_checkpoint
+from quantgate.core.ids import SetRef
 from quantgate.core.models import max_sequence_length
 from quantgate.core.validation import Strict
 from quantgate.evalsets import agreement
 from quantgate.evalsets.evaluate import TOPK_FILE, EvaluationResults, load_side, model_identity
-from quantgate.evalsets.sets import SetRef
 from quantgate.evalsets.text_eval import head_logits, prefix_token
 from quantgate.quantize.measure.accounting import measure
 from quantgate.quantize.measure.bounds import kv_bytes_per_sequence, memory_time, model_from_checkpoint
@@ -444,4 +444,4 @@ class _Gated:
                 past = output.past_key_values
                 step_input = output.logits[:, -1].argmax(-1, keepdim=True)
                 out.append(step_input)
-        return torch.cat(out, dim=-1).tolist()
+        return cast(list[list[int]], torch.cat(out, dim=-1).tolist())  # torch is untyped here

@@ -118,11 +118,11 @@ class GoldenSet:
 
     @property
     def name(self) -> str:
-        return self.manifest["name"]
+        return str(self.manifest["name"])
 
     @property
     def version(self) -> str:
-        return self.manifest["version"]
+        return str(self.manifest["version"])
 
     @property
     def spec(self) -> str:
@@ -134,7 +134,7 @@ class GoldenSet:
 
     @property
     def sha256(self) -> str:
-        return self.manifest["sha256"]
+        return str(self.manifest["sha256"])
 
     @property
     def size(self) -> int:
@@ -142,7 +142,7 @@ class GoldenSet:
 
     @property
     def data_path(self) -> Path:
-        return self.path / self.manifest["data_file"]
+        return self.path / str(self.manifest["data_file"])
 
     def items(self, limit: int | None = None) -> list[dict[str, Any]]:
         """The items in the set's seeded order; `limit` takes the first N."""
@@ -429,7 +429,7 @@ def add(cfg: AddConfig, source: Path, home: Path | None = None) -> AddedSet:
         raise InputError(f"{source} holds no items; each line is a JSON object with {item_fields(cfg.kind)}")
     root = user_dir(home) / cfg.name
     versions = _versions(root)
-    fields = {
+    fields: dict[str, Any] = {
         "name": cfg.name,
         "version": f"v{(versions[-1] if versions else 0) + 1}",
         "kind": cfg.kind.value,

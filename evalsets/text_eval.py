@@ -168,14 +168,15 @@ def evaluate_text(
     capture = _HeadInputs(model)
     head_ok: bool | None = None if capture.usable else False
     head_difference: float | None = None
-    weight = capture.module.weight.detach() if capture.usable else None
+    # weight and head_inputs: torch tensors (Any), None only where head_ok is False, so never used then
+    weight: Any = capture.module.weight.detach() if capture.usable else None
     bias = getattr(capture.module, "bias", None) if capture.usable else None
 
     topk_ids = torch.zeros((total, top_k), dtype=torch.int32)
     topk_logprobs = torch.zeros((total, top_k), dtype=torch.float32)
     topk_residual = torch.zeros(total, dtype=torch.float64)
     hidden_size = weight.shape[-1] if weight is not None else 0
-    head_inputs = torch.zeros((total, hidden_size), dtype=torch.float32) if capture.usable else None
+    head_inputs: Any = torch.zeros((total, hidden_size), dtype=torch.float32) if capture.usable else None
     full_rows: dict[int, Any] = {}  # position -> whole distribution, top-k mode only
     sampled = frozenset(exact_check_positions(total, exact_positions))
     nll = [0.0] * len(items)
@@ -320,7 +321,7 @@ def _compare(baseline: BaselineSide, span: slice, logprobs: Any, checks: dict[st
     for row, position in enumerate(baseline.exact_positions):
         if span.start <= position < span.stop:
             one = slice(position - span.start, position - span.start + 1)
-            here = tuple(part[one] for part in cached)
+            here = (cached[0][one], cached[1][one], cached[2][one])
             candidate = logprobs[one]
             checks["exact"].append(float(agreement.kl_exact(baseline.exact_logprobs[row : row + 1], candidate)[0]))
             checks["estimate"].append(float(agreement.kl_from_topk(*here, candidate)[0]))

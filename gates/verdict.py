@@ -7,6 +7,7 @@ Thin over two pure parts: `gates.stats` (the intervals) and `gates.policy.decide
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -119,7 +120,7 @@ class Verdict:
 APPROVED, PENDING, BLOCKED = "approved", "pending", "blocked"
 
 
-def passes_here(record: dict[str, Any]) -> bool:
+def passes_here(record: Mapping[str, Any]) -> bool:
     """Whether a verdict record's checkpoint passes on the evidence a run has: approved, or its
     quality passed and serving is pending here (no usable path on this class, not checked, a
     serve that failed); not where this class's engine disagrees (blocked here)."""

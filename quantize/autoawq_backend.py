@@ -35,11 +35,12 @@ def common_group_size(widths: list[int], requested: int) -> int:
     sizes = {effective_group_size(width, requested) for width in widths}
     if None in sizes:
         raise InputError("--backend autoawq: some layer width is not a multiple of 32; AutoAWQ cannot quantize it")
-    return min(sizes)  # sizes are powers of two times 32 here, so the smallest divides every width
+    # sizes (None ruled out above) are powers of two times 32 here, so the smallest divides every width
+    return min(size for size in sizes if size is not None)
 
 
 def quantize_with_autoawq(cfg: QuantizeConfig, preset: Preset, *, model_dir: Path, calibration_set: Any,
-                          out: Path, overwrite: bool, stopwatch: Stopwatch) -> Any:
+                          out: Path, overwrite: bool, stopwatch: Stopwatch) -> QuantizedCheckpoint:
     if preset.name != "awq-int4":
         raise InputError(f"--backend autoawq makes awq-int4 checkpoints only, not {preset.name}")
     require_autoawq()

@@ -27,14 +27,14 @@ def cpu_safe_pinning() -> Iterator[bool]:
         return
     original = IntermediatesCache.pin_memory
 
-    def pin_memory(self, batch_index: int, input_names: list[str] | None = None) -> None:
+    def pin_memory(self: IntermediatesCache, batch_index: int, input_names: list[str] | None = None) -> None:
         return None
 
-    IntermediatesCache.pin_memory = pin_memory
+    IntermediatesCache.pin_memory = pin_memory  # type: ignore[method-assign]  # a patch for this block only, undone below
     try:
         yield True
     finally:
-        IntermediatesCache.pin_memory = original
+        IntermediatesCache.pin_memory = original  # type: ignore[method-assign]  # the upstream method, put back
 
 
 @contextlib.contextmanager

@@ -86,7 +86,7 @@ def build_recipe(preset: Preset, cfg: QuantizeConfig, plan: GroupPlan | None, st
 
     ignore = [*cfg.ignore, *(plan.unquantized if plan else [])]
     groups = config_groups(preset, cfg, plan, storage_dtype)
-    gptq_knobs = {"dampening_frac": cfg.dampening_frac, "block_size": cfg.block_size}
+    gptq_knobs: dict[str, Any] = {"dampening_frac": cfg.dampening_frac, "block_size": cfg.block_size}
     if preset.algorithm is Algorithm.gptq:
         return [GPTQModifier(config_groups=groups, ignore=ignore, actorder=cfg.actorder, **gptq_knobs)]
     if preset.algorithm is Algorithm.awq:

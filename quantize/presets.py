@@ -70,7 +70,7 @@ PRESETS: dict[str, Preset] = {
     )
 }
 # With dynamic activations, FP8 weights go per channel (llmcompressor's FP8_DYNAMIC preset).
-FP8_DYNAMIC_WEIGHTS = {"num_bits": 8, "type": "float", "symmetric": True, "strategy": "channel"}
+FP8_DYNAMIC_WEIGHTS: dict[str, Any] = {"num_bits": 8, "type": "float", "symmetric": True, "strategy": "channel"}
 
 
 def get_preset(name: str) -> Preset:

@@ -62,10 +62,12 @@ class LazyCommands(TyperGroup):
         # A summary stub per name: what --help lists and a typo's "did you mean" draws on.
         self.commands = {name: TyperCommand(name, short_help=entry.summary) for name, entry in COMMANDS.items()}
 
-    def list_commands(self, ctx: typer.Context) -> list[str]:
+    # ctx: Any, as the base class takes the Context of the click that typer runs on (recent typer
+    # releases carry a private copy of click, older ones use click's); typer.Context would narrow it.
+    def list_commands(self, ctx: Any) -> list[str]:
         return list(COMMANDS)
 
-    def resolve_command(self, ctx: typer.Context, args: list[str]) -> tuple[str | None, Any, list[str]]:
+    def resolve_command(self, ctx: Any, args: list[str]) -> tuple[str | None, Any, list[str]]:
         name, command, rest = super().resolve_command(ctx, args)  # an unknown name fails here, as usual
         return name, load(name) if name in COMMANDS else command, rest
 

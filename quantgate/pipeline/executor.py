@@ -26,7 +26,7 @@ from typing import Any, Protocol, TypeVar
 from quantgate.core.console import stderr
 from quantgate.core.errors import InputError, QuantgateError
 from quantgate.pipeline import units
-from quantgate.pipeline.plan import ExecutorPlan, StageResources
+from quantgate.pipeline.plan import ExecutorPlan, StageKind, StageResources
 
 T = TypeVar("T")
 # The environment a worker needs from the driver's (where quantgate keeps its caches, which
@@ -164,11 +164,11 @@ class RayExecutor:
     name = "ray"
     concurrent = True
 
-    def __init__(self, plan: ExecutorPlan, resources: Mapping[str, StageResources], show: Callable[[str], None]) -> None:
+    def __init__(self, plan: ExecutorPlan, resources: Mapping[StageKind, StageResources], show: Callable[[str], None]) -> None:
         ray = self.ray = _ray()
         self.address = plan.address
         self.max_retries = plan.max_retries
-        self.resources = dict(resources)
+        self.resources: dict[str, StageResources] = dict(resources.items())  # looked up by a unit's kind, a str
         self.show = show
         env = {name: os.environ[name] for name in FORWARDED_ENV if name in os.environ}
         _answers(plan.address)
@@ -340,7 +340,7 @@ def _first_line(error: BaseException) -> str:
     return " ".join(text.splitlines()[0].split()) if text else type(error).__name__
 
 
-def make(plan: ExecutorPlan, resources: Mapping[str, StageResources]) -> Executor:
+def make(plan: ExecutorPlan, resources: Mapping[StageKind, StageResources]) -> Executor:
     """The executor a plan asks for."""
     if plan.kind == "local":
         return LocalExecutor()

@@ -91,7 +91,7 @@ def gate_key(plan: ResolvedPlan, *, precision: str, evidence: str, measure: str,
     """A verdict: the policy, the precision class, the key of the looks, the sha256s of the
     candidate's and the paired baseline's results manifests, and the keys of the measurement and
     the overlap."""
-    key = {"stage": "gate", "policy": plan.policy.identity, "precision": precision, "evidence": evidence,
+    key: dict[str, Any] = {"stage": "gate", "policy": plan.policy.identity, "precision": precision, "evidence": evidence,
            "results": results, "measure": measure, "overlap": overlap, "quantgate": plan.version}
     if allocation is not None:  # a search trial: the bytes its size gate holds it to
         key["allocation"] = allocation

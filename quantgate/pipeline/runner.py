@@ -72,7 +72,7 @@ from quantgate.pipeline.plan import LoadedPlan
 from quantgate.pipeline.progress import StageLog, StageStatus
 from quantgate.pipeline.resolve import ResolvedPlan, Split, resolve_plan
 from quantgate.pipeline.search import Trials, build_space, mixed_config, run_search
-from quantgate.quantize import sensitivity
+from quantgate.quantize import MixedConfig, sensitivity
 from quantgate.quantize.allocation import Allocation
 from quantgate.quantize.checkpoint import QuantizationFailed
 from quantgate.quantize.measure import MeasurementRecord, measure_and_bound, stage_measurement
@@ -812,8 +812,8 @@ class _Run:
         plan, search = self.plan, self.plan.plan.search
         assert search is not None
         grouped = [plan.quantize_cfgs[fmt] for fmt in search.formats if get_preset(fmt).grouped] or [plan.quantize_cfgs[search.formats[0]]]
-        cfg = sensitivity.SensitivityConfig(formats=search.formats, fisher=search.fisher, ignore=grouped[0].ignore,
-                                            group_size=grouped[0].group_size, rows=search.sensitivity_rows)
+        cfg = sensitivity.SensitivityConfig(formats=search.formats, fisher=sensitivity.FisherVariant(search.fisher),
+                                            ignore=grouped[0].ignore, group_size=grouped[0].group_size, rows=search.sensitivity_rows)
         out = self.dir.sensitivity()
         made = self.cache.directory(
             kind="sensitivity", name="sensitivity", label="sensitivity", key=keys.sensitivity_key(plan, cfg, calibration_set.fingerprint),
@@ -823,7 +823,7 @@ class _Run:
         assert made.value is not None
         return made.value
 
-    def quantize_trial(self, name: str, cfg: quantize.MixedConfig, calibration_set: calibration.CalibrationSet,
+    def quantize_trial(self, name: str, cfg: MixedConfig, calibration_set: calibration.CalibrationSet,
                        layer_bytes: dict[str, int]) -> _Candidate:
         """A search trial's mixed checkpoint, judged on the search split and held to `layer_bytes`."""
         plan, checkpoint = self.plan, self.dir.checkpoint(name)
