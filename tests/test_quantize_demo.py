@@ -22,7 +22,7 @@ FORMATS = ["gptq-int4", "awq-int4", "smoothquant-w8a8", "fp8-e4m3"]
 def held_out(demo_calibration) -> list[str]:
     """Demo paragraphs the calibration set did not use: six (about a thousand tokens) tell a 10%
     perplexity bound apart well enough, each model's perplexity on the same texts."""
-    used = set(demo_calibration.manifest["selection"]["documents_used"])
+    used = set(demo_calibration.manifest.selection.documents_used)
     return [text for index, text in enumerate(demo_paragraphs()) if index not in used][:6]
 
 
