@@ -185,7 +185,7 @@ def test_a_checkpoint_vllm_cannot_load_is_blocked_by_the_serving_gate_with_the_r
 def test_serve_check_command_writes_the_record_and_exits_1_when_not_served(cli, gated: dict[str, Path], served: serving.ServingEnv,
                                                                            tmp_path: Path) -> None:
     out = tmp_path / "serve"
-    result = cli("serve-check", gated["checkpoint"], "--results", gated["results"], "--out", out, "--items", "4",
+    result = cli("serving", "check", gated["checkpoint"], "--results", gated["results"], "--out", out, "--items", "4",
                  "--batch-sizes", "1", "--decode-tokens", "4", "--runs", "1")
     assert result.code == 0, result.err
     record = json.loads((out / "serve.json").read_text())
@@ -193,10 +193,10 @@ def test_serve_check_command_writes_the_record_and_exits_1_when_not_served(cli, 
     assert "agreement with the gated results" in result.out and "decode at batch 1" in result.out
     broken = Path(shutil.copytree(gated["checkpoint"], tmp_path / "broken"))
     (broken / "config.json").write_text(json.dumps({**json.loads((broken / "config.json").read_text()), "architectures": ["NoSuchModel"]}))
-    result = cli("serve-check", broken, "--out", tmp_path / "serve-broken", "--batch-sizes", "1", "--decode-tokens", "2", "--runs", "1")
+    result = cli("serving", "check", broken, "--out", tmp_path / "serve-broken", "--batch-sizes", "1", "--decode-tokens", "2", "--runs", "1")
     assert result.code == 1 and "not served: vLLM" in result.out
     # bad input: exit 2, one line, nothing written
-    result = cli("serve-check", gated["checkpoint"], "--out", tmp_path / "bad", "--batch-sizes", "0")
+    result = cli("serving", "check", gated["checkpoint"], "--out", tmp_path / "bad", "--batch-sizes", "0")
     assert result.code == 2 and not (tmp_path / "bad").exists()
 
 

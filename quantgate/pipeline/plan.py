@@ -22,7 +22,7 @@ from quantgate.evalsets.served import ServeCheckConfig
 from quantgate.quantize.presets import get_preset
 
 SCHEMA_VERSION = 1
-# The embedded demo plan: one file, installed with the package (`quantgate demo`, `make demo`).
+# The embedded demo plan: one file, installed with the package (`quantgate run demo`, `make demo`).
 DEMO_PLAN = Path(str(resources.files("quantgate.pipeline") / "plans" / "demo.yaml"))
 
 

@@ -272,7 +272,7 @@ def resolve_plan(loaded: LoadedPlan, show_progress: bool = True) -> ResolvedPlan
 def unservable_here(resolved: ResolvedPlan) -> list[str]:
     """Before any quantization, the candidates this machine's engine is known not to serve usably
     (serving.device.KNOWN_GAPS): each will be pending serving here, and needs serving evidence from
-    a machine of another class (`quantgate serve-check --run`). The serve stage's probe decides on
+    a machine of another class (`quantgate serving check --run`). The serve stage's probe decides on
     the machine itself; this only says what to expect."""
     env = resolved.serving_env
     if resolved.serve_cfg is None or env is None:
