@@ -101,7 +101,7 @@ def plan_mapping(model: Path, root: Path, **changes: Any) -> dict[str, Any]:
     mapping: dict[str, Any] = {
         "model": str(model), "formats": TINY_FORMATS,
         "calibration": {"samples": 8, "seq_len": 64},
-        "evaluation": {"sets": ["wiki-text", "lambada"], "limit": 4},
+        "evaluation": {"sets": ["wiki-text", "lambada"], "items": 4},
         "policy": str(write_policy(root / "policy.yaml")), "hardware": ["reference", "h200"],
         "out": str(root / "run"),
     }
