@@ -339,7 +339,7 @@ def test_stage_cache_reuses_by_key_remakes_what_changed_and_keeps_failures(tmp_p
 
 # looks at 2 and 4 items before the ceiling (8); lambada's accuracy is decided on no fewer than 6
 SEQUENTIAL_POLICY = TINY_POLICY.replace("version: v1\n", "version: v1\nsequential: {looks: [2, 4], min_items: 2}\n").replace(
-    "undecided_margin_points: 50.0}", "min_items: 6}")
+    "undecided_margin: 50.0}", "min_items: 6}")
 
 
 def test_looks_stop_each_set_when_its_gates_are_decided_and_record_the_items(quant_model: Path, tmp_path: Path) -> None:

@@ -30,7 +30,7 @@ metrics:
     kl_divergence: {max_value: {8bit: 0.01, 4bit: 0.0009}}
     top1_agreement: {min_value: {8bit: 0.90, 4bit: 0.80}, undecided_margin: 0.05}
   lambada:
-    acc: {max_drop_points: {8bit: 5.0, 4bit: 10.0}, undecided_margin_points: 50.0}
+    acc: {max_drop_points: {8bit: 5.0, 4bit: 10.0}, undecided_margin: 50.0}
 mixed_precision: {rule: lowest-bits}
 """
 
