@@ -94,6 +94,7 @@ def check_command(
                                                                        "checkpoint's model.sig) when it makes the checkpoint deployable"),
 ) -> None:
     """Serve a checkpoint in vLLM and compare it with what was gated: exit 0 served, 1 not served, 2 bad input.
+
     With --run, add the result to the run's ledger as serving evidence from this machine's device
     class (exit 0 when served as gated here).
 
