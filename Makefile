@@ -33,7 +33,7 @@ serving: $(STAMP)
 # The demo approves some formats and blocks others by design: exit code 1 (a format blocked)
 # is its expected outcome; 2 (bad input) or a crash still fails `make demo`.
 demo: $(STAMP) serving
-	$(VENV)/bin/quantgate demo || [ $$? -eq 1 ]
+	$(VENV)/bin/quantgate run demo || [ $$? -eq 1 ]
 
 # The report's HTML is checked in Debian's chromium; installed here when missing (as root).
 browser:

@@ -47,7 +47,7 @@ def write_plan(scratch: Path, model: Path, formats: list[str], samples: int) -> 
         # 201 s local run, measured) is the run's critical path, which no number of nodes shortens
         "quantize": {"awq-int4": {"awq_n_grid": 10}} if "awq-int4" in formats else {},
         "calibration": {"samples": samples, "seq_len": 256},
-        "evaluation": {"sets": ["wiki-text@v1", "lambada@v1"], "limits": {"wiki-text@v1": 25, "lambada@v1": 120}},
+        "evaluation": {"sets": ["wiki-text@v1", "lambada@v1"], "items": {"wiki-text@v1": 25, "lambada@v1": 120}},
         "policy": "small-model@v3", "narrow_policy": ["wiki-text", "lambada"], "hardware": ["reference"],
         "out": str(scratch / "unused"),
     }

@@ -149,11 +149,11 @@ SERVE_FILE = "serve.json"
 
 
 def load_record(path: Path) -> dict[str, Any]:
-    """A serve record: `quantgate serve-check`'s output directory or its serve.json, or a run's
+    """A serve record: `quantgate serving check`'s output directory or its serve.json, or a run's
     serve/<name>.json (the stage cache's {"key", "value"})."""
     file = path / SERVE_FILE if path.is_dir() else path
     if not file.is_file():
-        raise InputError(f"{path} is no serve record (quantgate serve-check's output or a run's serve/<name>.json)")
+        raise InputError(f"{path} is no serve record (quantgate serving check's output or a run's serve/<name>.json)")
     try:
         value = read_json(file)
     except ValueError as error:

@@ -1,4 +1,4 @@
-"""Serving evidence from where a checkpoint will serve: `quantgate serve-check CKPT --run RUN_DIR`
+"""Serving evidence from where a checkpoint will serve: `quantgate serving check CKPT --run RUN_DIR`
 serves the run's baseline and the checkpoint on this machine's engine, judges them with the
 serving gates of the policy the run gated under, and appends a serving record to the run's ledger
 (the same hash chain; signed when a key is given and it makes the checkpoint deployable).

@@ -199,7 +199,7 @@ def verify_checkpoint(checkpoint: Path, ledger: Path, public_key: Path | None = 
         return Verification(Status.tampered, str(error))
     weights = weight_hashes(checkpoint)
     matching = [record for record in records if (record.get("checkpoint") or {}).get("weights") == weights]
-    # serving records (quantgate serve-check --run) add evidence to the verdict before them; they judge nothing alone
+    # serving records (quantgate serving check --run) add evidence to the verdict before them; they judge nothing alone
     attested = [record for record in matching if record.get("kind") == SERVING_KIND]
     matching = [record for record in matching if record.get("kind") != SERVING_KIND]
     # a search trial's verdict was reached on the search split, the items the search selected on:

@@ -24,6 +24,12 @@ BOUNDS = ("max_drop_points", "max_increase_percent", "max_value", "min_value")
 PerClass = dict[str, float]
 
 
+# The margin's spellings before it was one field, each read only on gates of its kind (another
+# kind read `undecided_margin`). Policy files are hashed as they are (every verdict records the
+# sha256), so the versions that spell it so stay as written and are read through `_one_margin`.
+PER_UNIT_MARGINS = {"undecided_margin_points": "max_drop_points", "undecided_margin_percent": "max_increase_percent"}
+
+
 class MetricGate(Strict):
     """Exactly one kind of bound per metric, each given per precision class."""
 
@@ -31,11 +37,27 @@ class MetricGate(Strict):
     max_increase_percent: PerClass | None = None  # perplexity: relative increase, in percent
     max_value: PerClass | None = None  # KL divergence
     min_value: PerClass | None = None  # top-1 agreement
-    undecided_margin_points: float | None = Field(default=None, ge=0)
-    undecided_margin_percent: float | None = Field(default=None, ge=0)
-    undecided_margin: float | None = Field(default=None, ge=0)
-    # no verdict (pass or fail) on fewer items than this; default: the policy's sequential.min_items
+    # at the last look, how far the interval may reach past the bound on the failing side and
+    # still pass (the estimate itself never may), in the bound's own unit: points for
+    # max_drop_points, percent for max_increase_percent, the value's unit otherwise
+    undecided_margin: float = Field(default=0.0, ge=0)
+    # this gate's own minimum: it replaces the policy's sequential.min_items (every gate's) for
+    # this gate alone; no verdict (pass or fail) on fewer items
     min_items: int | None = Field(default=None, gt=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_margin(cls, value: Any) -> Any:
+        """A gate that spells its margin per unit (`undecided_margin_points`, `_percent`: the
+        policies of v1) read as it always was: the spelling of the gate's own kind is its margin,
+        and what its kind did not read is dropped, as it was (it never decided anything)."""
+        if not isinstance(value, dict) or not any(name in value for name in PER_UNIT_MARGINS):
+            return value
+        kind = next((name for name in BOUNDS if value.get(name) is not None), None)
+        own = next((old for old, bound in PER_UNIT_MARGINS.items() if bound == kind), "undecided_margin")
+        margin = value.get(own)
+        value = {key: item for key, item in value.items() if key not in (*PER_UNIT_MARGINS, "undecided_margin")}
+        return value if margin is None else {**value, "undecided_margin": margin}
 
     @model_validator(mode="after")
     def _one_bound(self) -> MetricGate:
@@ -57,11 +79,6 @@ class MetricGate(Strict):
             raise InputError(f"policy gives no {self.kind} for {precision} formats")
         return values[precision]
 
-    @property
-    def margin(self) -> float:
-        return {"max_drop_points": self.undecided_margin_points, "max_increase_percent": self.undecided_margin_percent}.get(
-            self.kind, self.undecided_margin) or 0.0
-
 
 class Statistics(Strict):
     confidence: float = Field(default=0.95, gt=0, lt=1)
@@ -79,7 +96,8 @@ class Sequential(Strict):
     looks_by_set: dict[str, tuple[int, ...]] = Field(default_factory=dict, description="per golden set (NAME): beats `looks`")
     # the confidence is split evenly over a set's planned looks (docs/gates.md, "Sequential evaluation")
     error_control: str = Field(default="bonferroni", pattern="^bonferroni$")
-    min_items: int = Field(default=1, gt=0, description="no gate is decided on fewer items")
+    # every gate's minimum, unless a gate gives its own `min_items`
+    min_items: int = Field(default=1, gt=0, description="no gate is decided on fewer items (a gate's own min_items replaces it)")
     # a gate decided before the set's last look stays open (the next look evaluates more items)
     # unless at least this share of bootstrap resamples of its items decides it the same way
     # (its stability, gates.stats.verdict_stability); 0: the first decision stands. The Bonferroni

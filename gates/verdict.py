@@ -242,7 +242,7 @@ def metric_gate(spec: str, metric: Metric, gate: MetricGate, items: tuple[Record
         # compared in the statistic's own units (a 0/1 difference, not points): -6/120 and -5/100
         # are then the same double, so an estimate or interval end on the limit touches it
         # exactly, as the rule says, instead of landing either side of it by a rounding of x100
-        raw_limit, raw_margin = limit / metric.scale, gate.margin / metric.scale
+        raw_limit, raw_margin = limit / metric.scale, gate.undecided_margin / metric.scale
 
         def rule(estimate: float, low: float, high: float) -> Outcome | None:
             """The gate's decision at this look on any (estimate, interval): the items', or a resample's."""
@@ -260,7 +260,7 @@ def metric_gate(spec: str, metric: Metric, gate: MetricGate, items: tuple[Record
             decided_by = "undecided"
         elif not wholly or len(baseline) < min_items:
             decided_by = "ceiling"
-        reason = _describe(name, metric, outcome, estimate=estimate, low=low, high=high, limit=limit, margin=gate.margin,
+        reason = _describe(name, metric, outcome, estimate=estimate, low=low, high=high, limit=limit, margin=gate.undecided_margin,
                            items=len(baseline))
         if outcome is Outcome.insufficient and len(baseline) < min_items:
             reason = (f"{name} {metric.name}: insufficient evidence, {len(baseline)} items evaluated, "

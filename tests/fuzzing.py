@@ -387,7 +387,7 @@ def _plan_text(sandbox: Sandbox) -> str:
         "model": str(sandbox.tiny_model()), "formats": ["fp8-e4m3", "gptq-int4"],
         "quantize": {"gptq-int4": {"group_size": 64}},
         "calibration": {"samples": 8, "seq_len": 64, "seed": 1},
-        "evaluation": {"sets": ["wiki-text", "lambada"], "limit": 4, "batch_size": 2},
+        "evaluation": {"sets": ["wiki-text", "lambada"], "items": 4, "batch_size": 2},
         "policy": str(sandbox.root / "inputs" / "plan-policy.yaml"), "hardware": ["reference", "h200"],
         "out": str(sandbox.root / "run-out"), "report": {"plot_metric": None},
     }

@@ -71,7 +71,7 @@ metrics:
     kl_divergence: {max_value: {8bit: 0.01, 4bit: 0.05}, undecided_margin: 0.01}
     top1_agreement: {min_value: {8bit: 0.90, 4bit: 0.80}, undecided_margin: 0.05}
   lambada:
-    acc: {max_drop_points: {8bit: 5.0, 4bit: 10.0}, undecided_margin_points: 50.0}
+    acc: {max_drop_points: {8bit: 5.0, 4bit: 10.0}, undecided_margin: 50.0}
 """
 TINY_FORMATS = ["fp8-e4m3", "gptq-int4"]
 # A policy's serving section (the margins of small-model@v4's serving gate), for tests that serve.
@@ -91,7 +91,7 @@ metrics:
   wiki-text:
     kl_divergence: {max_value: {8bit: 50.0, 4bit: 50.0}, undecided_margin: 0.01}
   lambada:
-    acc: {max_drop_points: {8bit: 100.0, 4bit: 100.0}, undecided_margin_points: 1.0}
+    acc: {max_drop_points: {8bit: 100.0, 4bit: 100.0}, undecided_margin: 1.0}
 """
 
 
@@ -105,7 +105,7 @@ def plan_mapping(model: Path, root: Path, **changes: Any) -> dict[str, Any]:
     mapping: dict[str, Any] = {
         "model": str(model), "formats": TINY_FORMATS,
         "calibration": {"samples": 8, "seq_len": 64},
-        "evaluation": {"sets": ["wiki-text", "lambada"], "limit": 4},
+        "evaluation": {"sets": ["wiki-text", "lambada"], "items": 4},
         "policy": str(write_policy(root / "policy.yaml")), "hardware": ["reference", "h200"],
         "out": str(root / "run"),
     }

@@ -1,7 +1,7 @@
 """Serving evidence per device class, end to end with vLLM's CPU build on the tiny model: the serve
 record names the class, the schemes served, the kernels and the probe; on a CPU with AMX the serve
 stage keeps W4A16 weight-only (VLLM_CPU_INT4_W4A8=0) and measures what the default would serve;
-a verdict left pending here is completed by `quantgate serve-check --run` from another machine
+a verdict left pending here is completed by `quantgate serving check --run` from another machine
 (a serving record in the run's ledger) and `quantgate verify` honours it."""
 
 from __future__ import annotations
@@ -54,10 +54,10 @@ def test_a_format_whose_serves_never_answered_is_pending_with_the_command_that_a
     verdict = result.verdicts[SERVED_FORMAT]
     assert verdict["verdict"] == "pending" and verdict["quality"] == "passed"
     ((device_class, entry),) = verdict["classes"].items() if verdict.get("classes") else (("unknown", {}),)
-    assert entry.get("status") == "pending" and entry["next"] == f"quantgate serve-check {run / 'checkpoints' / SERVED_FORMAT} --run {run}"
+    assert entry.get("status") == "pending" and entry["next"] == f"quantgate serving check {run / 'checkpoints' / SERVED_FORMAT} --run {run}"
     found = ledger.verify_checkpoint(run / "checkpoints" / SERVED_FORMAT, run / "ledger.jsonl")
     assert found.status is ledger.Status.pending and not found.deployable
-    assert "serve it where it will run: quantgate serve-check" in found.reason
+    assert "serve it where it will run: quantgate serving check" in found.reason
 
 
 def test_an_attestation_from_another_machine_completes_the_verdict_and_verify_honours_it(
@@ -72,7 +72,7 @@ def test_an_attestation_from_another_machine_completes_the_verdict_and_verify_ho
     if amx:
         monkeypatch.setattr(device, "local_class", lambda engine_kind="cpu": device.AVX512_AMX)
     checkpoint = run / "checkpoints" / SERVED_FORMAT
-    result = cli("serve-check", str(checkpoint), "--run", str(run), "--out", str(tmp_path / "attest"))
+    result = cli("serving", "check", str(checkpoint), "--run", str(run), "--out", str(tmp_path / "attest"))
     assert result.code == 0, result.out + result.err
     assert f"{SERVED_FORMAT} on {device.local_class()}: serving approved" in result.out
     records = ledger.read(run / "ledger.jsonl")

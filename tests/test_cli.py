@@ -13,7 +13,7 @@ import typer
 
 import quantgate.cli
 from quantgate import calibration
-from quantgate.cli.app import COMMANDS, load
+from quantgate.cli.app import COMMANDS, REMOVED, load
 
 
 def all_commands() -> list[list[str]]:
@@ -35,7 +35,7 @@ def all_commands() -> list[list[str]]:
 
 def test_every_command_has_help_with_an_example(cli) -> None:
     commands = all_commands()
-    assert ["calibrate"] in commands and ["models", "pull"] in commands and ["demo"] in commands
+    assert ["calibrate"] in commands and ["models", "pull"] in commands and ["serving", "check"] in commands
     for path in commands:
         result = cli(*path, "--help")
         assert result.code == 0, path
@@ -84,6 +84,26 @@ def test_every_command_module_is_in_the_command_table() -> None:
         names = {command.name for command in commands.registered_commands} | {group.name for group in commands.registered_groups}
         assert names == {name for name, entry in COMMANDS.items() if entry.module == module}, module
         assert registered_modules(commands) == {module}
+
+
+def test_one_command_per_job_and_a_removed_name_says_what_replaces_it(cli, tmp_path) -> None:
+    """A name whose job another command does now is refused before anything runs (or is imported),
+    in one line naming the command that does it, exit 2: with its old arguments, and with --help."""
+    commands = [" ".join(path) for path in all_commands()]
+    assert len(commands) == len(set(commands)) and not {" ".join(old) for old in REMOVED} & set(commands)
+    lines = {
+        ("demo", "--out", tmp_path / "demo"): "`quantgate demo` is now `quantgate run demo`",
+        ("serve-check", tmp_path, "--out", tmp_path / "serve"): "`quantgate serve-check` is now `quantgate serving check`",
+        ("evalsets", "verify"): "`quantgate evalsets verify` is now `quantgate evalsets audit`",
+        ("serve-check", "--help"): "`quantgate serve-check` is now `quantgate serving check`",
+    }
+    for args, line in lines.items():
+        result = cli(*args)
+        assert result.code == 2 and result.out == "", (args, result.out)
+        assert result.err == f"quantgate: error: {line} (the same arguments)\n", (args, result.err)
+    assert not (tmp_path / "demo").exists() and not (tmp_path / "serve").exists()
+    for new in REMOVED.values():  # each replacement is a command, with help
+        assert cli(*new.split()[1:], "--help").code == 0, new
 
 
 def test_library_errors_become_one_line_and_exit_code_two(cli, tmp_path) -> None:

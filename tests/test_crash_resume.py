@@ -34,7 +34,7 @@ UNCHAINED = ("time", "record_hash", "prev_hash")
 
 def small_plan(model: Path, root: Path) -> dict[str, Any]:
     """The cheapest plan with every stage: one format, one set, a small calibration set."""
-    return plan_mapping(model, root, formats=["fp8-e4m3"], narrow_policy=["wiki-text"], evaluation={"sets": ["wiki-text"], "limit": 4},
+    return plan_mapping(model, root, formats=["fp8-e4m3"], narrow_policy=["wiki-text"], evaluation={"sets": ["wiki-text"], "items": 4},
                         calibration={"samples": 4, "seq_len": 32})
 
 

@@ -1,5 +1,5 @@
 """Integration: the real demo model is converted offline from its registry package, and the
-Quickstart's `quantgate demo` runs on it. About a minute on 2 CPU cores."""
+Quickstart's `make demo` (`quantgate run demo`) runs on it. About a minute on 2 CPU cores."""
 
 from __future__ import annotations
 

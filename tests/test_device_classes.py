@@ -323,13 +323,13 @@ def test_verify_says_per_device_class_approved_pending_or_blocked(tmp_path: Path
 def test_an_attestation_of_another_verdict_or_policy_is_no_evidence(tmp_path: Path) -> None:
     from quantgate.gates import ledger
 
-    pending = {"verdict": "pending", "classes": {device.AVX2: {"status": "pending", "reason": "no kernel", "next": "quantgate serve-check X --run R"}}}
+    pending = {"verdict": "pending", "classes": {device.AVX2: {"status": "pending", "reason": "no kernel", "next": "quantgate serving check X --run R"}}}
     checkpoint, path = _ledger_with(tmp_path, pending,
                                     {"serving_status": "approved", "device_class": "cuda-sm90", "attests": "another-verdict"},
                                     {"serving_status": "approved", "device_class": "cuda-sm80",
                                      "policy": {"name": "p", "version": "v1", "sha256": "edited"}})
     found = ledger.verify_checkpoint(checkpoint, path)
-    assert found.status is ledger.Status.pending and "serve it where it will run: quantgate serve-check X --run R" in found.reason
+    assert found.status is ledger.Status.pending and "serve it where it will run: quantgate serving check X --run R" in found.reason
     # an approved verdict of this class needs evidence from the class it will serve on
     approved = {"verdict": "approved", "classes": {device.AVX512: {"status": "approved", "reason": "served as gated"}}}
     (tmp_path / "b").mkdir()

@@ -65,10 +65,10 @@ def test_tampered_item_file_is_refused_naming_the_file(builtin_copy: Path, cli) 
     data.write_text(data.read_text().replace('"gold": 0', '"gold": 1', 1))
     with pytest.raises(IntegrityError, match="items.jsonl does not match its manifest sha256"):
         evalsets.load("arc-easy")
-    result = cli("evalsets", "verify")
+    result = cli("evalsets", "audit")
     assert result.code == 2
     assert "FAILED\tarc-easy@v1" in result.out and "ok\tlambada@v1" in result.out
-    assert result.err.startswith("quantgate: error: 1 of 4 golden sets failed verification: arc-easy@v1")
+    assert result.err.startswith("quantgate: error: 1 of 4 golden sets failed the audit: arc-easy@v1")
 
 
 def test_edit_in_place_with_rehashed_manifest_is_refused_by_the_pin(builtin_copy: Path) -> None:

@@ -206,14 +206,14 @@ def test_damaged_manifests_are_refused_naming_the_field(name: str, change: Any, 
 
 
 @pytest.mark.parametrize("data", [b"[1, 2]", b"\xff\xfe", b'{"kind": 7, "items": "many"}'])
-def test_list_and_verify_with_a_users_manifest_that_is_no_manifest(data: bytes, sandbox: Sandbox, seeds: dict[str, bytes]) -> None:
+def test_list_and_audit_with_a_users_manifest_that_is_no_manifest(data: bytes, sandbox: Sandbox, seeds: dict[str, bytes]) -> None:
     """`evalsets list` shows a user's set whose manifest is no JSON object (it raised AttributeError)
-    or not UTF-8, as unreadable; `evalsets verify` names it among the failures in one line."""
+    or not UTF-8, as unreadable; `evalsets audit` names it among the failures in one line."""
     reader = next(reader for reader in READERS if reader.name == "golden set manifest.json")
     reader.outputs(sandbox)  # the pristine user set back in place
     apply(reader, sandbox, Mutation("found", data))
     with environment(sandbox):
-        listed, verified = invoke(["evalsets", "list"]), invoke(["evalsets", "verify"])
+        listed, verified = invoke(["evalsets", "list"]), invoke(["evalsets", "audit"])
     assert listed.code == 0 and "mine@v1" in listed.out, listed
     assert verified.code == 2 and verified.err.count("\n") == 1 and "mine@v1" in verified.err, verified
     assert "FAILED\tmine@v1" in verified.out and "ok\twiki-text@v1" in verified.out

@@ -141,11 +141,11 @@ def test_run_command_exit_codes_and_summary(cli, quant_model: Path, tmp_path: Pa
     ({"calibration": {"sample": 8}}, "calibration.sample: unknown field (did you mean 'samples'?)"),
     ({"quantize": {"awq-int4": {"awq_n_grid": 5}}}, "quantize options for 'awq-int4', which is not in formats"),
     ({"quantize": {"gptq-int4": {"group_size": 100}}}, "quantize.gptq-int4.group_size: group size must be a positive multiple of 32"),
-    ({"evaluation": {"sets": ["lambada"], "limit": 4}}, "gates wiki-text, which is not evaluated here (sets: lambada@v1): "
+    ({"evaluation": {"sets": ["lambada"], "items": 4}}, "gates wiki-text, which is not evaluated here (sets: lambada@v1): "
      "evaluate it too, or narrow the policy to the sets evaluated (`narrow_policy: [lambada]` in the plan"),
     ({"narrow_policy": ["arc-easy"]}, "cannot narrow policy tiny@v1 to arc-easy: it gates wiki-text, lambada"),
     ({"narrow_policy": []}, "narrow_policy: Tuple should have at least 1 item"),
-    ({"policy": "small-model@v2", "evaluation": {"sets": ["wiki-text", "lambada", "arc-easy", "hellaswag"], "limit": 50}},
+    ({"policy": "small-model@v2", "evaluation": {"sets": ["wiki-text", "lambada", "arc-easy", "hellaswag"], "items": 50}},
      "lambada@v1 is evaluated on 50 items at most, and policy small-model@v2 decides its acc gate on no fewer than 110"),
     ({"evaluation": {"sets": ["wiki-text", "lambda"]}}, "lambda"),
     ({"hardware": ["h300"]}, "unknown hardware profile 'h300'"),
@@ -176,7 +176,7 @@ def test_demo_plan_is_embedded_and_validates() -> None:
     assert plan.narrow_policy == ("lambada", "wiki-text")
     assert plan.search is not None and plan.search.formats == ("gptq-int4", "smoothquant-w8a8") and plan.search.max_bytes_ratio == 0.5
     assert plan.out == "demo-out" and plan.hardware == ("reference", "h200")
-    assert set(plan.evaluation.limits) == set(plan.evaluation.sets)  # every set has its ceiling
+    assert set(plan.evaluation.items) == set(plan.evaluation.sets)  # every set has its ceiling
     assert plan.search.max_trials == 1
 
 
@@ -339,12 +339,12 @@ def test_stage_cache_reuses_by_key_remakes_what_changed_and_keeps_failures(tmp_p
 
 # looks at 2 and 4 items before the ceiling (8); lambada's accuracy is decided on no fewer than 6
 SEQUENTIAL_POLICY = TINY_POLICY.replace("version: v1\n", "version: v1\nsequential: {looks: [2, 4], min_items: 2}\n").replace(
-    "undecided_margin_points: 50.0}", "min_items: 6}")
+    "undecided_margin: 50.0}", "min_items: 6}")
 
 
 def test_looks_stop_each_set_when_its_gates_are_decided_and_record_the_items(quant_model: Path, tmp_path: Path) -> None:
     policy = write_policy(tmp_path / "sequential.yaml", SEQUENTIAL_POLICY)
-    mapping = plan_mapping(quant_model, tmp_path, policy=str(policy), evaluation={"sets": ["wiki-text", "lambada"], "limit": 8})
+    mapping = plan_mapping(quant_model, tmp_path, policy=str(policy), evaluation={"sets": ["wiki-text", "lambada"], "items": 8})
     result = pipeline.run(from_mapping(mapping), show_progress=False)
     out = tmp_path / "run"
     for fmt in FORMATS:
@@ -389,7 +389,7 @@ def test_looks_stop_each_set_when_its_gates_are_decided_and_record_the_items(qua
 
 def test_a_plan_can_narrow_the_policy_and_every_verdict_says_so(quant_model: Path, tmp_path: Path) -> None:
     mapping = plan_mapping(quant_model, tmp_path, formats=["fp8-e4m3"], narrow_policy=["wiki-text"],
-                           evaluation={"sets": ["wiki-text"], "limit": 4})
+                           evaluation={"sets": ["wiki-text"], "items": 4})
     pipeline.run(from_mapping(mapping), show_progress=False)
     record = read_json(tmp_path / "run" / "verdicts" / "fp8-e4m3.json")["value"]
     assert record["policy"]["narrowed_to"] == ["wiki-text"] and record["policy"]["dropped"] == ["lambada"]

@@ -21,7 +21,7 @@ def test_demo_model_through_the_whole_pipeline(demo_model, tmp_path: Path, monke
     plan = from_mapping({
         "model": str(demo_model.path), "formats": ["fp8-e4m3"], "quantize": {"fp8-e4m3": {"fp8_dynamic": True}},
         "calibration": {"samples": 4, "seq_len": 128},
-        "evaluation": {"sets": ["wiki-text@v1", "lambada@v1"], "limits": {"wiki-text@v1": 4, "lambada@v1": 10}},
+        "evaluation": {"sets": ["wiki-text@v1", "lambada@v1"], "items": {"wiki-text@v1": 4, "lambada@v1": 10}},
         "policy": "small-model", "out": str(tmp_path / "run"),
     })
     with pytest.raises(InputError, match="gates arc-easy, hellaswag"):

@@ -30,7 +30,7 @@ metrics:
     kl_divergence: {max_value: {8bit: 0.01, 4bit: 0.0009}}
     top1_agreement: {min_value: {8bit: 0.90, 4bit: 0.80}, undecided_margin: 0.05}
   lambada:
-    acc: {max_drop_points: {8bit: 5.0, 4bit: 10.0}, undecided_margin_points: 50.0}
+    acc: {max_drop_points: {8bit: 5.0, 4bit: 10.0}, undecided_margin: 50.0}
 mixed_precision: {rule: lowest-bits}
 """
 
@@ -103,17 +103,20 @@ def write_plan(tmp_path: Path, mapping: dict[str, Any]) -> Path:
     return path
 
 
-@pytest.mark.parametrize(("search", "fragment"), [
-    ({"formats": ["gptq-int4"]}, "a search mixes at least two formats"),
-    ({"formats": ["gptq-int4", "gptq-int8"]}, "unknown format 'gptq-int8'"),
-    ({"formats": ["gptq-int4", "smoothquant-w8a8"], "max_bytes_ratio": 0.2}, "below the smallest format it mixes"),
-    ({"formats": ["gptq-int4", "fp8-e4m3"]}, "which is not in formats"),
-    ({"formats": ["gptq-int4", "smoothquant-w8a8"], "holdout_limits": {"wiki-text": 100000}}, "held out"),
+@pytest.mark.parametrize(("search", "items", "fragment"), [
+    ({"formats": ["gptq-int4"]}, None, "a search mixes at least two formats"),
+    ({"formats": ["gptq-int4", "gptq-int8"]}, None, "unknown format 'gptq-int8'"),
+    ({"formats": ["gptq-int4", "smoothquant-w8a8"], "max_bytes_ratio": 0.2}, None, "below the smallest format it mixes"),
+    ({"formats": ["gptq-int4", "fp8-e4m3"]}, None, "which is not in formats"),
+    (FORMATS, {"wiki-text": {"ceiling": 4, "held_out": 100000}, "lambada": 4}, "held out"),
+    (FORMATS, {"wiki-text": {"ceiling": 4, "search": 8}, "lambada": 4}, "8 items on the search split, more than its ceiling 4"),
 ])
-def test_a_search_that_cannot_run_is_refused_before_any_work(cli, quant_model: Path, tmp_path: Path,
-                                                             search: dict[str, Any], fragment: str) -> None:
+def test_a_search_that_cannot_run_is_refused_before_any_work(cli, quant_model: Path, tmp_path: Path, search: Any,
+                                                             items: dict[str, Any] | None, fragment: str) -> None:
     mapping = search_plan(quant_model, tmp_path)
-    mapping["search"] = search
+    mapping["search"] = {"formats": search} if isinstance(search, list) else search
+    if items is not None:
+        mapping["evaluation"]["items"] = items
     result = cli("run", write_plan(tmp_path, mapping))
     assert result.code == 2, result.err
     errors = [line for line in result.err.splitlines() if line.startswith("quantgate: error:")]

@@ -29,9 +29,9 @@ from quantgate.gates.samplesize import (
     power_at,
 )
 from quantgate.gates.sequential import schedule
-from quantgate.gates.stage import valid_metrics
-from quantgate.pipeline.plan import DEMO_PLAN, PLANNED, from_mapping, load_plan
-from quantgate.pipeline.resolve import ResolvedPlan, resolve_plan
+from quantgate.gates.stage import load_gate_policy, valid_metrics
+from quantgate.pipeline.plan import DEMO_PLAN, PLANNED, RunPlan, SetItems, from_mapping, load_plan
+from quantgate.pipeline.resolve import ResolvedPlan, Splits, resolve_items, resolve_plan
 from tests.fuzzing import preflight_only
 from tests.helpers import plan_mapping
 
@@ -150,7 +150,7 @@ def test_a_set_whose_gates_have_no_prior_spread_cannot_be_planned() -> None:
 
 
 def test_planned_ceilings_resolve_to_the_planners_numbers_and_their_power_is_recorded(quant_model: Path, tmp_path: Path) -> None:
-    plan = resolved(quant_model, tmp_path, {"limit": "planned", "limits": {"wiki-text": 4}})
+    plan = resolved(quant_model, tmp_path, {"items": {"lambada": "planned", "wiki-text": 4}})
     ceiling, _ = gate_powers(plan.policy, "lambada@v1", ["8bit", "4bit"], None, size=5153)
     assert plan.looks["lambada@v1"] == (50, 150, ceiling) and plan.looks["wiki-text@v1"] == (4,)
     assert plan.eval_cfg.limit_for("lambada", "lambada@v1") == ceiling  # what the evaluator is given
@@ -168,8 +168,8 @@ def test_planned_ceilings_resolve_to_the_planners_numbers_and_their_power_is_rec
 
 
 def test_a_plans_discordance_moves_the_ceiling_and_its_source_is_recorded(quant_model: Path, tmp_path: Path) -> None:
-    default = resolved(quant_model, tmp_path, {"limits": {"lambada": "planned", "wiki-text": 4}})
-    sourced = resolved(quant_model, tmp_path, {"limits": {"lambada": "planned", "wiki-text": 4},
+    default = resolved(quant_model, tmp_path, {"items": {"lambada": "planned", "wiki-text": 4}})
+    sourced = resolved(quant_model, tmp_path, {"items": {"lambada": "planned", "wiki-text": 4},
                                                "discordance": {"8bit": 0.1, "source": "measured: run 2026-11-30, 240 items"}})
     assert sourced.looks["lambada@v1"][-1] > default.looks["lambada@v1"][-1]
     by_class = {r["precision"]: r for r in sourced.planned_power if r["set"] == "lambada@v1"}
@@ -185,26 +185,30 @@ def test_a_plans_discordance_moves_the_ceiling_and_its_source_is_recorded(quant_
 ])
 def test_a_discordance_without_its_source_is_refused_in_one_line(cli, tmp_path: Path, discordance: dict[str, Any],
                                                                   fragment: str) -> None:
-    mapping = tiny_plan(tmp_path / "no-model-needed", tmp_path, {"limits": {"lambada": "planned"}, "discordance": discordance})
+    mapping = tiny_plan(tmp_path / "no-model-needed", tmp_path, {"items": {"lambada": "planned"}, "discordance": discordance})
     result = cli("run", write_plan(tmp_path, mapping))
     assert result.code == 2, result.err
     assert result.err.startswith("quantgate: error: ") and result.err.count("\n") == 1 and fragment in result.err, result.err
     assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.parametrize("limits, fragment", [
-    ({"lambada": "plan"}, "evaluation.limits.lambada: a ceiling is a positive number of items or `planned`, not 'plan'"),
-    ({"lambada": 0}, "evaluation.limits.lambada: a ceiling is a positive number of items or `planned`, not 0"),
+@pytest.mark.parametrize("items, fragment", [
+    ({"lambada": "plan"}, "evaluation.items.lambada: a ceiling is a positive number of items or `planned`, not 'plan'"),
+    ({"lambada": 0}, "evaluation.items.lambada: a ceiling is a positive number of items or `planned`, not 0"),
+    ({"lambada": {"search": -1}}, "evaluation.items.lambada.search: a ceiling is a positive number of items or `planned`, not -1"),
+    ({"lambada": {"ceiling": 4, "holdout": 4}}, "evaluation.items.lambada.holdout: unknown field (did you mean 'held_out'?); "
+                                                "valid: ceiling, search, held_out"),
+    ({"lambada": {"held_out": 4}}, "evaluation.items.lambada.held_out is for a search's split, and the plan has no search"),
 ])
-def test_a_ceiling_is_a_number_or_planned(cli, tmp_path: Path, limits: dict[str, Any], fragment: str) -> None:
-    result = cli("run", write_plan(tmp_path, tiny_plan(tmp_path / "none", tmp_path, {"limits": limits})))
+def test_a_ceiling_is_a_number_or_planned(cli, tmp_path: Path, items: dict[str, Any], fragment: str) -> None:
+    result = cli("run", write_plan(tmp_path, tiny_plan(tmp_path / "none", tmp_path, {"items": items})))
     assert result.code == 2 and result.err.count("\n") == 1 and fragment in result.err, result.err
 
 
 def test_preflight_warns_of_each_gate_its_ceiling_cannot_decide_with_the_items_it_needs(cli, quant_model: Path,
                                                                                       tmp_path: Path) -> None:
     """A hand-given ceiling below the planner's is run (a user may accept less power), and named."""
-    plan = write_plan(tmp_path, tiny_plan(quant_model, tmp_path, {"limit": 4}))
+    plan = write_plan(tmp_path, tiny_plan(quant_model, tmp_path, {"items": 4}))
     with preflight_only():
         result = cli("run", plan)
     assert result.code == 0 and "preflight passed" in result.out, result.err
@@ -223,11 +227,9 @@ def test_preflight_warns_of_each_gate_its_ceiling_cannot_decide_with_the_items_i
 
 def test_a_planned_search_split_and_held_out_split(quant_model: Path, tmp_path: Path) -> None:
     """The search's splits are planned for the class its trials are gated under (lowest-bits: 4bit)."""
-    mapping = tiny_plan(quant_model, tmp_path, {"limits": {"lambada": "planned", "wiki-text": 4}})
+    mapping = tiny_plan(quant_model, tmp_path, {"items": {"lambada": "planned", "wiki-text": 4}})  # planned on every split
     (tmp_path / "policy.yaml").write_text(POLICY + "mixed_precision: {rule: lowest-bits}\n", encoding="utf-8")
-    mapping |= {"formats": ["gptq-int4", "smoothquant-w8a8"],
-                "search": {"formats": ["gptq-int4", "smoothquant-w8a8"], "limits": {"lambada": "planned"},
-                           "holdout_limits": {"lambada": "planned"}}}
+    mapping |= {"formats": ["gptq-int4", "smoothquant-w8a8"], "search": {"formats": ["gptq-int4", "smoothquant-w8a8"]}}
     plan = resolve_plan(from_mapping(mapping), show_progress=False)
     own, _ = gate_powers(plan.policy, "lambada@v1", ["8bit", "4bit"], None, size=5153)
     four, _ = gate_powers(plan.policy, "lambada@v1", ["4bit"], None, size=own)
@@ -238,13 +240,72 @@ def test_a_planned_search_split_and_held_out_split(quant_model: Path, tmp_path: 
 
 
 def test_a_planned_held_out_split_needs_items_left_after_the_plans(quant_model: Path, tmp_path: Path) -> None:
-    mapping = tiny_plan(quant_model, tmp_path, {"limits": {"lambada": 5153, "wiki-text": 4}})
+    mapping = tiny_plan(quant_model, tmp_path, {"items": {"lambada": {"ceiling": 5153, "search": 100, "held_out": "planned"},
+                                                          "wiki-text": 4}})
     (tmp_path / "policy.yaml").write_text(POLICY + "mixed_precision: {rule: lowest-bits}\n", encoding="utf-8")
-    mapping |= {"formats": ["gptq-int4", "smoothquant-w8a8"],
-                "search": {"formats": ["gptq-int4", "smoothquant-w8a8"], "limits": {"lambada": 100},
-                           "holdout_limits": {"lambada": "planned", "wiki-text": 4}}}
+    mapping |= {"formats": ["gptq-int4", "smoothquant-w8a8"], "search": {"formats": ["gptq-int4", "smoothquant-w8a8"]}}
     with pytest.raises(InputError, match="lambada@v1 has 5153 items, all of them in the plan's split: none is left to hold out"):
         resolve_plan(from_mapping(mapping), show_progress=False)
+
+
+def splits(plan: RunPlan) -> Splits:
+    """A plan's item counts resolved, without its model: the sets, the policy and the planner only."""
+    goldens = {golden.spec: golden for golden in map(evalsets.load, plan.evaluation.sets)}
+    policy = load_gate_policy(plan.policy, list(goldens), list(plan.narrow_policy) if plan.narrow_policy else None)
+    return resolve_items(plan, goldens, policy)
+
+
+def test_the_demo_plan_gets_the_items_it_had_before_the_item_block_and_the_same_stage_keys() -> None:
+    """`evaluation.items: {lambada@v1: planned, wiki-text@v1: 50}` in place of evaluation.limits,
+    search.limits and search.holdout_limits (each the same two values): every split's looks, the
+    held-out offsets and each gate's planned power are what the four fields gave (recorded from the
+    plan before the change), and so are the evaluation settings the baseline's evaluation key and
+    every format's sequential key hash: a demo run before the change is reused by one after it."""
+    resolved = splits(load_plan("demo").plan)
+    lambada, wiki = (120, 240, 480, 960), (25, 50)
+    assert resolved.looks == resolved.search_looks == {"lambada@v1": lambada, "wiki-text@v1": wiki}
+    assert resolved.holdout is not None and resolved.holdout.looks == {"lambada@v1": lambada, "wiki-text@v1": wiki}
+    assert resolved.holdout.offsets == {"lambada@v1": 960, "wiki-text@v1": 50}
+    recorded = {(p.split, p.set, p.precision, p.ceiling, p.planned) for p in resolved.powers}
+    assert len(resolved.powers) == 20 and recorded == {
+        ("plan", "lambada@v1", "8bit", 960, True), ("plan", "lambada@v1", "4bit", 960, True),
+        ("plan", "wiki-text@v1", "8bit", 50, False), ("plan", "wiki-text@v1", "4bit", 50, False),
+        ("search", "lambada@v1", "4bit", 960, True), ("search", "wiki-text@v1", "4bit", 50, False),
+        ("held-out", "lambada@v1", "4bit", 960, True), ("held-out", "wiki-text@v1", "4bit", 50, False)}
+    settings = resolved.eval_cfg.model_dump(mode="json")  # ResolvedPlan.eval_settings: the sequential key's `config`
+    assert settings["limit"] is None and settings["limits"] == {"lambada@v1": 960, "wiki-text@v1": 50}
+
+
+def test_the_evaluation_settings_hold_the_numbers_not_how_the_plan_wrote_them() -> None:
+    """Every way of writing the same ceilings (for every set, by NAME or NAME@vN, a lone number or
+    {ceiling: N}) gives the same settings, hence the same stage keys."""
+    base = {"model": "x", "formats": ["fp8-e4m3"], "policy": "small-model@v5", "narrow_policy": ["wiki-text", "lambada"]}
+    sets = ["wiki-text", "lambada"]
+    written = [{"sets": sets, "items": 120}, {"sets": sets, "items": {"wiki-text": 120, "lambada@v1": {"ceiling": 120}}},
+               {"sets": ["wiki-text@v1", "lambada@v1"], "items": {"wiki-text@v1": {"ceiling": 120}, "lambada": 120}}]
+    settings = [splits(from_mapping({**base, "evaluation": evaluation}).plan).eval_cfg.model_dump(mode="json") for evaluation in written]
+    assert settings[0]["limits"] == {"wiki-text@v1": 120, "lambada@v1": 120}
+    assert settings[1:] == settings[:1] * 2
+
+
+@pytest.mark.parametrize("old, new", [
+    ({"evaluation": {"limit": 4}}, "evaluation.limit: moved: write it as `evaluation.items: N`"),
+    ({"evaluation": {"limits": {"lambada": 4}}}, "evaluation.limits: moved: write it as `evaluation.items: {SET: N}`"),
+    ({"search": {"limits": {"lambada": 4}}}, "search.limits: moved: write it as `evaluation.items: {SET: {search: N}}`"),
+    ({"search": {"holdout_limits": {"lambada": 4}}},
+     "search.holdout_limits: moved: write it as `evaluation.items: {SET: {held_out: N}}`"),
+])
+def test_an_item_count_where_it_was_written_before_is_refused_naming_its_new_place(cli, tmp_path: Path, old: dict[str, Any],
+                                                                                  new: str) -> None:
+    mapping = tiny_plan(tmp_path / "no-model-needed", tmp_path, {})
+    mapping["search"] = {"formats": ["gptq-int4", "smoothquant-w8a8"]}
+    mapping["formats"] = ["gptq-int4", "smoothquant-w8a8"]
+    for section, fields in old.items():
+        mapping[section] |= fields
+    result = cli("run", write_plan(tmp_path, mapping))
+    assert result.code == 2 and result.err.count("\n") == 1, result.err
+    assert result.err.startswith("quantgate: error: plan ") and new in result.err and "docs/gates.md" in result.err, result.err
+    assert not (tmp_path / "run").exists()
 
 
 def test_the_demo_plans_ceilings_are_planned_and_its_comments_give_the_planners_numbers() -> None:
@@ -253,8 +314,8 @@ def test_the_demo_plans_ceilings_are_planned_and_its_comments_give_the_planners_
     has no prior spread), and arc-easy is left out because the planner says its 570 items cannot
     give 0.8: the numbers in the comments are the planner's."""
     plan = load_plan("demo").plan
-    assert plan.evaluation.limits == {"lambada@v1": PLANNED, "wiki-text@v1": 50}
-    assert plan.search is not None and plan.search.limits["lambada@v1"] == plan.search.holdout_limits["lambada@v1"] == PLANNED
+    assert plan.evaluation.items == {"lambada@v1": SetItems(ceiling=PLANNED), "wiki-text@v1": SetItems(ceiling=50)}  # every split
+    assert plan.search is not None
     comments = re.sub(r"\s*\n\s*#\s*", " ", DEMO_PLAN.read_text(encoding="utf-8"))
     policy, both = small_model(), ["8bit", "4bit"]
     lambada, gates = gate_powers(policy, "lambada@v1", both, None, size=5153)
@@ -270,10 +331,9 @@ def test_the_docs_example_plan_validates_and_its_worked_example_is_the_planners(
     body = text[text.index("### Planned ceilings"):text.index("### Size and integrity gates")]
     example = yaml.safe_load(re.search(r"```yaml\n(.*?)```", body, re.DOTALL).group(1))  # type: ignore[union-attr]  # the section holds one yaml block: a None here fails the test anyway
     formats = ["gptq-int4", "smoothquant-w8a8"]
-    example["search"]["formats"] = formats  # the rest of a search, which the example leaves out
+    example["search"] = {"formats": formats}  # a search, whose splits the example's items plan too
     plan = from_mapping({"model": "x", "formats": formats, **example}).plan
-    assert plan.evaluation.limit == "planned" and plan.evaluation.discordance is not None
-    assert plan.search is not None and plan.search.holdout_limits == {"lambada@v1": "planned"}
+    assert plan.evaluation.items["lambada@v1"] == SetItems(ceiling=PLANNED) and plan.evaluation.discordance is not None
     rows = re.findall(r"^\| (\d+) \((\d)\) \| ([\d.]+) \| (\d+), ([\d.]+) \| (\d+), ([\d.]+) \|$", body, re.MULTILINE)
     assert len(rows) == 4
     for ceiling, k, _, *numbers in rows:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 
 from quantgate.core.errors import InputError
-from quantgate.gates.policy import Outcome, decide, load_policy
+from quantgate.gates.policy import BOUNDS, POLICY_DIR, MetricGate, Outcome, decide, load_policy, resolve_policy
 
 VALID = {"arc-easy": ["acc", "acc_norm"], "hellaswag": ["acc", "acc_norm"], "lambada": ["acc", "perplexity"],
          "wiki-text": ["perplexity", "bits_per_byte", "kl_divergence", "top1_agreement", "kl_median", "kl_p90", "kl_p99",
@@ -108,3 +111,47 @@ def test_v3_is_v2_with_a_rule_for_mixed_checkpoints_and_nothing_else() -> None:
     assert mixed_precision_class(v3_policy, {4, 8}) == "4bit" and mixed_precision_class(v3_policy, {8}) == "8bit"
     with pytest.raises(InputError, match="has no rule for mixed-precision checkpoints"):
         mixed_precision_class(load_policy("small-model@v2", VALID), {4, 8})
+
+
+def test_the_index_says_which_version_is_current_and_it_is_the_newest() -> None:
+    """Policy files are hashed as they are, so which version is current is said in
+    gates/policies/README.md: one row per policy, naming the version a bare name resolves to."""
+    readme = (POLICY_DIR / "README.md").read_text(encoding="utf-8")
+    current = dict(re.findall(r"^\| `([\w-]+)` \| (v\d+):", readme, re.MULTILINE))
+    assert set(current) == {path.name for path in POLICY_DIR.iterdir() if path.is_dir()}
+    for name, version in current.items():
+        assert resolve_policy(name).stem == version, name
+
+
+def per_unit_margin(gate: dict[str, Any]) -> float:
+    """The margin as the rule before `undecided_margin` was one field read it: a gate's own
+    kind's spelling, `undecided_margin` for the value kinds, else none."""
+    kind = next(bound for bound in BOUNDS if bound in gate)
+    spelled = {"max_drop_points": "undecided_margin_points", "max_increase_percent": "undecided_margin_percent"}
+    return gate.get(spelled.get(kind, "undecided_margin")) or 0.0
+
+
+@pytest.mark.parametrize("path", sorted(POLICY_DIR.glob("*/v*.yaml")), ids=lambda path: f"{path.parent.name}@{path.stem}")
+def test_every_shipped_version_reads_with_the_margins_it_always_had(path: Path) -> None:
+    """The v1 files spell margins per unit; read into the one field, every gate of every version
+    keeps the margin, hence the verdicts, it had (the files and their sha256 unchanged)."""
+    raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    loaded = load_policy(path, VALID)
+    for set_name, gates in raw["metrics"].items():
+        for metric, gate in gates.items():
+            assert loaded.policy.metrics[set_name][metric].undecided_margin == per_unit_margin(gate), (set_name, metric)
+
+
+@pytest.mark.parametrize("gate, margin", [
+    ({"max_drop_points": {"8bit": 1.0}, "undecided_margin": 3.0}, 3.0),  # points, the bound's own unit
+    ({"max_drop_points": {"8bit": 1.0}, "undecided_margin_points": 3.0}, 3.0),  # v1's spelling, the same
+    ({"max_increase_percent": {"8bit": 3.0}, "undecided_margin_percent": 2.0}, 2.0),
+    ({"max_drop_points": {"8bit": 1.0}, "undecided_margin_percent": 5.0}, 0.0),  # another kind's: never read, as before
+    ({"max_drop_points": {"8bit": 1.0}, "undecided_margin_points": 3.0, "undecided_margin": 9.0}, 3.0),  # as v1 read it
+    ({"max_value": {"8bit": 0.05}, "undecided_margin_points": 3.0, "undecided_margin": 0.01}, 0.01),
+    ({"min_value": {"8bit": 0.9}}, 0.0),
+])
+def test_the_undecided_margin_is_one_field_in_the_bounds_unit(gate: dict[str, Any], margin: float) -> None:
+    read = MetricGate.model_validate(gate)
+    assert read.undecided_margin == margin
+    assert set(read.model_dump(exclude_none=True)) <= {*BOUNDS, "undecided_margin", "min_items"}

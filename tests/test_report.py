@@ -595,7 +595,7 @@ def _with_serving(records: dict[str, Any]) -> dict[str, Any]:
     rows["awq-int4"]["serving"] = {"served": False, "status": "not_served", "reason": "vLLM cannot load it", "log": "/l", "kernels": []}
     rows["smoothquant-w8a8"].update(verdict="pending", serving={"served": False, "status": "pending", "reason": "no kernel here"},
                                     classes={"cpu-avx2": {"status": "pending", "reason": "no kernel",
-                                                          "next": "quantgate serve-check /c --run /r"}})
+                                                          "next": "quantgate serving check /c --run /r"}})
     return records
 
 
@@ -611,7 +611,7 @@ def test_the_served_section_the_measured_recommendation_and_a_pending_format(tmp
         "(VLLM_CPU_INT4_W4A8=0). Under the default, served log-probs differ from gated by 0.012 nats a token (mean; p99 0.087), "
         "NLL +0.0123 nats a token."]
     assert report.summary.pending == ["smoothquant-w8a8 passes every quality gate and is pending serving: cpu-avx2: pending: "
-                                      "no kernel; to attest it where it will serve: quantgate serve-check /c --run /r"]
+                                      "no kernel; to attest it where it will serve: quantgate serving check /c --run /r"]
     out = write(report, tmp_path / "report")
     text = (out / "report.md").read_text()
     served = text[text.index("## Served in vLLM"):text.index("## Candidates")]

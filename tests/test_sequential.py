@@ -449,7 +449,7 @@ def records(correct: np.ndarray) -> list[dict[str, object]]:
 def through_the_gate(rng: np.random.Generator, scenario: Scenario) -> tuple[list[Outcome], list[int]]:
     """Replications judged by `metric_gate` with a `Look` per look: per-item records, the paired
     bootstrap at the policy's 2000 resamples, the gate's decision."""
-    gate = MetricGate(max_drop_points={"8bit": -LIMIT}, undecided_margin_points=scenario.margin)
+    gate = MetricGate(max_drop_points={"8bit": -LIMIT}, undecided_margin=scenario.margin)
     settings = Statistics(confidence=CONFIDENCE, resamples=RESAMPLES)
     looks = schedule(scenario.looks, CEILING)
     gain = (scenario.discordance + scenario.difference / 100) / 2

@@ -186,7 +186,7 @@ def test_serve_check_command_writes_the_record_and_exits_1_when_not_served(
     with monkeypatch.context() as patch:
         patch.setattr(serve_command, "check", served_already)
         out = tmp_path / "serve"
-        result = cli("serve-check", gated["checkpoint"], "--results", gated["results"], "--out", out, "--items", "4",
+        result = cli("serving", "check", gated["checkpoint"], "--results", gated["results"], "--out", out, "--items", "4",
                      "--batch-sizes", "1", "--decode-tokens", "4", "--runs", "1")
     assert result.code == 0, result.err
     assert (asked[0].items, asked[0].batch_sizes, asked[0].decode_tokens, asked[0].runs) == (4, (1,), 4, 1)
@@ -198,7 +198,7 @@ def test_serve_check_command_writes_the_record_and_exits_1_when_not_served(
     config = json.loads((broken / "config.json").read_text())
     config["quantization_config"]["config_groups"]["group_0"]["weights"]["num_bits"] = 3  # no kernel, no format for it
     (broken / "config.json").write_text(json.dumps(config))
-    result = cli("serve-check", broken, "--out", tmp_path / "serve-broken", "--batch-sizes", "1", "--decode-tokens", "2", "--runs", "1")
+    result = cli("serving", "check", broken, "--out", tmp_path / "serve-broken", "--batch-sizes", "1", "--decode-tokens", "2", "--runs", "1")
     assert result.code == 1 and "not served: vLLM" in result.out
     record = json.loads((tmp_path / "serve-broken" / "serve.json").read_text())
     assert not record["served"]
@@ -207,7 +207,7 @@ def test_serve_check_command_writes_the_record_and_exits_1_when_not_served(
     assert not verdict.approved
     assert any(reason == f"serving: {record['reason']}" for reason in verdict.reasons)
     # bad input: exit 2, one line, nothing written
-    result = cli("serve-check", gated["checkpoint"], "--out", tmp_path / "bad", "--batch-sizes", "0")
+    result = cli("serving", "check", gated["checkpoint"], "--out", tmp_path / "bad", "--batch-sizes", "0")
     assert result.code == 2 and not (tmp_path / "bad").exists()
 
 

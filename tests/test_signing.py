@@ -355,7 +355,7 @@ def test_a_run_signs_its_approvals_and_refuses_a_bad_key_before_any_work(quant_m
     refused in one line before anything is written."""
     plan = tmp_path / "plan.yaml"
     mapping = plan_mapping(quant_model, tmp_path, formats=["fp8-e4m3"], narrow_policy=["wiki-text"],
-                           evaluation={"sets": ["wiki-text"], "limit": 4}, calibration={"samples": 4, "seq_len": 32})
+                           evaluation={"sets": ["wiki-text"], "items": 4}, calibration={"samples": 4, "seq_len": 32})
     plan.write_text(yaml.safe_dump({**mapping, "signing_key": str(keys["public"])}))
     refused = cli("run", str(plan), "--quiet")
     assert refused.code == 2 and "that is a public key" in refused.err and not (tmp_path / "run").exists()

@@ -2,7 +2,10 @@
 summary. A command's module, and through it the stage it calls, is imported only when that
 command runs or shows its own help, so `quantgate --help` loads no stage (it starts in about
 the time Python and Typer take; `benchmarks/cli_startup.py`). This is Click's documented lazy
-subcommand pattern; `tests/test_cli.py` checks each summary against the command's docstring."""
+subcommand pattern; `tests/test_cli.py` checks each summary against the command's docstring.
+
+One command per job: a name that named a job another command does now (REMOVED) is refused
+with one line naming its replacement, exit 2, before any module is imported."""
 
 from __future__ import annotations
 
@@ -12,6 +15,8 @@ from typing import Any, NamedTuple
 import typer
 import typer.main
 from typer.core import TyperCommand, TyperGroup
+
+from quantgate.core.errors import InputError
 
 
 class Entry(NamedTuple):
@@ -29,20 +34,33 @@ COMMANDS: dict[str, Entry] = {
                          "(diagonal Fisher)."),
     "measure": Entry("quantgate.cli.measure", "Account for every byte of a checkpoint from its safetensors headers, never its tensor data."),
     "bounds": Entry("quantgate.cli.measure", "Lower bounds on decode step time per weight format, and what speculative decoding buys."),
-    "evalsets": Entry("quantgate.cli.evaluate", "Versioned golden sets: list, show, verify, add your own."),
+    "evalsets": Entry("quantgate.cli.evaluate", "Versioned golden sets: list, show, audit, add your own, plan their items."),
     "evaluate": Entry("quantgate.cli.evaluate", "Evaluate a model on golden sets: metrics, per-item results, agreement with a baseline."),
-    "serving": Entry("quantgate.cli.serve", "The serving environment: vLLM in a virtual environment of its own (setup, info, resources)."),
-    "serve-check": Entry("quantgate.cli.serve", "Serve a checkpoint in vLLM and compare it with what was gated: exit 0 served, "
-                         "1 not served, 2 bad input."),
+    "serving": Entry("quantgate.cli.serve", "Serving in vLLM, in a virtual environment of its own: build it (setup, info, resources), "
+                     "and serve a checkpoint in it to compare with what was gated (check)."),
     "gate": Entry("quantgate.cli.gate", "Gate one candidate against its baseline under a policy: exit 0 approved, 1 blocked, 2 bad input."),
     "verify": Entry("quantgate.cli.gate", "Exit 0 only if the checkpoint's current weight bytes match an approved ledger record."),
     "run": Entry("quantgate.cli.run", "Run every stage for one model: calibrate, quantize each format, measure and bound, "
                  "evaluate the baseline and each candidate, gate, append to the ledger, write the report."),
-    "demo": Entry("quantgate.cli.run", "Run the whole pipeline on the embedded demo plan (quantgate/pipeline/plans/demo.yaml): "
-                  "SmolLM2-135M, two formats and a mixed-precision search, two golden sets in looks, the small-model policy, served in vLLM."),
     "report": Entry("quantgate.cli.run", "Write the size-vs-accuracy report of a run again from its artifacts (or from a report.json alone), "
                     "and print its summary."),
 }
+
+# Names that overlapped another command's job, each with the command that does it now
+# (CHANGELOG.md). A script calling one fails at once with the new name, never runs something else.
+REMOVED: dict[tuple[str, ...], str] = {
+    ("demo",): "quantgate run demo",
+    ("serve-check",): "quantgate serving check",
+    ("evalsets", "verify"): "quantgate evalsets audit",
+}
+
+
+def replaced(args: list[str]) -> str | None:
+    """The one line that refuses a removed command at the start of `args`; None for any other."""
+    for old, new in REMOVED.items():
+        if tuple(args[: len(old)]) == old:
+            return f"`quantgate {' '.join(old)}` is now `{new}` (the same arguments)"
+    return None
 
 
 def load(name: str) -> Any:
@@ -68,6 +86,8 @@ class LazyCommands(TyperGroup):
         return list(COMMANDS)
 
     def resolve_command(self, ctx: Any, args: list[str]) -> tuple[str | None, Any, list[str]]:
+        if (line := replaced(args)) is not None:  # quantgate.cli.main prints it, exit 2
+            raise InputError(line)
         name, command, rest = super().resolve_command(ctx, args)  # an unknown name fails here, as usual
         return name, load(name) if name in COMMANDS else command, rest
 

@@ -15,7 +15,7 @@ from quantgate.gates import samplesize
 # This module's commands; quantgate.cli.app.COMMANDS names each, so `quantgate --help` need not import it.
 commands = typer.Typer(add_completion=False)
 
-evalsets_app = typer.Typer(help="Versioned golden sets: list, show, verify, add your own.", no_args_is_help=True)
+evalsets_app = typer.Typer(help="Versioned golden sets: list, show, audit, add your own, plan their items.", no_args_is_help=True)
 commands.add_typer(evalsets_app, name="evalsets")
 
 
@@ -62,18 +62,18 @@ def evalsets_show(
         typer.echo(json.dumps(item, ensure_ascii=False))
 
 
-@evalsets_app.command("verify")
-def evalsets_verify() -> None:
-    """Check every file of every golden set against its manifest's sha256; exit 2 if one fails.
+@evalsets_app.command("audit")
+def evalsets_audit() -> None:
+    """Check every file of every golden set against its manifest's sha256, and every item; exit 2 if one fails.
 
-    Example: quantgate evalsets verify
+    Example: quantgate evalsets audit
     """
     results = evalsets.verify()
     for result in results:
         typer.echo(f"{'ok' if result.ok else 'FAILED'}\t{result.spec}\t{result.message}")
     failed = [result.spec for result in results if not result.ok]
     if failed:
-        raise IntegrityError(f"{len(failed)} of {len(results)} golden sets failed verification: {', '.join(failed)}")
+        raise IntegrityError(f"{len(failed)} of {len(results)} golden sets failed the audit: {', '.join(failed)}")
 
 
 @evalsets_app.command("add")

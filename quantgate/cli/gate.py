@@ -54,7 +54,7 @@ def gate_command(
                                             "(ECDSA P-256/384/521): writes CHECKPOINT/model.sig; needs --ledger"),
     narrow_policy: list[str] | None = typer.Option(None, "--narrow-policy", help="gate only this golden set of the policy "
                                                    "(repeat for each kept); the verdict records the policy as narrowed"),
-    served: Path | None = typer.Option(None, "--served", help="its serve record (quantgate serve-check --out DIR): for a policy that "
+    served: Path | None = typer.Option(None, "--served", help="its serve record (quantgate serving check --out DIR): for a policy that "
                                        "gates serving"),
     served_baseline: Path | None = typer.Option(None, "--served-baseline", help="the baseline's serve record: the serving gate's bound"),
     as_json: bool = typer.Option(False, "--json", help="print the verdict record as JSON"),

@@ -1,4 +1,5 @@
-"""`quantgate run`, `quantgate demo` and `quantgate report`: the whole pipeline and its report."""
+"""`quantgate run` (a plan, or `demo`: the embedded demo plan) and `quantgate report`: the whole
+pipeline and its report."""
 
 from __future__ import annotations
 
@@ -19,24 +20,9 @@ from quantgate.pipeline.plan import load_plan, with_executor, with_signing_key
 commands = typer.Typer(add_completion=False)
 
 
-@commands.command("demo")
-def demo(
-    out: Path | None = typer.Option(None, "--out", help="run directory (default: the plan's, demo-out)"),
-    verbose: bool = typer.Option(False, "--verbose", help="other libraries' output on the terminal too (always in the run's logs/libraries.log)"),
-) -> None:
-    """Run the whole pipeline on the embedded demo plan (quantgate/pipeline/plans/demo.yaml): SmolLM2-135M,
-    two formats and a mixed-precision search, two golden sets in looks, the small-model policy, served in vLLM.
-
-    Exit 0 if every format is approved, 1 if any is blocked, 2 on bad input.
-
-    Example: quantgate demo
-    """
-    _run_plan("demo", out, verbose=verbose)
-
-
 @commands.command("run")
 def run_command(
-    plan: str = typer.Argument(..., help="a plan YAML file (see quantgate/pipeline/plans/demo.yaml), or 'demo'"),
+    plan: str = typer.Argument(..., help="a plan YAML file, or 'demo': the embedded demo plan (quantgate/pipeline/plans/demo.yaml)"),
     out: Path | None = typer.Option(None, "--out", help="run directory (default: the plan's `out`)"),
     quiet: bool = typer.Option(False, "--quiet", help="no stage lines, only the summary"),
     verbose: bool = typer.Option(False, "--verbose", help="other libraries' output on the terminal too (always in the run's logs/libraries.log)"),
@@ -48,6 +34,10 @@ def run_command(
 ) -> None:
     """Run every stage for one model: calibrate, quantize each format, measure and bound,
     evaluate the baseline and each candidate, gate, append to the ledger, write the report.
+
+    `quantgate run demo` runs the embedded demo plan (quantgate/pipeline/plans/demo.yaml, what
+    `make demo` runs): SmolLM2-135M, two formats and a mixed-precision search, two golden sets in
+    looks, the small-model policy, served in vLLM.
 
     Resumable: every artifact is keyed by its inputs' hashes, so a run started again redoes
     only what is missing. Exit 0 if every format is approved, 1 if any is blocked, 2 on bad
@@ -64,12 +54,9 @@ def run_command(
     """
     loaded = load_plan(plan)
     loaded = with_executor(loaded, executor, address) if executor or address else loaded
-    _run_plan(plan, out, quiet, loaded=with_signing_key(loaded, signing_key) if signing_key is not None else loaded, verbose=verbose)
-
-
-def _run_plan(spec: str, out: Path | None, quiet: bool = False, loaded: Any = None, verbose: bool = False) -> None:
+    loaded = with_signing_key(loaded, signing_key) if signing_key is not None else loaded
     try:
-        result = pipeline.run(loaded or load_plan(spec), out, show_progress=not quiet, verbose=verbose)
+        result = pipeline.run(loaded, out, show_progress=not quiet, verbose=verbose)
     except KeyboardInterrupt:  # typer would exit 130 without a word
         raise Interrupted("interrupted: the run's tasks were cancelled and every artifact written so far is whole; "
                           "the same command resumes where it stopped") from None

@@ -1,5 +1,5 @@
-"""`quantgate serving setup|info` (the vLLM environment) and `quantgate serve-check` (does vLLM
-load a checkpoint and compute what was gated?)."""
+"""`quantgate serving setup|info|resources` (the vLLM environment) and `quantgate serving check`
+(does vLLM load a checkpoint and compute what was gated?)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,8 @@ from quantgate.serving import device, environment
 # This module's commands; quantgate.cli.app.COMMANDS names each, so `quantgate --help` need not import it.
 commands = typer.Typer(add_completion=False)
 serving_group = typer.Typer(add_completion=False, no_args_is_help=True,
-                            help="The serving environment: vLLM in a virtual environment of its own (setup, info, resources).")
+                            help="Serving in vLLM, in a virtual environment of its own: build it (setup, info, resources), "
+                                 "and serve a checkpoint in it to compare with what was gated (check).")
 commands.add_typer(serving_group, name="serving")
 
 
@@ -70,8 +71,8 @@ def resources_command() -> None:
     typer.echo(json.dumps(device.node_resources(found.engine, device.local_class(kind)), sort_keys=True))
 
 
-@commands.command("serve-check")
-def serve_check_command(
+@serving_group.command("check")
+def check_command(
     checkpoint: str = typer.Argument(..., help="the checkpoint (or baseline) directory to serve"),
     results: Path | None = typer.Option(None, "--results", help="the evaluation results its gate saw (quantgate evaluate --model CKPT); "
                                                                "without: load and decode throughput only"),
@@ -93,10 +94,11 @@ def serve_check_command(
                                                                        "checkpoint's model.sig) when it makes the checkpoint deployable"),
 ) -> None:
     """Serve a checkpoint in vLLM and compare it with what was gated: exit 0 served, 1 not served, 2 bad input.
+
     With --run, add the result to the run's ledger as serving evidence from this machine's device
     class (exit 0 when served as gated here).
 
-    Example: quantgate serve-check demo-out/checkpoints/gptq-int4 --run demo-out --out serve-gptq/
+    Example: quantgate serving check demo-out/checkpoints/gptq-int4 --run demo-out --out serve-gptq/
     """
     if run is not None:
         _attest(checkpoint, run, out, baseline=baseline, ledger=ledger, signing_key=signing_key, overwrite=overwrite)

@@ -22,7 +22,7 @@ from quantgate.evalsets.served import ServeCheckConfig
 from quantgate.quantize.presets import get_preset
 
 SCHEMA_VERSION = 1
-# The embedded demo plan: one file, installed with the package (`quantgate demo`, `make demo`).
+# The embedded demo plan: one file, installed with the package (`quantgate run demo`, `make demo`).
 DEMO_PLAN = Path(str(resources.files("quantgate.pipeline") / "plans" / "demo.yaml"))
 
 
@@ -104,13 +104,47 @@ class DiscordancePrior(Strict):
         return {precision: value for precision, value in given.items() if value is not None}
 
 
+def _set_items(value: Any) -> Any:
+    """One set's items as a mapping of splits: a lone number (or `planned`) is its ceiling, which
+    the search and held-out splits then take too."""
+    return value if isinstance(value, dict) else {"ceiling": _ceiling(value)}
+
+
+class SetItems(Strict):
+    """How many items one set gets on each split: its first N (or `planned`, the sample-size
+    planner's number for the precision classes judged on that split). A split not given takes
+    the one before it (the search split the ceiling, the held-out split the search split): its
+    number, or `planned` again (docs/search.md)."""
+
+    # the plan's split: the formats and the baseline are evaluated in the policy's looks up to it
+    # (None: the whole set)
+    ceiling: Ceiling | None = None
+    # the search split: the first of the ceiling's items, on which the search's trials are judged
+    search: Ceiling | None = None
+    # the held-out split: the items after the ceiling, on which the search's choice is gated again
+    held_out: Ceiling | None = None
+
+
+# Plan fields that were moved, with where each is now: a plan that still gives one is refused in
+# one line saying so (a field that is dropped without a word would change what is evaluated).
+MOVED_FIELDS: dict[tuple[str, ...], str] = {
+    ("evaluation", "limit"): "evaluation.items: N",  # one value: every set
+    ("evaluation", "limits"): "evaluation.items: {SET: N}",
+    ("search", "limits"): "evaluation.items: {SET: {search: N}}",
+    ("search", "holdout_limits"): "evaluation.items: {SET: {held_out: N}}",
+}
+
+
 class EvaluationPlan(Strict):
-    """`quantgate evaluate` settings, the same for the baseline and every candidate."""
+    """`quantgate evaluate` settings, the same for the baseline and every candidate, and how many
+    items each set gets on each split."""
 
     sets: tuple[str, ...] = Field(min_length=1)
-    # the ceiling of each set: its first N items at most, or `planned`; the policy's looks come before it
-    limit: Ceiling | None = Field(default=None, description="ceiling: first N items of every set at most, or `planned`")
-    limits: dict[str, Ceiling] = Field(default_factory=dict, description="ceiling per set (NAME or NAME@vN); beats `limit`")
+    # per set (NAME or NAME@vN): its first N items (or `planned`) on every split, or
+    # {ceiling: N, search: N, held_out: N}; one value instead of the mapping: every set. A set not
+    # named: the whole set. The policy's looks come before the ceiling.
+    items: dict[str, Annotated[SetItems, BeforeValidator(_set_items)]] = Field(
+        default_factory=dict, description="how many items each set gets: its first N, or `planned`")
     # the prior of `planned` ceilings for accuracy gates: {8bit: D, 4bit: D, source: "..."}
     discordance: DiscordancePrior | None = None
     batch_size: int = Field(default=4, gt=0)
@@ -118,6 +152,20 @@ class EvaluationPlan(Strict):
     top_k: int = Field(default=64, gt=0)
     device: str | None = None
     backend: str = "hf"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _every_set(cls, value: Any) -> Any:
+        """`items: N` (or `planned`): N for each set the plan names, as they are named."""
+        if isinstance(value, dict) and "items" in value and not isinstance(value["items"], dict):
+            sets = value.get("sets")
+            if isinstance(sets, list | tuple) and all(isinstance(name, str) for name in sets):
+                value = {**value, "items": {name: value["items"] for name in sets}}
+        return value
+
+    def items_for(self, spec: str, name: str) -> SetItems:
+        """A set's items, by NAME@vN, else by NAME; a set not named gets the whole of itself."""
+        return self.items.get(spec) or self.items.get(name) or SetItems()
 
 
 class SearchPlan(Strict):
@@ -132,13 +180,7 @@ class SearchPlan(Strict):
     # stop bisecting once the largest budget that failed and the smallest that passed are this
     # close (a fraction of the baseline's bytes)
     resolution: float = Field(default=0.01, gt=0, lt=1)
-    # the search split: per set (NAME or NAME@vN), the ceiling trials are judged at (at most the
-    # plan's; default the plan's): its first N items
-    limits: dict[str, Ceiling] = Field(default_factory=dict)
-    # the held-out split: per set, its ceiling; the items after the plan's ceiling, which neither
-    # a trial nor a uniform format the search compares with was judged on. Default: the search
-    # split's ceiling
-    holdout_limits: dict[str, Ceiling] = Field(default_factory=dict)
+    # how many items its splits get: evaluation.items, per set {search: N, held_out: N}
     fisher: Literal["sampled", "empirical"] = "sampled"
     # calibration rows the sensitivity's Fisher uses (one backward pass each); default: all
     sensitivity_rows: int | None = Field(default=None, gt=0)
@@ -244,6 +286,10 @@ class RunPlan(Strict):
             if name not in self.formats:
                 raise ValueError(f"search.formats names {name!r}, which is not in formats ({', '.join(self.formats)}): "
                                  "the search takes each format's exact bytes from its uniform checkpoint")
+        for name, items in self.evaluation.items.items() if self.search is None else ():
+            split = "search" if items.search is not None else "held_out" if items.held_out is not None else None
+            if split is not None:  # counted for nothing: said, not ignored
+                raise ValueError(f"evaluation.items.{name}.{split} is for a search's split, and the plan has no search")
         return self
 
 
@@ -288,11 +334,16 @@ def _section(path: tuple[str | int, ...]) -> type[BaseModel] | None:
         field = section.model_fields.get(str(part))
         if field is None:  # a key of a mapping of sections (`resources: {quantize: ...}`): its value's model
             continue
-        annotation = field.annotation
-        # an optional section (`search: SearchPlan | None`): its model
-        candidates = [annotation, *get_args(annotation)]
-        section = next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
+        section = _model_in(field.annotation)
     return section
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The model a field holds: itself, or inside an optional (`SearchPlan | None`), a mapping's
+    values (`dict[str, SetItems]`) or an annotation (`Annotated[SetItems, ...]`)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    return next((found for arg in get_args(annotation) if (found := _model_in(arg)) is not None), None)
 
 
 def _describe(problem: Problem, where: str) -> str:
@@ -302,6 +353,9 @@ def _describe(problem: Problem, where: str) -> str:
         name = str(problem.path[-2])
         location = ".".join(str(part) for part in problem.path[:-1])
         return f"plan {where}: {location}: not a stage kind{did_you_mean(name, list(STAGE_KINDS))}; valid: {', '.join(STAGE_KINDS)}"
+    moved = MOVED_FIELDS.get(tuple(str(part) for part in problem.path)) if problem.kind == "extra_forbidden" else None
+    if moved is not None:
+        return f"plan {where}: {problem.location}: moved: write it as `{moved}` (docs/gates.md, \"The pipeline\")"
     section = _section(problem.path) if problem.kind == "extra_forbidden" else None
     if section is not None:
         valid, name = [field.alias or key for key, field in section.model_fields.items()], str(problem.path[-1])

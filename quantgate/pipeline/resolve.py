@@ -115,7 +115,7 @@ class ResolvedPlan:
 
     @property
     def search_split(self) -> Split:
-        """The items a search's trials are judged on: the first of the plan's (`search.limits`)."""
+        """The items a search's trials are judged on: the first of the plan's (`evaluation.items`, `search`)."""
         return Split("search", self.search_looks or self.looks, {})
 
     def look_cfg(self, items: Mapping[str, int], split: Split | None = None) -> evalsets.EvaluateConfig:
@@ -145,12 +145,11 @@ def _yaml_or_name(loaded: LoadedPlan, value: str) -> str:
 
 
 def _evaluation_config(plan: RunPlan, set_specs: list[str], ceilings: Mapping[str, int]) -> evalsets.EvaluateConfig:
-    """The evaluation settings; with a planned ceiling, every set's ceiling as a number."""
+    """The evaluation settings, every set's ceiling as a number by NAME@vN: the stage keys built on
+    them depend on the numbers, not on how the plan wrote them (`planned`, by NAME, for every set)."""
     evaluation = plan.evaluation
-    planned = evaluation.limit == PLANNED or PLANNED in evaluation.limits.values()
-    limit, limits = (None, dict(ceilings)) if planned else (evaluation.limit, dict(evaluation.limits))
     return validated(evalsets.EvaluateConfig, {
-        "evalsets": tuple(set_specs), "limit": limit, "limits": limits,
+        "evalsets": tuple(set_specs), "limit": None, "limits": dict(ceilings),
         "batch_size": evaluation.batch_size, "max_tokens": evaluation.max_tokens, "top_k": evaluation.top_k,
         "device": evaluation.device, "backend": evaluation.backend, "allow_pickle": plan.allow_pickle}, "plan", within="evaluation")
 
@@ -163,13 +162,12 @@ def _prior(plan: RunPlan) -> Discordance:
 
 def _own_ceilings(plan: RunPlan, goldens: Mapping[str, evalsets.GoldenSet], policy: LoadedPolicy,
                   prior: Discordance) -> tuple[dict[str, int], list[GatePower]]:
-    """Each set's ceiling (`limits`, else `limit`, else the whole set; `planned`: the planner's)
-    and the power it gives each gate at the precision classes of the plan's formats."""
-    evaluation = plan.evaluation
+    """Each set's ceiling (`evaluation.items`, else the whole set; `planned`: the planner's) and
+    the power it gives each gate at the precision classes of the plan's formats."""
     classes = sorted({precision_class(get_preset(fmt)) for fmt in plan.formats}, key=PRECISION_CLASSES.index)
     ceilings, powers = {}, []
     for spec, golden in goldens.items():
-        given = _per_set(evaluation.limits, spec, golden.name, evaluation.limit or golden.size)
+        given = plan.evaluation.items_for(spec, golden.name).ceiling or golden.size
         ceiling = None if given == PLANNED else min(golden.size, int(given))
         ceilings[spec], gates = gate_powers(policy, spec, classes, ceiling, size=golden.size, prior=prior)
         powers += gates
@@ -223,8 +221,34 @@ def _check_ceilings(looks: Mapping[str, tuple[int, ...]], policy: LoadedPolicy) 
                 needed = gate.min_items or policy.policy.sequential.min_items
                 if schedule_[-1] < needed:
                     raise InputError(f"plan: {spec} is evaluated on {schedule_[-1]} items at most, and policy {policy.label} "
-                                     f"decides its {name} gate on no fewer than {needed}: raise its limit to at least {needed} "
-                                     "(or narrow the policy)")
+                                     f"decides its {name} gate on no fewer than {needed}: raise its items to at least {needed} "
+                                     "(evaluation.items; or narrow the policy)")
+
+
+@dataclass(frozen=True)
+class Splits:
+    """A plan's `evaluation.items` resolved: every set's looks on each split, as numbers, and the
+    power each gate's ceiling gives it there."""
+
+    eval_cfg: evalsets.EvaluateConfig  # the evaluation settings, every set's ceiling a number
+    looks: Mapping[str, tuple[int, ...]]  # the plan's split (its formats and the baseline)
+    search_looks: Mapping[str, tuple[int, ...]] | None  # a search's trials
+    holdout: Split | None  # a search's chosen trial
+    powers: tuple[GatePower, ...]
+
+
+def resolve_items(plan: RunPlan, goldens: Mapping[str, evalsets.GoldenSet], policy: LoadedPolicy) -> Splits:
+    """How many items each set gets on each split, checked against the sets and the policy (each
+    split must reach every gate's minimum); `planned` ceilings from the sample-size planner."""
+    _known_sets(plan.evaluation.items, goldens, "evaluation.items")
+    prior = _prior(plan)
+    ceilings, powers = _own_ceilings(plan, goldens, policy, prior)
+    eval_cfg = _evaluation_config(plan, list(goldens), ceilings)
+    looks = {spec: tuple(schedule(policy.policy.sequential.looks_for(golden.name), ceilings[spec])) for spec, golden in goldens.items()}
+    _check_ceilings(looks, policy)
+    search_looks, searched = _search_looks(plan, goldens, looks, policy, prior)
+    holdout, held = _holdout(plan, goldens, looks, policy, searched=search_looks, prior=prior)
+    return Splits(eval_cfg, looks, search_looks, holdout, (*powers, *searched, *held))
 
 
 def resolve_plan(loaded: LoadedPlan, show_progress: bool = True) -> ResolvedPlan:
@@ -240,23 +264,16 @@ def resolve_plan(loaded: LoadedPlan, show_progress: bool = True) -> ResolvedPlan
     profiles = {name: load_profile(name) for name in hardware}
     quantize_cfgs = {fmt: validated(quantize.QuantizeConfig, {"format": fmt, **plan.quantize.get(fmt, {})}, "plan",
                                     within=f"quantize.{fmt}") for fmt in plan.formats}
-    _known_sets(plan.evaluation.limits, goldens, "evaluation.limits")
-    prior = _prior(plan)
-    ceilings, powers = _own_ceilings(plan, goldens, policy, prior)
-    eval_cfg = _evaluation_config(plan, set_specs, ceilings)
+    splits = resolve_items(plan, goldens, policy)
     plot = plot_metric(plan.report.plot_metric, set_specs, policy)
-    looks = {spec: tuple(schedule(policy.policy.sequential.looks_for(golden.name), ceilings[spec])) for spec, golden in goldens.items()}
-    _check_ceilings(looks, policy)
-    search_looks, searched = _search_looks(plan, goldens, looks, policy, prior)
-    holdout, held = _holdout(plan, goldens, looks, policy, searched=search_looks, prior=prior)
     if (signing_key := loaded.signing_key) is not None:
         load_signing_key(signing_key, "signing_key")  # a key that cannot sign is refused before any work
     model_dir = _baseline(plan, show_progress)
     resolved = ResolvedPlan(
         plan=plan, goldens=goldens, policy=policy, hardware=hardware, profiles=profiles, quantize_cfgs=quantize_cfgs,
-        eval_cfg=eval_cfg, plot_metric=plot, looks=looks, model_dir=model_dir, calibration_cfg=_calibration_config(loaded, model_dir),
-        identity=model_identity(model_dir), version=metadata.version("quantgate"), holdout=holdout, search_looks=search_looks,
-        signing_key=signing_key, powers=(*powers, *searched, *held))
+        eval_cfg=splits.eval_cfg, plot_metric=plot, looks=splits.looks, model_dir=model_dir,
+        calibration_cfg=_calibration_config(loaded, model_dir), identity=model_identity(model_dir), version=metadata.version("quantgate"),
+        holdout=splits.holdout, search_looks=splits.search_looks, signing_key=signing_key, powers=splits.powers)
     if plan.search is not None:
         check_budget(resolved)
     resolved = _with_serving(resolved)
@@ -271,7 +288,7 @@ def resolve_plan(loaded: LoadedPlan, show_progress: bool = True) -> ResolvedPlan
 def unservable_here(resolved: ResolvedPlan) -> list[str]:
     """Before any quantization, the candidates this machine's engine is known not to serve usably
     (serving.device.KNOWN_GAPS): each will be pending serving here, and needs serving evidence from
-    a machine of another class (`quantgate serve-check --run`). The serve stage's probe decides on
+    a machine of another class (`quantgate serving check --run`). The serve stage's probe decides on
     the machine itself; this only says what to expect."""
     env = resolved.serving_env
     if resolved.serve_cfg is None or env is None:
@@ -311,10 +328,6 @@ def _with_serving(resolved: ResolvedPlan) -> ResolvedPlan:
     return replace(resolved, serve_cfg=cfg, serving_env=env)
 
 
-def _per_set(limits: Mapping[str, int | str], spec: str, name: str, default: int | str) -> int | str:
-    return limits.get(spec, limits.get(name, default))
-
-
 def _search_class(plan: RunPlan, policy: LoadedPolicy) -> str:
     """The precision class a search's trials (and its held-out checkpoint) are gated under; a
     policy without a rule for mixed checkpoints, or formats that cannot be mixed: refused here."""
@@ -327,19 +340,19 @@ def _search_class(plan: RunPlan, policy: LoadedPolicy) -> str:
 
 def _search_looks(plan: RunPlan, goldens: Mapping[str, evalsets.GoldenSet], looks: Mapping[str, tuple[int, ...]],
                   policy: LoadedPolicy, prior: Discordance) -> tuple[dict[str, tuple[int, ...]] | None, list[GatePower]]:
-    """A search's split: each set's first N items (`search.limits`, at most the plan's ceiling;
-    `planned`: the planner's, for the class trials are gated under), and each gate's power there."""
+    """A search's split: each set's first N items (`evaluation.items`, `search`: at most its ceiling,
+    by default the ceiling's; `planned`: the planner's, for the class trials are gated under), and
+    each gate's power there."""
     search = plan.search
     if search is None:
         return None, []
     precision = _search_class(plan, policy)
-    _known_sets(search.limits, goldens, "search.limits")
     chosen, powers = {}, []
     for spec, golden in goldens.items():
-        given = _per_set(search.limits, spec, golden.name, looks[spec][-1])
+        given = _search_items(plan, spec, golden.name, looks[spec][-1])
         if given != PLANNED and int(given) > looks[spec][-1]:
-            raise InputError(f"plan: search.limits gives {spec} {given} items, more than its ceiling {looks[spec][-1]}: "
-                             "the search split is the first of the plan's items")
+            raise InputError(f"plan: evaluation.items gives {spec} {given} items on the search split, more than its ceiling "
+                             f"{looks[spec][-1]}: the search split is the first of the ceiling's items")
         ceiling, gates = gate_powers(policy, spec, [precision], None if given == PLANNED else int(given), size=looks[spec][-1],
                                      split="search", prior=prior)
         chosen[spec] = tuple(schedule(policy.policy.sequential.looks_for(golden.name), ceiling))
@@ -348,9 +361,25 @@ def _search_looks(plan: RunPlan, goldens: Mapping[str, evalsets.GoldenSet], look
     return chosen, powers
 
 
-def _known_sets(limits: Mapping[str, int | str], goldens: Mapping[str, evalsets.GoldenSet], field: str) -> None:
+def _search_items(plan: RunPlan, spec: str, name: str, ceiling: int) -> int | str:
+    """A set's search split as given, else its ceiling's: `planned` again, or the number it resolved to."""
+    items = plan.evaluation.items_for(spec, name)
+    if items.search is not None:
+        return items.search
+    return PLANNED if items.ceiling == PLANNED else ceiling
+
+
+def _held_out_items(plan: RunPlan, spec: str, name: str, searched: int) -> int | str:
+    """A set's held-out split as given, else the search split's: `planned` again, or its number."""
+    items = plan.evaluation.items_for(spec, name)
+    if items.held_out is not None:
+        return items.held_out
+    return PLANNED if _search_items(plan, spec, name, searched) == PLANNED else searched
+
+
+def _known_sets(items: Mapping[str, Any], goldens: Mapping[str, evalsets.GoldenSet], field: str) -> None:
     names = {SetRef.parse(spec).name for spec in goldens}
-    unknown = [name for name in limits if name not in goldens and name not in names]
+    unknown = [name for name in items if name not in goldens and name not in names]
     if unknown:
         raise InputError(f"plan: {field} names {', '.join(unknown)}, which evaluation.sets does not list")
 
@@ -359,24 +388,23 @@ def _holdout(plan: RunPlan, goldens: Mapping[str, evalsets.GoldenSet], looks: Ma
              policy: LoadedPolicy, *, searched: Mapping[str, tuple[int, ...]] | None,
              prior: Discordance) -> tuple[Split | None, list[GatePower]]:
     """A search's held-out split: each set's items after the plan's ceiling, up to its held-out
-    ceiling (default: the search ceiling again; `planned`: the planner's, within the items left),
-    with the policy's looks; checked to fit in the set and to decide every gate."""
+    ceiling (`evaluation.items`, `held_out`; default: the search split's; `planned`: the planner's,
+    within the items left), with the policy's looks; checked to fit in the set and to decide every gate."""
     search = plan.search
     if search is None or searched is None:
         return None, []
     precision = _search_class(plan, policy)
-    _known_sets(search.holdout_limits, goldens, "search.holdout_limits")
     held: dict[str, tuple[int, ...]] = {}
     powers = []
     for spec, golden in goldens.items():
         offset = looks[spec][-1]
-        given = _per_set(search.holdout_limits, spec, golden.name, searched[spec][-1])
+        given = _held_out_items(plan, spec, golden.name, searched[spec][-1])
         if given == PLANNED and offset >= golden.size:
             raise InputError(f"plan: {spec} has {golden.size} items, all of them in the plan's split: none is left to hold "
-                             "out; lower its limit")
+                             "out; lower its ceiling (evaluation.items)")
         if given != PLANNED and offset + int(given) > golden.size:
             raise InputError(f"plan: {spec} has {golden.size} items: {offset} for the search split and {given} held out "
-                             f"need {offset + int(given)}; lower its limit or search.holdout_limits")
+                             f"need {offset + int(given)}; lower its ceiling or its held_out items (evaluation.items)")
         ceiling, gates = gate_powers(policy, spec, [precision], None if given == PLANNED else int(given),
                                      size=golden.size - offset, split="held-out", prior=prior)
         held[spec] = tuple(schedule(policy.policy.sequential.looks_for(golden.name), ceiling))

@@ -892,7 +892,7 @@ def serving_classes(judged: Verdict, served: dict[str, Any], record: dict[str, A
                     as_served: list[dict[str, Any]] | None = None) -> dict[str, dict[str, Any]]:
     """The verdict per device class, from this run's serve record: its status (approved, pending or
     blocked), why, and for a pending one the command that adds serving evidence from a machine
-    of the class where it will serve (`quantgate serve-check --run`, docs/serving.md); where the
+    of the class where it will serve (`quantgate serving check --run`, docs/serving.md); where the
     class serves other numerics than were gated, how those fared on the golden sets (`as_served`)."""
     status = judged.serving
     if status is None:
@@ -902,7 +902,7 @@ def serving_classes(judged: Verdict, served: dict[str, Any], record: dict[str, A
     entry: dict[str, Any] = {"status": status, "reason": reasons[0] if reasons else served.get("reason") or "served as gated"}
     checkpoint = (record.get("checkpoint") or {}).get("path")
     if status != "approved" and checkpoint and record.get("quality") == "passed":
-        entry["next"] = f"quantgate serve-check {checkpoint} --run {run_dir}"
+        entry["next"] = f"quantgate serving check {checkpoint} --run {run_dir}"
     if as_served:
         entry["as_served"] = [{key: gated[key] for key in ("numerics", "settings", "served_as", "status", "reason")} for gated in as_served]
     return {device_class: entry}
