@@ -116,7 +116,7 @@ def test_demo_command_runs_the_embedded_plan_which_passes_its_checks(pulled, cli
                          f"served by {resolved.serving_env.label if resolved.serving_env else None}")
 
     monkeypatch.setattr(pipeline.Pipeline, "run", checked_only)
-    result = cli("demo", "--out", tmp_path / "run")
+    result = cli("run", "demo", "--out", tmp_path / "run")
     assert result.code == 2
     assert (f"checked smollm2-135m gptq-int4,smoothquant-w8a8 small-model into {tmp_path / 'run'}; "
             f"served by {served.label}") in result.err
