@@ -9,13 +9,14 @@ from pathlib import Path
 from typing import Any
 
 from quantgate import evalsets
+from quantgate.calibration.manifest import CalibrationManifest
 from quantgate.core.artifacts import MANIFEST, read_json
 from quantgate.core.errors import InputError
 from quantgate.core.ids import GateId
 from quantgate.core.metrics import METRICS
 from quantgate.core.rundir import BASELINE, RUN_KIND, RunDir
 from quantgate.core.stagecache import stored_value
-from quantgate.evalsets.served import served_summary
+from quantgate.evalsets.serve_record import ServeRecord
 from quantgate.gates.report_model import HELD_OUT, TRIAL, RunRecords
 
 
@@ -40,7 +41,8 @@ def records(run_dir: Path) -> RunRecords:
     baseline_measured = stored_value(layout.measure(BASELINE)) or {}
     baseline = _row("baseline", baseline_measured, baseline_results, None, columns)
     baseline_served = stored_value(layout.serve(BASELINE))
-    baseline["serving"] = served_summary(baseline_served) if baseline_served else None
+    baseline["serving"] = None if baseline_served is None else \
+        ServeRecord.from_json(baseline_served, f"{layout.serve(BASELINE)}: value").summary().to_json()
     sequential = {name: _sequential(verdicts[name], stored_value(layout.sequential(name))) for name in names}
     rows = [baseline]
     for name in names:
@@ -55,7 +57,8 @@ def records(run_dir: Path) -> RunRecords:
     if plot.get("y") not in columns and columns:
         plot.update(y=columns[0], higher_is_better=column_higher_is_better(columns[0]))
     any_bounds = next(iter((baseline_measured.get("bounds") or {}).values()), None)
-    calibration = _manifest(layout.calibration)
+    calibration_file = layout.calibration / MANIFEST
+    calibration = CalibrationManifest.read(calibration_file) if calibration_file.is_file() else None
     return RunRecords.from_records({
         "model": run["plan"]["model"],
         "model_path": run["model"],
@@ -66,8 +69,8 @@ def records(run_dir: Path) -> RunRecords:
         "rows": rows,
         "evalsets": _evalsets(baseline_results, _looks(run, sequential)),
         "calibration": None if calibration is None else {
-            "samples": calibration["samples"], "seq_len": calibration["seq_len"], "fingerprint": calibration["fingerprint"],
-            "source": calibration["config"]["source"]},
+            "samples": calibration.samples, "seq_len": calibration.seq_len, "fingerprint": calibration.fingerprint,
+            "source": calibration.config.source},
         "bounds_inputs": any_bounds,
         "confidence": run.get("confidence", 0.95),
         "ledger": run.get("ledger"),
@@ -167,7 +170,7 @@ def _row(name: str, measured: dict[str, Any] | None, results: dict[str, Any] | N
         "tails": {} if verdict is None else dict(verdict.get("tails") or {}),
         # a search's trial or held-out gate: its role, split, items, mix (set by `records`); None otherwise
         "search": None,
-        # its serve check (evalsets.served.served_summary): served by vLLM or not, the agreement with
+        # its serve check (ServeRecord.summary, evalsets.serve_record): served by vLLM or not, the agreement with
         # what was gated, decode tokens/s and the bound; None where the run had no serve stage
         "serving": None if verdict is None else verdict.get("serving") or None,
         # per device class: approved, pending (with the command that attests it) or blocked

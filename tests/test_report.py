@@ -571,7 +571,7 @@ def test_a_report_json_of_another_schema_version_is_refused_in_one_line(cli, tmp
 
 
 def _with_serving(records: dict[str, Any]) -> dict[str, Any]:
-    """sample_report's records with serve checks as verdicts keep them (evalsets.served.served_summary,
+    """sample_report's records with serve checks as verdicts keep them (ServeRecord.summary,
     more fields than the report reads): the baseline and fp8-e4m3 served (fp8-e4m3 slower than the
     baseline, and the engine's default would serve it otherwise), awq-int4 not loaded, and
     smoothquant-w8a8 pending on a class without its kernel."""
