@@ -16,8 +16,11 @@ from quantgate.core.ids import GateId
 from quantgate.core.metrics import METRICS
 from quantgate.core.rundir import BASELINE, RUN_KIND, RunDir
 from quantgate.core.stagecache import stored_value
+from quantgate.evalsets.results import ResultsManifest
 from quantgate.evalsets.serve_record import ServeRecord
 from quantgate.gates.report_model import HELD_OUT, TRIAL, RunRecords
+from quantgate.quantize.measure.record import MeasurementRecord
+from quantgate.quantize.measure.stage import stage_measurement
 
 
 def column_higher_is_better(column: str) -> bool:
@@ -37,9 +40,10 @@ def records(run_dir: Path) -> RunRecords:
     columns: list[str] = []  # every metric gate, in policy order (a format that failed to quantize has none)
     for verdict in verdicts.values():
         columns += [gate for gate in verdict["metrics"] if GateId.parse(gate).on_golden_set and gate not in columns]
-    baseline_results = _manifest(layout.results(BASELINE))
+    baseline_results = _results(layout.results(BASELINE))
     baseline_measured = stored_value(layout.measure(BASELINE)) or {}
-    baseline = _row("baseline", baseline_measured, baseline_results, None, columns)
+    baseline = _row("baseline", _measurement(layout.measure(BASELINE), baseline_measured or None), baseline_measured,
+                    baseline_results, None, columns)
     baseline_served = stored_value(layout.serve(BASELINE))
     baseline["serving"] = None if baseline_served is None else \
         ServeRecord.from_json(baseline_served, f"{layout.serve(BASELINE)}: value").summary().to_json()
@@ -48,8 +52,9 @@ def records(run_dir: Path) -> RunRecords:
     for name in names:
         # a held-out gate judged its trial's checkpoint: measured once, under the trial's name
         checkpoint = name if name in run["formats"] else str(verdicts[name].get("checkpoint_name") or name.split("@")[0])
-        row = _row(name, stored_value(layout.measure(checkpoint)), _manifest(layout.results(name)), verdicts[name], columns,
-                   sequential=sequential[name])
+        measured = stored_value(layout.measure(checkpoint))
+        row = _row(name, _measurement(layout.measure(checkpoint), measured), measured, _results(layout.results(name)),
+                   verdicts[name], columns, sequential=sequential[name])
         if search is not None and name not in run["formats"]:
             row["search"] = _search_info(search, checkpoint, verdicts[name])
         rows.append(row)
@@ -89,9 +94,15 @@ def _run_record(layout: RunDir) -> dict[str, Any]:
     return run
 
 
-def _manifest(directory: Path) -> dict[str, Any] | None:
+def _results(directory: Path) -> ResultsManifest | None:
+    """The results manifest of `directory`, or None where it holds none (not evaluated)."""
     path = directory / MANIFEST
-    return read_json(path) if path.is_file() else None
+    return ResultsManifest.read(path) if path.is_file() else None
+
+
+def _measurement(path: Path, measured: dict[str, Any] | None) -> MeasurementRecord | None:
+    """The measurement in the measure stage's value stored at `path` (None: not measured)."""
+    return None if measured is None else stage_measurement(measured, str(path))
 
 
 def _verdicts(layout: RunDir, names: list[str]) -> dict[str, dict[str, Any]]:
@@ -111,20 +122,21 @@ def _looks(run: dict[str, Any], sequential: dict[str, dict[str, Any] | None]) ->
     return looks
 
 
-def _evalsets(baseline_results: dict[str, Any] | None, looks: dict[str, list[int]]) -> list[dict[str, Any]]:
+def _evalsets(baseline_results: ResultsManifest | None, looks: dict[str, list[int]]) -> list[dict[str, Any]]:
     """The baseline's results: each set at its first look (`items`); `looks` as the run planned them."""
-    return [{"spec": spec, "items": entry["items"], "limit": entry["limit"], "sha256": entry["sha256"],
+    return [{"spec": spec, "items": entry.items, "limit": entry.limit, "sha256": entry.sha256,
              "size": _set_size(spec), "looks": list(looks.get(spec) or [])}
-            for spec, entry in (baseline_results or {}).get("sets", {}).items()]
+            for spec, entry in (baseline_results.sets.items() if baseline_results is not None else ())]
 
 
-def _metrics(results: dict[str, Any] | None, verdict: dict[str, Any] | None, columns: list[str]) -> dict[str, dict[str, Any]]:
+def _metrics(results: ResultsManifest | None, verdict: dict[str, Any] | None, columns: list[str]) -> dict[str, dict[str, Any]]:
     """Per metric column the row's value, and where a gate judged it, its difference or value with the interval."""
     metrics: dict[str, dict[str, Any]] = {}
     for column in columns:
         gate_id = GateId.parse(column)
         facts = METRICS.get(gate_id.check)  # None: a metric newer than this table (a value, not a change)
-        value = (results or {}).get("sets", {}).get(gate_id.scope, {}).get("metrics", {}).get(gate_id.check)
+        in_set = results.sets.get(gate_id.scope) if results is not None else None
+        value = in_set.metrics.get(gate_id.check) if in_set is not None else None
         gate = (verdict or {}).get("metrics", {}).get(column)
         if verdict is None and results is not None and value is None and facts is not None:
             value = facts.baseline_value  # the baseline against itself (agreement metrics)
@@ -139,21 +151,21 @@ def _metrics(results: dict[str, Any] | None, verdict: dict[str, Any] | None, col
     return metrics
 
 
-def _row(name: str, measured: dict[str, Any] | None, results: dict[str, Any] | None, verdict: dict[str, Any] | None,
-         columns: list[str], sequential: dict[str, Any] | None = None) -> dict[str, Any]:
-    measurement = (measured or {}).get("measurement")
+def _row(name: str, measurement: MeasurementRecord | None, measured: dict[str, Any] | None, results: ResultsManifest | None,
+         verdict: dict[str, Any] | None, columns: list[str], sequential: dict[str, Any] | None = None) -> dict[str, Any]:
+    """`measurement`: the measurement in the measure stage's value `measured` (whose bounds the row shows)."""
     metrics = _metrics(results, verdict, columns)
     kl = next((entry["value"] for column, entry in metrics.items() if GateId.parse(column).check == "kl_divergence"), None)
     if kl is None and results is not None:
-        kl = next((entry["metrics"].get("kl_divergence") for entry in results.get("sets", {}).values()
-                   if "kl_divergence" in entry.get("metrics", {})), None)
+        kl = next((entry.metrics["kl_divergence"] for entry in results.sets.values() if "kl_divergence" in entry.metrics), None)
     return {
         "format": name,
-        "bytes": measurement["totals"]["file_bytes"] if measurement else None,
-        "bits_per_weight_layers": measurement["quantized_linear"]["bits_per_weight"]["measured"] if measurement else None,
-        "bits_per_parameter": measurement["whole_model"]["bits_per_parameter"]["measured"] if measurement else None,
+        "bytes": measurement.totals.file_bytes if measurement else None,
+        "bits_per_weight_layers": measurement.quantized_linear.bits_per_weight.measured if measurement else None,
+        "bits_per_parameter": measurement.whole_model.bits_per_parameter.measured if measurement else None,
         # the baseline is measured on its own; each format against it
-        "ratio_to_baseline": None if not measurement else 1.0 if verdict is None else measurement["baseline"]["ratio_total"],
+        "ratio_to_baseline": None if not measurement else 1.0 if verdict is None else
+        measurement.baseline.ratio_total if measurement.baseline is not None else None,
         "bounds": (measured or {}).get("bounds") or {},
         "metrics": metrics,
         "kl_divergence": kl,
