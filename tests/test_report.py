@@ -19,6 +19,7 @@ import pytest
 
 from quantgate.core.errors import InputError
 from quantgate.core.rundir import RUN_KIND
+from quantgate.evalsets.config import EvaluateConfig
 from quantgate.gates import figures
 from quantgate.gates.report import (
     blocked_sentence,
@@ -37,7 +38,6 @@ from quantgate.gates.report import (
 )
 from quantgate.gates.report import read as read_report
 from quantgate.gates.report_model import RunRecords
-from quantgate.evalsets.config import EvaluateConfig
 from quantgate.quantize.measure.accounting import measure as measure_checkpoint
 from tests.helpers import composed, sample, sample_records, sample_report, write_header_only
 
