@@ -19,6 +19,7 @@ from quantgate.core.stagecache import stored_value
 from quantgate.evalsets.results import ResultsManifest
 from quantgate.evalsets.serve_record import ServeRecord
 from quantgate.gates.report_model import HELD_OUT, TRIAL, RunRecords
+from quantgate.gates.verdict_record import read_gates
 from quantgate.quantize.measure.record import MeasurementRecord
 from quantgate.quantize.measure.stage import stage_measurement
 
@@ -106,11 +107,13 @@ def _measurement(path: Path, measured: dict[str, Any] | None) -> MeasurementReco
 
 
 def _verdicts(layout: RunDir, names: list[str]) -> dict[str, dict[str, Any]]:
+    """Each verdict, its gates read through their record (GateRecord): a damaged one is refused."""
     stored = {name: stored_value(layout.verdict(name)) for name in names}
     missing = [name for name, verdict in stored.items() if verdict is None]
     if missing:
         raise InputError(f"the run in {layout.root} has no verdict yet for {', '.join(missing)}: run it to the end first")
-    return {name: verdict for name, verdict in stored.items() if verdict is not None}
+    return {name: {**verdict, "gates": [gate.to_json() for gate in read_gates(verdict.get("gates") or [], f"{layout.verdict(name)}: value")]}
+            for name, verdict in stored.items() if verdict is not None}
 
 
 def _looks(run: dict[str, Any], sequential: dict[str, dict[str, Any] | None]) -> dict[str, list[int]]:

@@ -20,6 +20,7 @@ from quantgate.evalsets.served import FAILED
 from quantgate.gates import stats
 from quantgate.gates.policy import LoadedPolicy, MetricGate, Outcome, Statistics
 from quantgate.gates.sequential import decide_at_look, detectable_regression
+from quantgate.gates.verdict_record import GateRecord, read_gates
 from quantgate.quantize.measure.record import MeasurementRecord
 
 Records = list[dict[str, Any]]  # per-item records of one set (docs/evaluate.md, items.json)
@@ -73,13 +74,23 @@ class GateResult:
     stability_inner_resamples: int | None = None
     stability_seed: int | None = None
 
+    def record(self) -> GateRecord:
+        """The gate as a verdict records it."""
+        return GateRecord(**asdict(self))
+
     def as_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "outcome": self.outcome.value}
+        """The gate's JSON (its record's)."""
+        return self.record().to_json()
 
     @classmethod
-    def from_dict(cls, entry: dict[str, Any]) -> GateResult:
-        """A gate as `as_dict` wrote it (a stored sequential stage); a field it predates takes its default."""
-        return cls(**{**entry, "outcome": Outcome(entry["outcome"])})
+    def from_record(cls, record: GateRecord) -> GateResult:
+        return cls(**dict(record))
+
+    @classmethod
+    def from_dict(cls, entry: dict[str, Any], where: str = "a gate") -> GateResult:
+        """A gate as `as_dict` wrote it (a stored sequential stage), read through its record at
+        `where`; a field it predates takes its default."""
+        return cls.from_record(read_gates([entry], where)[0])
 
 
 @dataclass(frozen=True)

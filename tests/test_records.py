@@ -1,5 +1,5 @@
 """The records that cross a layer (quantgate.core.records): the measurement, a calibration set's
-manifest, an evaluation's results manifest and a serve record. Each is written by its class and read back by it
+manifest, an evaluation's results manifest, a serve record, and a verdict's gates. Each is written by its class and read back by it
 equal, byte for byte the file its stage writes; a schema_version this quantgate does not read is
 refused in one line naming the file and the versions; a damaged field is refused naming the field."""
 
@@ -20,6 +20,9 @@ from quantgate.core.records import Record
 from quantgate.evalsets import served
 from quantgate.evalsets.results import ResultsManifest
 from quantgate.evalsets.serve_record import ServedSummary, ServeRecord
+from quantgate.gates.policy import Outcome
+from quantgate.gates.verdict import GateResult
+from quantgate.gates.verdict_record import read_gates
 from quantgate.quantize.measure.accounting import measure
 from quantgate.quantize.measure.record import MeasurementRecord
 from quantgate.quantize.measure.stage import stage_measurement
@@ -299,3 +302,36 @@ def test_a_damaged_serve_record_is_refused_naming_the_field(tmp_path: Path, chan
     with pytest.raises(IntegrityError) as refused:
         served.load_record(tmp_path / "serve.json")
     assert one_line(refused).startswith(f"{tmp_path / 'serve.json'}: ") and fragment in str(refused.value)
+
+
+# ---- a verdict's gates ----------------------------------------------------------------------------
+
+
+def test_a_gate_round_trips_through_its_record_and_is_written_as_before() -> None:
+    from dataclasses import asdict
+
+    gate = GateResult(gate="wiki-text@v1 kl_divergence", outcome=Outcome.passed, estimate=0.01, low=0.0, high=0.02, limit=1,
+                      unit="nats", reason="within", items=50, look=2, looks=2, confidence=0.975, decided_by="interval", stability=0.99,
+                      stability_resamples=200, stability_inner_resamples=100, stability_seed=0)
+    written = gate.as_dict()
+    assert json.dumps(written, sort_keys=True) == json.dumps({**asdict(gate), "outcome": "pass"}, sort_keys=True)
+    assert isinstance(written["limit"], int)  # a limit written as 1 stays 1: the verdict's bytes, and its hash, unchanged
+    assert GateResult.from_dict(written) == gate and read_gates([written], "v.json")[0] == gate.record()
+    # a verdict from before gates recorded their looks and stability: those read as their defaults
+    earlier = {key: written[key] for key in ("gate", "outcome", "estimate", "low", "high", "limit", "unit", "reason")}
+    assert read_gates([earlier], "v.json")[0].stability is None and read_gates([earlier], "v.json")[0].decided_by == "exact"
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda gate: gate.update(outcome="maybe"), "v.json: gates[1].outcome: Input should be 'pass', 'fail', 'insufficient evidence',"),
+    (lambda gate: gate.update(items="50"), "v.json: gates[1].items: Input should be a valid integer"),
+    (lambda gate: gate.pop("limit"), "v.json: gates[1].limit: Field required"),
+    (lambda gate: gate.update(colour="blue"), "v.json: gates[1].colour: Extra inputs are not permitted"),
+])
+def test_a_damaged_gate_of_a_verdict_is_refused_naming_it(change: Any, message: str) -> None:
+    gate = GateResult(gate="a@v1 acc", outcome=Outcome.failed, estimate=-3.0, low=-5.0, high=-1.0, limit=-2.0, unit="points", reason="r")
+    damaged = gate.as_dict()
+    change(damaged)
+    with pytest.raises(IntegrityError) as refused:
+        read_gates([gate.as_dict(), damaged], "v.json")
+    assert one_line(refused).startswith(message)

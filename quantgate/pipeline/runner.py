@@ -64,6 +64,7 @@ from quantgate.gates.verdict import (
     size_gates,
     tails,
 )
+from quantgate.gates.verdict_record import read_gates
 from quantgate.pipeline import executor as executors
 from quantgate.pipeline import keys, units
 from quantgate.pipeline.executor import Executor, TaskLost
@@ -747,7 +748,8 @@ class _Run:
 
         def verdict() -> dict[str, Any]:
             manifest = candidate.manifest
-            metric_gates = [GateResult.from_dict(entry) for entry in evidence.value["gates"]]
+            metric_gates = [GateResult.from_record(gate) for gate in
+                            read_gates(evidence.value["gates"], f"{self.dir.sequential(candidate.name)}: value")]
             candidate_items = item_records(evidence.results) if evidence.results else None
             serving = ServingEvidence(served.record if served else None, reference.record if reference else None) \
                 if gates_serving else None
