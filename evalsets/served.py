@@ -16,7 +16,8 @@ text set, and the two are compared position by position:
 - decode throughput (tokens/s at each batch size, median of runs) next to the memory-bandwidth
   bound at this machine's measured copy bandwidth.
 
-The record is plain JSON (docs/serving.md, "The serve record"); gates/verdict.py judges it.
+The record is a ServeRecord (evalsets.serve_record; docs/serving.md, "The serve record");
+gates/verdict.py judges it.
 It names the device class it was made on (serving.device), the schemes the checkpoint asks for
 and the scheme the engine computes for each under the settings it ran with (the serve check sets
 those that serve what was gated, and where the engine's default would compute another scheme it
@@ -40,7 +41,7 @@ import os
 import platform
 import statistics
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Final, cast
 
 from pydantic import Field
 
@@ -53,17 +54,18 @@ from quantgate.core.models import max_sequence_length
 from quantgate.core.validation import Strict
 from quantgate.evalsets import agreement
 from quantgate.evalsets.evaluate import TOPK_FILE, EvaluationResults, load_side, model_identity
+from quantgate.evalsets.serve_record import ServeRecord
 from quantgate.evalsets.text_eval import head_logits, prefix_token
 from quantgate.quantize.measure.accounting import measure
 from quantgate.quantize.measure.bounds import kv_bytes_per_sequence, memory_time, model_from_checkpoint
 from quantgate.quantize.measure.measurement import Measurement
 from quantgate.serving import device
 
-SCHEMA_VERSION = 2
-# Bump when a change to the serve check or the worker changes a number: cached serve records are redone.
-SERVE_CHECK_VERSION = 2
+# Bump when a change to the serve check or the worker changes a number, or the record's shape:
+# cached serve records are redone (3: the record's schema_version 3)
+SERVE_CHECK_VERSION = 3
 SERVED, PENDING, NOT_SERVED = "served", "pending", "not_served"
-FAILED = "failed"  # a serve that timed out or whose worker died: no evidence (the run's record of the unit, never cached)
+FAILED: Final = "failed"  # a serve that timed out or whose worker died: no evidence (the run's record of the unit, never cached)
 # The probe's first forward pass also warms the kernels up: it may take this much longer.
 PROBE_WARMUP_SECONDS = 30.0
 # The baseline's own probe is only the reference of the others': a 16-bit model always has a path;
@@ -148,7 +150,7 @@ def machine() -> dict[str, Any]:
 SERVE_FILE = "serve.json"
 
 
-def load_record(path: Path) -> dict[str, Any]:
+def load_record(path: Path) -> ServeRecord:
     """A serve record: `quantgate serving check`'s output directory or its serve.json, or a run's
     serve/<name>.json (the stage cache's {"key", "value"})."""
     file = path / SERVE_FILE if path.is_dir() else path
@@ -159,10 +161,8 @@ def load_record(path: Path) -> dict[str, Any]:
     except ValueError as error:
         raise InputError(f"{file} is not JSON: {error}") from error
     if isinstance(value, dict) and "key" in value and isinstance(value.get("value"), dict):
-        value = value["value"]
-    if not isinstance(value, dict) or "served" not in value or "engine" not in value:
-        raise InputError(f"{file} is no serve record (it has no `served` and `engine`)")
-    return value
+        return ServeRecord.from_json(value["value"], f"{file}: value")
+    return ServeRecord.from_json(value, str(file))
 
 
 def quantized_activations(checkpoint: Path) -> bool:
@@ -178,15 +178,13 @@ def probe_limit(cfg: ServeCheckConfig, reference_seconds: float | None) -> servi
     return serving.ProbeLimit(forward_seconds=forward, warmup_seconds=forward + PROBE_WARMUP_SECONDS)
 
 
-def probe_seconds(record: dict[str, Any] | None) -> float | None:
+def probe_seconds(record: ServeRecord | None) -> float | None:
     """A serve record's forward pass after warm-up (the probe's fastest later pass), or None."""
-    passes = ((record or {}).get("probe") or {}).get("forward_seconds") or []
-    timed = passes[1:] or passes
-    return float(min(timed)) if timed else None
+    return record.probe_seconds() if record is not None else None
 
 
 def check(checkpoint: Path, results: EvaluationResults | None, cfg: ServeCheckConfig, env: serving.ServingEnv,
-          work: Path, reference_probe: float | None = None) -> dict[str, Any]:
+          work: Path, reference_probe: float | None = None) -> ServeRecord:
     """Serve `checkpoint` in vLLM and compare it with `results` (the evaluation its gate saw; None,
     or results with no comparable text set: load and throughput only, `not_compared` says why).
     `reference_probe`: the baseline's probe forward pass, the base of this one's limit. The
@@ -206,7 +204,7 @@ def check(checkpoint: Path, results: EvaluationResults | None, cfg: ServeCheckCo
     schemes = device.checkpoint_schemes(read_checkpoint(checkpoint).config)
     settings = device.serve_settings(env.engine, device_class, schemes)
     limit = probe_limit(cfg, reference_probe)
-    record: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "engine": env.identity(), "checkpoint": str(checkpoint),
+    record: dict[str, Any] = {"served": False, "engine": env.identity(), "checkpoint": str(checkpoint),
                               "settings": cfg.model_dump(mode="json"), "quantized_activations": quantized_activations(checkpoint),
                               "machine": machine(), "serve_check_version": SERVE_CHECK_VERSION,
                               "device_class": device_class, "engine_settings": settings,
@@ -221,7 +219,7 @@ def check(checkpoint: Path, results: EvaluationResults | None, cfg: ServeCheckCo
     try:
         response = serving.run(env, request, work, cfg.timeout_s, settings=settings, probe=limit)
     except serving.WorkerFailed as failure:
-        return {**record, **_not_served(failure, env, device_class, schemes)}
+        return ServeRecord.model_validate({**record, **_not_served(failure, env, device_class, schemes)}, strict=False)
     answer = response.value
     record.update(served=True, status=SERVED, log=str(response.log), isolated=response.isolated, dtype=answer.get("dtype"),
                   device=answer.get("device"), threads=answer.get("threads"), load_seconds=answer.get("load_seconds"),
@@ -235,7 +233,7 @@ def check(checkpoint: Path, results: EvaluationResults | None, cfg: ServeCheckCo
                                       engine_cfg=engine_cfg, work=work, cfg=cfg))
     bandwidth = response.result("bandwidth")
     record["throughput"] = throughput(response.result("throughput")["batches"], bandwidth, checkpoint, cfg)
-    return record
+    return ServeRecord.model_validate(record, strict=False)
 
 
 def _not_served(failure: serving.WorkerFailed, env: serving.ServingEnv, device_class: str, schemes: list[str]) -> dict[str, Any]:
@@ -281,21 +279,6 @@ def _engine_default(checkpoint: Path, gated: _Gated, env: serving.ServingEnv, *,
     kept = {key: value for key, value in agreement.items() if key != "per_item"}
     return {"engine_default": {**described, "served": True, "agreement": kept,
                                "kernels": device.kernels_in_log(response.log.read_text(errors="replace"))}}
-
-
-def served_summary(record: dict[str, Any]) -> dict[str, Any]:
-    """What a verdict record keeps of its serve check: served or not (and why), the agreement,
-    greedy matches and decode tokens/s against the bound; the whole record is serve/<name>.json."""
-    keep = ("served", "status", "reason", "engine", "dtype", "device", "quantized_activations", "greedy", "device_class",
-            "engine_settings", "schemes", "kernels", "engine_default", "log")
-    summary = {key: record[key] for key in keep if key in record}
-    if "agreement" in record:
-        summary["agreement"] = {key: value for key, value in record["agreement"].items() if key != "per_item"}
-    if "throughput" in record:
-        summary["throughput"] = {batch: {"tokens_per_s": entry["tokens_per_s"], "bound_tokens_per_s": entry["bound_tokens_per_s"]}
-                                 for batch, entry in record["throughput"]["batches"].items()}
-        summary["bandwidth_bytes_per_s"] = record["throughput"]["bandwidth_bytes_per_s"]
-    return summary
 
 
 def _tasks(cfg: ServeCheckConfig, gated: _Gated | None, prompts: list[list[int]]) -> list[dict[str, Any]]:

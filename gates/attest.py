@@ -17,7 +17,7 @@ from quantgate.core.artifacts import read_json, sibling_lock
 from quantgate.core.errors import InputError
 from quantgate.core.models import weight_hashes
 from quantgate.core.rundir import BASELINE, RunDir
-from quantgate.evalsets.served import ServeCheckConfig, check, probe_seconds, served_summary
+from quantgate.evalsets.served import ServeCheckConfig, check
 from quantgate.gates import ledger as ledger_module
 from quantgate.gates import signing
 from quantgate.gates.ledger import SERVING_KIND
@@ -77,16 +77,16 @@ def attest(checkpoint: Path, run_dir: Path, work: Path, *, baseline: Path | None
     env = serving.require()
     reference = check(baseline_model, evalsets.load_results(layout.results(BASELINE)), cfg, env, work / BASELINE)
     results = evalsets.load_results(layout.results(name))
-    record = check(Path(checkpoint), results, cfg, env, work / name, reference_probe=probe_seconds(reference))
+    record = check(Path(checkpoint), results, cfg, env, work / name, reference_probe=reference.probe_seconds())
     gates = serving_gates(policy, ServingEvidence(record, reference))
     status = Verdict(all(gate.outcome.value == "pass" for gate in gates), gates, quality_passed=True).serving or APPROVED
     entry: dict[str, Any] = {
         "kind": SERVING_KIND, "format": name, "verdict": None, "serving_status": status,
-        "device_class": record.get("device_class"), "checkpoint": {"path": str(Path(checkpoint).resolve()), "format": name,
+        "device_class": record.device_class, "checkpoint": {"path": str(Path(checkpoint).resolve()), "format": name,
                                                                    "weights": weights},
         "policy": policy.identity, "attests": verdict.get("verdict_sha256"),
         "reasons": [gate.reason for gate in gates], "gates": [gate.as_dict() for gate in gates],
-        "serving": served_summary(record), "baseline_serving": served_summary(reference),
+        "serving": record.summary().to_json(), "baseline_serving": reference.summary().to_json(),
     }
     key = signing.load_signing_key(signing_key) if signing_key is not None else None
     with sibling_lock(ledger):

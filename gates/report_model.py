@@ -183,7 +183,7 @@ class EngineDefault(Record):
 
 
 class Serving(Record):
-    """A row's serve check as its verdict keeps it (evalsets.served.served_summary)."""
+    """A row's serve check as its verdict keeps it (ServedSummary, evalsets.serve_record)."""
 
     served: bool = False
     status: str | None = None

@@ -9,14 +9,19 @@ from pathlib import Path
 from typing import Any
 
 from quantgate import evalsets
+from quantgate.calibration.manifest import CalibrationManifest
 from quantgate.core.artifacts import MANIFEST, read_json
 from quantgate.core.errors import InputError
 from quantgate.core.ids import GateId
 from quantgate.core.metrics import METRICS
 from quantgate.core.rundir import BASELINE, RUN_KIND, RunDir
 from quantgate.core.stagecache import stored_value
-from quantgate.evalsets.served import served_summary
+from quantgate.evalsets.results import ResultsManifest
+from quantgate.evalsets.serve_record import ServeRecord
 from quantgate.gates.report_model import HELD_OUT, TRIAL, RunRecords
+from quantgate.gates.verdict_record import read_gates
+from quantgate.quantize.measure.record import MeasurementRecord
+from quantgate.quantize.measure.stage import stage_measurement
 
 
 def column_higher_is_better(column: str) -> bool:
@@ -36,18 +41,21 @@ def records(run_dir: Path) -> RunRecords:
     columns: list[str] = []  # every metric gate, in policy order (a format that failed to quantize has none)
     for verdict in verdicts.values():
         columns += [gate for gate in verdict["metrics"] if GateId.parse(gate).on_golden_set and gate not in columns]
-    baseline_results = _manifest(layout.results(BASELINE))
+    baseline_results = _results(layout.results(BASELINE))
     baseline_measured = stored_value(layout.measure(BASELINE)) or {}
-    baseline = _row("baseline", baseline_measured, baseline_results, None, columns)
+    baseline = _row("baseline", _measurement(layout.measure(BASELINE), baseline_measured or None), baseline_measured,
+                    baseline_results, None, columns)
     baseline_served = stored_value(layout.serve(BASELINE))
-    baseline["serving"] = served_summary(baseline_served) if baseline_served else None
+    baseline["serving"] = None if baseline_served is None else \
+        ServeRecord.from_json(baseline_served, f"{layout.serve(BASELINE)}: value").summary().to_json()
     sequential = {name: _sequential(verdicts[name], stored_value(layout.sequential(name))) for name in names}
     rows = [baseline]
     for name in names:
         # a held-out gate judged its trial's checkpoint: measured once, under the trial's name
         checkpoint = name if name in run["formats"] else str(verdicts[name].get("checkpoint_name") or name.split("@")[0])
-        row = _row(name, stored_value(layout.measure(checkpoint)), _manifest(layout.results(name)), verdicts[name], columns,
-                   sequential=sequential[name])
+        measured = stored_value(layout.measure(checkpoint))
+        row = _row(name, _measurement(layout.measure(checkpoint), measured), measured, _results(layout.results(name)),
+                   verdicts[name], columns, sequential=sequential[name])
         if search is not None and name not in run["formats"]:
             row["search"] = _search_info(search, checkpoint, verdicts[name])
         rows.append(row)
@@ -55,7 +63,8 @@ def records(run_dir: Path) -> RunRecords:
     if plot.get("y") not in columns and columns:
         plot.update(y=columns[0], higher_is_better=column_higher_is_better(columns[0]))
     any_bounds = next(iter((baseline_measured.get("bounds") or {}).values()), None)
-    calibration = _manifest(layout.calibration)
+    calibration_file = layout.calibration / MANIFEST
+    calibration = CalibrationManifest.read(calibration_file) if calibration_file.is_file() else None
     return RunRecords.from_records({
         "model": run["plan"]["model"],
         "model_path": run["model"],
@@ -66,8 +75,8 @@ def records(run_dir: Path) -> RunRecords:
         "rows": rows,
         "evalsets": _evalsets(baseline_results, _looks(run, sequential)),
         "calibration": None if calibration is None else {
-            "samples": calibration["samples"], "seq_len": calibration["seq_len"], "fingerprint": calibration["fingerprint"],
-            "source": calibration["config"]["source"]},
+            "samples": calibration.samples, "seq_len": calibration.seq_len, "fingerprint": calibration.fingerprint,
+            "source": calibration.config.source},
         "bounds_inputs": any_bounds,
         "confidence": run.get("confidence", 0.95),
         "ledger": run.get("ledger"),
@@ -86,17 +95,25 @@ def _run_record(layout: RunDir) -> dict[str, Any]:
     return run
 
 
-def _manifest(directory: Path) -> dict[str, Any] | None:
+def _results(directory: Path) -> ResultsManifest | None:
+    """The results manifest of `directory`, or None where it holds none (not evaluated)."""
     path = directory / MANIFEST
-    return read_json(path) if path.is_file() else None
+    return ResultsManifest.read(path) if path.is_file() else None
+
+
+def _measurement(path: Path, measured: dict[str, Any] | None) -> MeasurementRecord | None:
+    """The measurement in the measure stage's value stored at `path` (None: not measured)."""
+    return None if measured is None else stage_measurement(measured, str(path))
 
 
 def _verdicts(layout: RunDir, names: list[str]) -> dict[str, dict[str, Any]]:
+    """Each verdict, its gates read through their record (GateRecord): a damaged one is refused."""
     stored = {name: stored_value(layout.verdict(name)) for name in names}
     missing = [name for name, verdict in stored.items() if verdict is None]
     if missing:
         raise InputError(f"the run in {layout.root} has no verdict yet for {', '.join(missing)}: run it to the end first")
-    return {name: verdict for name, verdict in stored.items() if verdict is not None}
+    return {name: {**verdict, "gates": [gate.to_json() for gate in read_gates(verdict.get("gates") or [], f"{layout.verdict(name)}: value")]}
+            for name, verdict in stored.items() if verdict is not None}
 
 
 def _looks(run: dict[str, Any], sequential: dict[str, dict[str, Any] | None]) -> dict[str, list[int]]:
@@ -108,20 +125,21 @@ def _looks(run: dict[str, Any], sequential: dict[str, dict[str, Any] | None]) ->
     return looks
 
 
-def _evalsets(baseline_results: dict[str, Any] | None, looks: dict[str, list[int]]) -> list[dict[str, Any]]:
+def _evalsets(baseline_results: ResultsManifest | None, looks: dict[str, list[int]]) -> list[dict[str, Any]]:
     """The baseline's results: each set at its first look (`items`); `looks` as the run planned them."""
-    return [{"spec": spec, "items": entry["items"], "limit": entry["limit"], "sha256": entry["sha256"],
+    return [{"spec": spec, "items": entry.items, "limit": entry.limit, "sha256": entry.sha256,
              "size": _set_size(spec), "looks": list(looks.get(spec) or [])}
-            for spec, entry in (baseline_results or {}).get("sets", {}).items()]
+            for spec, entry in (baseline_results.sets.items() if baseline_results is not None else ())]
 
 
-def _metrics(results: dict[str, Any] | None, verdict: dict[str, Any] | None, columns: list[str]) -> dict[str, dict[str, Any]]:
+def _metrics(results: ResultsManifest | None, verdict: dict[str, Any] | None, columns: list[str]) -> dict[str, dict[str, Any]]:
     """Per metric column the row's value, and where a gate judged it, its difference or value with the interval."""
     metrics: dict[str, dict[str, Any]] = {}
     for column in columns:
         gate_id = GateId.parse(column)
         facts = METRICS.get(gate_id.check)  # None: a metric newer than this table (a value, not a change)
-        value = (results or {}).get("sets", {}).get(gate_id.scope, {}).get("metrics", {}).get(gate_id.check)
+        in_set = results.sets.get(gate_id.scope) if results is not None else None
+        value = in_set.metrics.get(gate_id.check) if in_set is not None else None
         gate = (verdict or {}).get("metrics", {}).get(column)
         if verdict is None and results is not None and value is None and facts is not None:
             value = facts.baseline_value  # the baseline against itself (agreement metrics)
@@ -136,21 +154,21 @@ def _metrics(results: dict[str, Any] | None, verdict: dict[str, Any] | None, col
     return metrics
 
 
-def _row(name: str, measured: dict[str, Any] | None, results: dict[str, Any] | None, verdict: dict[str, Any] | None,
-         columns: list[str], sequential: dict[str, Any] | None = None) -> dict[str, Any]:
-    measurement = (measured or {}).get("measurement")
+def _row(name: str, measurement: MeasurementRecord | None, measured: dict[str, Any] | None, results: ResultsManifest | None,
+         verdict: dict[str, Any] | None, columns: list[str], sequential: dict[str, Any] | None = None) -> dict[str, Any]:
+    """`measurement`: the measurement in the measure stage's value `measured` (whose bounds the row shows)."""
     metrics = _metrics(results, verdict, columns)
     kl = next((entry["value"] for column, entry in metrics.items() if GateId.parse(column).check == "kl_divergence"), None)
     if kl is None and results is not None:
-        kl = next((entry["metrics"].get("kl_divergence") for entry in results.get("sets", {}).values()
-                   if "kl_divergence" in entry.get("metrics", {})), None)
+        kl = next((entry.metrics["kl_divergence"] for entry in results.sets.values() if "kl_divergence" in entry.metrics), None)
     return {
         "format": name,
-        "bytes": measurement["totals"]["file_bytes"] if measurement else None,
-        "bits_per_weight_layers": measurement["quantized_linear"]["bits_per_weight"]["measured"] if measurement else None,
-        "bits_per_parameter": measurement["whole_model"]["bits_per_parameter"]["measured"] if measurement else None,
+        "bytes": measurement.totals.file_bytes if measurement else None,
+        "bits_per_weight_layers": measurement.quantized_linear.bits_per_weight.measured if measurement else None,
+        "bits_per_parameter": measurement.whole_model.bits_per_parameter.measured if measurement else None,
         # the baseline is measured on its own; each format against it
-        "ratio_to_baseline": None if not measurement else 1.0 if verdict is None else measurement["baseline"]["ratio_total"],
+        "ratio_to_baseline": None if not measurement else 1.0 if verdict is None else
+        measurement.baseline.ratio_total if measurement.baseline is not None else None,
         "bounds": (measured or {}).get("bounds") or {},
         "metrics": metrics,
         "kl_divergence": kl,
@@ -167,7 +185,7 @@ def _row(name: str, measured: dict[str, Any] | None, results: dict[str, Any] | N
         "tails": {} if verdict is None else dict(verdict.get("tails") or {}),
         # a search's trial or held-out gate: its role, split, items, mix (set by `records`); None otherwise
         "search": None,
-        # its serve check (evalsets.served.served_summary): served by vLLM or not, the agreement with
+        # its serve check (ServeRecord.summary, evalsets.serve_record): served by vLLM or not, the agreement with
         # what was gated, decode tokens/s and the bound; None where the run had no serve stage
         "serving": None if verdict is None else verdict.get("serving") or None,
         # per device class: approved, pending (with the command that attests it) or blocked

@@ -18,6 +18,7 @@ from quantgate.core.ids import SetRef
 from quantgate.core.metrics import GATEABLE
 from quantgate.core.models import weight_hashes
 from quantgate.evalsets import EvaluationResults, GoldenSet, SetResults
+from quantgate.evalsets.serve_record import ServeRecord
 from quantgate.evalsets.served import load_record
 from quantgate.evalsets.sets import all_names, scored_metrics
 from quantgate.gates import ledger as ledger_module
@@ -203,14 +204,14 @@ def _checkpoint_manifest(checkpoint: Path | None) -> dict[str, Any] | None:
     return manifest if manifest.get("kind") == "quantized-checkpoint" else None
 
 
-def _check_serve_records(served: dict[str, Any] | None, reference: dict[str, Any] | None, candidate: EvaluationResults,
+def _check_serve_records(served: ServeRecord | None, reference: ServeRecord | None, candidate: EvaluationResults,
                          baseline: EvaluationResults) -> None:
     """`--served` must be the serve record of these candidate results (compared on them), and
     `--served-baseline` one of the baseline model these baseline results were computed on."""
-    if served is not None and served.get("gated") and served["gated"].get("results_sha256") != sha256_file(candidate.path / MANIFEST):
-        raise InputError(f"--served: that serve record compared other results ({served['gated'].get('results')}), not {candidate.path}")
-    if reference is not None and reference.get("gated") and \
-            reference["gated"].get("weights_sha256") != baseline.manifest.model.weights_sha256:
+    if served is not None and served.gated is not None and served.gated.results_sha256 != sha256_file(candidate.path / MANIFEST):
+        raise InputError(f"--served: that serve record compared other results ({served.gated.results}), not {candidate.path}")
+    if reference is not None and reference.gated is not None and \
+            reference.gated.weights_sha256 != baseline.manifest.model.weights_sha256:
         raise InputError("--served-baseline: that serve record is of another model than the baseline these results were computed on")
 
 
@@ -258,9 +259,9 @@ def gate_results(baseline: Path, candidate: Path, policy_spec: str | Path, *, ch
     overlap = overlap_summary(calibration.load(calibration_dir), [evalsets.load(spec) for spec in specs]) if calibration_dir is not None else None
 
     candidate_items = item_records(candidate_results)
-    records = [None if path is None else load_record(path) for path in (served, served_baseline)]
-    _check_serve_records(records[0], records[1], candidate_results, baseline_results)
-    serving = ServingEvidence(*records) if policy.policy.serving is not None else None
+    served_record, reference_record = (None if path is None else load_record(path) for path in (served, served_baseline))
+    _check_serve_records(served_record, reference_record, candidate_results, baseline_results)
+    serving = ServingEvidence(served_record, reference_record) if policy.policy.serving is not None else None
     verdict = judge(item_records(baseline_results), candidate_items, policy, precision,
                     measurement=measurement, smoke=(manifest or {}).get("smoke"), overlap=overlap, serving=serving)
     record = verdict_record(fmt, verdict, precision=precision, policy=policy, checkpoint=checkpoint,

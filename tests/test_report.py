@@ -7,9 +7,11 @@ formats and trials, and the per-layer sensitivity chart."""
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,7 @@ import pytest
 
 from quantgate.core.errors import InputError
 from quantgate.core.rundir import RUN_KIND
+from quantgate.evalsets.config import EvaluateConfig
 from quantgate.gates import figures
 from quantgate.gates.report import (
     blocked_sentence,
@@ -35,7 +38,8 @@ from quantgate.gates.report import (
 )
 from quantgate.gates.report import read as read_report
 from quantgate.gates.report_model import RunRecords
-from tests.helpers import composed, sample, sample_records, sample_report
+from quantgate.quantize.measure.accounting import measure as measure_checkpoint
+from tests.helpers import composed, sample, sample_records, sample_report, write_header_only
 
 CANDIDATES = ["fp8-e4m3", "gptq-int4", "awq-int4", "smoothquant-w8a8"]
 
@@ -226,6 +230,42 @@ def _artifact(path: Path, value: dict[str, Any]) -> None:
     path.write_text(json.dumps({"key": "k", "value": value}))
 
 
+@functools.cache
+def _measurement_template() -> str:
+    """A whole measurement record (a header-only checkpoint's), as JSON text: the report reads
+    measurements through their class, which refuses one missing a field."""
+    with tempfile.TemporaryDirectory() as directory:
+        root = Path(directory)
+        write_header_only(root / "model.safetensors", {"model.embed_tokens.weight": ("BF16", [64, 32]),
+                                                       "model.layers.0.mlp.up_proj.weight": ("BF16", [32, 32])}, {"format": "pt"})
+        (root / "config.json").write_text(json.dumps({"torch_dtype": "bfloat16"}))
+        return json.dumps(measure_checkpoint(root).to_json())
+
+
+def _measurement(size: int, bits_per_weight: float, bits_per_parameter: float, ratio: float) -> dict[str, Any]:
+    """A measurement of `size` bytes with these figures (what the report shows of one)."""
+    value: dict[str, Any] = json.loads(_measurement_template())
+    value["totals"]["file_bytes"] = size
+    value["quantized_linear"]["bits_per_weight"]["measured"] = bits_per_weight
+    value["whole_model"]["bits_per_parameter"]["measured"] = bits_per_parameter
+    value["baseline"] = {"checkpoint": "/m", "dtype": "BF16", "file_bytes": 1_800_000, "tensor_bytes": 1_790_000, "parameters": 900_000,
+                         "linear_bytes": 1_000_000, "checkpoint_linear_bytes": size // 2, "ratio_total": ratio, "ratio_linear": ratio,
+                         "parameters_match": True}
+    return value
+
+
+def _results_manifest(sets: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """A results manifest holding `sets` (each's items, limit, sha256 and metrics), the rest filled in."""
+    model = {"path": "/m", "weights_sha256": "0" * 64, "config_sha256": "1" * 64, "tokenizer_sha256": "2" * 64, "storage_dtype": "BF16"}
+    return {"artifact": "evaluation-results", "schema_version": 1, "model": model, "baseline": None,
+            "config": EvaluateConfig(evalsets=tuple(spec.split("@")[0] for spec in sets)).model_dump(mode="json"),
+            "sets": {spec: {"dir": spec.replace("@", "-"), "kind": "text", "primary": "kl_divergence", "offset": 0, "cache_key": "k",
+                            "from_cache": False, "seconds": 1.0, **entry} for spec, entry in sets.items()},
+            "model_load_seconds": 1.0, "files": {},
+            "provenance": {"created_at": "2026-01-01T00:00:00+00:00", "libraries": {}, "wall_seconds": 1.0, "peak_memory_bytes": 0,
+                           "machine": {"python": "3.11", "platform": "linux", "cpu_count": 2}}}
+
+
 def test_build_reads_the_narrowed_policy_looks_and_tails_of_a_run_directory(tmp_path: Path) -> None:
     """A run directory as `quantgate run` leaves it (quantgate.core.rundir): a verdict with its
     looks and tails, one written before verdicts recorded their looks (its sequential stage
@@ -240,8 +280,8 @@ def test_build_reads_the_narrowed_policy_looks_and_tails_of_a_run_directory(tmp_
         "policy": {**policy, "path": "/p.yaml"}, "hardware": [], "plot": {"x": "bytes", "y": "wiki-text@v1 kl_divergence"},
         "confidence": 0.95, "ledger": "/l", "looks": looks}))
     (run_dir / "results" / "baseline").mkdir(parents=True)
-    (run_dir / "results" / "baseline" / "manifest.json").write_text(json.dumps(
-        {"sets": {"wiki-text@v1": {"items": 25, "limit": 25, "sha256": "cd" * 32, "metrics": {"kl_divergence": 0.0}}}}))
+    (run_dir / "results" / "baseline" / "manifest.json").write_text(json.dumps(_results_manifest(
+        {"wiki-text@v1": {"items": 25, "limit": 25, "sha256": "cd" * 32, "metrics": {"kl_divergence": 0.0}}})))
     gate = {"gate": "wiki-text@v1 kl_divergence", "outcome": "pass", "estimate": 0.03, "low": 0.02, "high": 0.04, "limit": 0.05,
             "unit": "", "reason": "within", "items": 50, "look": 2, "looks": 2, "confidence": 0.975, "decided_by": "interval"}
     tail = {"estimate": 0.03, "low": 0.02, "high": 0.04, "confidence": 0.95, "items": 50}
@@ -433,9 +473,7 @@ def _search_run(tmp_path: Path, plan_search: bool = True) -> Path:
 
     def measure(name: str, size: int, b1: float) -> None:
         _artifact(run_dir / "measure" / f"{name}.json", {
-            "measurement": {"totals": {"file_bytes": size}, "quantized_linear": {"bits_per_weight": {"measured": 5.0}},
-                            "whole_model": {"bits_per_parameter": {"measured": 16.0 * size / 1_800_000}},
-                            "baseline": {"ratio_total": size / 1_800_000}},
+            "measurement": _measurement(size, 5.0, 16.0 * size / 1_800_000, size / 1_800_000),
             "bounds": {"reference": {"batch1_ms": b1, "batch32_ms": b1 * 2, "context_tokens": 2048, "kv_bytes_per_element": 2}}})
 
     def verdict(name: str, verdict: str, top1: float, **changes: Any) -> None:
@@ -498,6 +536,24 @@ def test_build_reads_a_search_run_directory(tmp_path: Path) -> None:
     other = build(_search_run(tmp_path / "other", plan_search=False))
     assert [row.format for row in other.rows] == ["baseline", "gptq-int4", "smoothquant-w8a8"]
     assert other.search is None and other.sensitivity is None
+
+
+def test_build_refuses_a_damaged_record_of_a_run_in_one_line(tmp_path: Path) -> None:
+    """The report reads a run's measurements, results manifests and serve records through their classes."""
+    from quantgate.core.errors import IntegrityError
+
+    run_dir = _search_run(tmp_path)
+    path = run_dir / "measure" / "gptq-int4.json"
+    stored = json.loads(path.read_text())
+    stored["value"]["measurement"]["totals"]["file_bytes"] = "620000"
+    path.write_text(json.dumps(stored))
+    with pytest.raises(IntegrityError) as refused:
+        build(run_dir)
+    assert str(refused.value) == f"{path}: measurement: measurement field totals.file_bytes: Input should be a valid integer"
+    path.write_text(json.dumps({"key": "k", "value": {**stored["value"], "measurement": _measurement(620_000, 5.0, 5.5, 0.34)}}))
+    _artifact(run_dir / "serve" / "baseline.json", {"served": True, "engine": {}, "status": "served"})  # schema_version 2's shape
+    with pytest.raises(InputError, match=r"serve/baseline.json: value: no kind, not a serve record \(kind 'serve'\)$"):
+        build(run_dir)
 
 
 # ---- the document: escaping, report.json read back, its version ----------------------------------
@@ -571,7 +627,7 @@ def test_a_report_json_of_another_schema_version_is_refused_in_one_line(cli, tmp
 
 
 def _with_serving(records: dict[str, Any]) -> dict[str, Any]:
-    """sample_report's records with serve checks as verdicts keep them (evalsets.served.served_summary,
+    """sample_report's records with serve checks as verdicts keep them (ServeRecord.summary,
     more fields than the report reads): the baseline and fp8-e4m3 served (fp8-e4m3 slower than the
     baseline, and the engine's default would serve it otherwise), awq-int4 not loaded, and
     smoothquant-w8a8 pending on a class without its kernel."""

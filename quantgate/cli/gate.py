@@ -10,6 +10,7 @@ from quantgate.cli.options import print_json
 from quantgate.gates.ledger import verify_checkpoint
 from quantgate.gates.signing import SIGNATURE_FILE
 from quantgate.gates.stage import gate_results
+from quantgate.gates.verdict_record import read_gates
 
 # This module's commands; quantgate.cli.app.COMMANDS names each, so `quantgate --help` need not import it.
 commands = typer.Typer(add_completion=False)
@@ -72,9 +73,9 @@ def gate_command(
         typer.echo(f"{record['verdict']} {record['format']} ({record['precision']} thresholds) "
                    f"under {record['policy']['name']}@{record['policy']['version']}"
                    + (f" narrowed to {', '.join(record['policy']['narrowed_to'])}" if record["policy"].get("narrowed_to") else ""))
-        for gate in record["gates"]:
-            mark = {"pass": "pass", "fail": "FAIL", "not evaluated": "SKIPPED"}.get(gate["outcome"], "UNDECIDED")
-            typer.echo(f"  {mark}  {gate['reason']}")
+        for gate in read_gates(record["gates"], "the verdict"):
+            mark = {"pass": "pass", "fail": "FAIL", "not evaluated": "SKIPPED"}.get(gate.outcome.value, "UNDECIDED")
+            typer.echo(f"  {mark}  {gate.reason}")
         signature = Path(record["checkpoint"]["path"]) / SIGNATURE_FILE if record.get("checkpoint") else None
         if signing_key is not None and record["verdict"] == "approved" and signature is not None and signature.is_file():
             typer.echo(f"signed: {signature} (and the ledger's record)")

@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import typer
 
 from quantgate import evalsets, serving
 from quantgate.cli.options import config
-from quantgate.core.artifacts import atomic_directory, write_json
+from quantgate.core.artifacts import atomic_directory
 from quantgate.core.errors import InputError
 from quantgate.core.models import resolve_model
+from quantgate.evalsets.serve_record import ServeRecord
 from quantgate.evalsets.served import SERVE_FILE, ServeCheckConfig, check, not_comparable
 from quantgate.gates.attest import attest
 from quantgate.serving import device, environment
@@ -113,14 +113,14 @@ def check_command(
     with atomic_directory(out, overwrite=overwrite) as staging:
         record = check(model, loaded, cfg, env, staging / "worker")
         record = _relocated(record, staging, out)
-        write_json(staging / SERVE_FILE, record)
+        record.write(staging / SERVE_FILE)
     if as_json:
-        typer.echo(json.dumps(record, indent=2))
+        typer.echo(json.dumps(record.to_json(), indent=2))
     else:
         for line in describe(record):
             typer.echo(line)
         typer.echo(f"written: {out / SERVE_FILE}")
-    if not record["served"]:
+    if not record.served:
         raise typer.Exit(1)
 
 
@@ -146,33 +146,35 @@ def _batch_sizes(text: str) -> tuple[int, ...]:
     return sizes
 
 
-def _relocated(record: dict[str, Any], staging: Path, out: Path) -> dict[str, Any]:
+def _relocated(record: ServeRecord, staging: Path, out: Path) -> ServeRecord:
     """The record with its log's path where it will be once the directory is renamed into place."""
-    if "log" in record:
-        record = {**record, "log": str(out.absolute() / Path(record["log"]).relative_to(staging))}
+    if record.log is not None:
+        record = record.model_copy(update={"log": str(out.absolute() / Path(record.log).relative_to(staging))})
     return record
 
 
-def describe(record: dict[str, Any]) -> list[str]:
+def describe(record: ServeRecord) -> list[str]:
     """The serve record in a few lines."""
-    if not record["served"]:
-        return [f"not served: {record['reason']}"]
-    engine = record["engine"]
-    lines = [f"served by vLLM {engine['version']} ({engine['engine']}), {record.get('dtype')} on {record.get('device')}, "
-             f"loaded in {record.get('load_seconds', 0):.1f} s"]
-    agreement = record.get("agreement")
-    if agreement:
-        lines.append(f"agreement with the gated results ({agreement['positions']:,} tokens of {agreement['evalset']}): "
-                     f"|logprob difference| mean {agreement['mean_abs_logprob_difference']:.3f}, "
-                     f"p99 {agreement['p99_abs_logprob_difference']:.3f}, max {agreement['max_abs_logprob_difference']:.3f} nats; "
-                     f"KL(served || gated) {agreement['kl_served_gated_mean']:.4f}; top-1 {agreement['top1_agreement']:.3f}")
-        if not record["gated"]["weights_match"]:
+    if not record.served:
+        return [f"not served: {record.reason}"]
+    engine = record.engine
+    lines = [f"served by vLLM {engine['version']} ({engine['engine']}), {record.dtype} on {record.device}, "
+             f"loaded in {record.load_seconds or 0:.1f} s"]
+    agreement = record.agreement
+    if agreement is not None:
+        lines.append(f"agreement with the gated results ({agreement.positions:,} tokens of {agreement.evalset}): "
+                     f"|logprob difference| mean {agreement.mean_abs_logprob_difference:.3f}, "
+                     f"p99 {agreement.p99_abs_logprob_difference:.3f}, max {agreement.max_abs_logprob_difference:.3f} nats; "
+                     f"KL(served || gated) {agreement.kl_served_gated_mean:.4f}; top-1 {agreement.top1_agreement:.3f}")
+        if record.gated is not None and not record.gated.weights_match:
             lines.append("note: the checkpoint's weights or config differ from those the results were computed on")
-    greedy = record.get("greedy")
-    if greedy:
-        lines.append(f"greedy: {greedy['identical']} of {greedy['prompts']} continuations identical over {greedy['tokens']} tokens "
-                     f"({greedy['mean_matched_fraction']:.0%} of tokens before the first difference)")
-    for batch, entry in record["throughput"]["batches"].items():
-        lines.append(f"decode at batch {batch}: {entry['tokens_per_s']:.1f} tokens/s (median of {len(entry['seconds'])}), "
-                     f"bound {entry['bound_tokens_per_s']:.0f} tokens/s at {record['throughput']['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s")
+    greedy = record.greedy
+    if greedy is not None:
+        lines.append(f"greedy: {greedy.identical} of {greedy.prompts} continuations identical over {greedy.tokens} tokens "
+                     f"({greedy.mean_matched_fraction:.0%} of tokens before the first difference)")
+    throughput = record.throughput
+    if throughput is not None:
+        for batch, entry in throughput.batches.items():
+            lines.append(f"decode at batch {batch}: {entry.tokens_per_s:.1f} tokens/s (median of {len(entry.seconds)}), "
+                         f"bound {entry.bound_tokens_per_s:.0f} tokens/s at {throughput.bandwidth_bytes_per_s / 1e9:.1f} GB/s")
     return lines

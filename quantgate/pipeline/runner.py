@@ -43,8 +43,8 @@ from quantgate.core.models import weight_file_hashes
 from quantgate.core.rundir import BASELINE, RUN_KIND, RunDir
 from quantgate.core.stagecache import Cached, StageCache, stored_value
 from quantgate.evalsets.evaluate import cache_root, model_identity
-from quantgate.evalsets.served import FAILED, probe_seconds, served_summary
-from quantgate.evalsets.served import check as serve_check
+from quantgate.evalsets.serve_record import ServeRecord
+from quantgate.evalsets.served import FAILED, probe_seconds
 from quantgate.gates.policy import LoadedPolicy, Outcome, mixed_precision_class, precision_class
 from quantgate.gates.report import build as build_report
 from quantgate.gates.report import data_key as report_key
@@ -64,6 +64,7 @@ from quantgate.gates.verdict import (
     size_gates,
     tails,
 )
+from quantgate.gates.verdict_record import read_gates
 from quantgate.pipeline import executor as executors
 from quantgate.pipeline import keys, units
 from quantgate.pipeline.executor import Executor, TaskLost
@@ -175,7 +176,7 @@ class _Overlap:
 class _Served:
     """A serve check's record (evalsets.served) and its key."""
 
-    record: dict[str, Any]
+    record: ServeRecord
     key: str
 
 
@@ -620,13 +621,14 @@ class _Run:
         # on a cluster: a node whose engine serves the checkpoint's schemes (serving.device.node_resources)
         needs = [device.serve_resource(scheme) for scheme in device.checkpoint_schemes(read_checkpoint(model).config)]
         try:
-            record = self.attempt("serve", label, name, lambda: self.cache.json(
+            value = self.attempt("serve", label, name, lambda: self.cache.json(
                 kind="serve", label=label, path=self.dir.serve(name), key=key,
-                produce=lambda: self.call("serve", label, partial(serve_check, model, results, cfg, env, work=self.dir.serve_work(name),
-                                                                  reference_probe=reference), needs=needs)))
+                produce=lambda: self.call("serve", label, partial(units.serve_check, model, results, cfg, env,
+                                                                  work=self.dir.serve_work(name), reference_probe=reference),
+                                          needs=needs)))
         except UnitFailed as failed:  # nothing cached: the next run serves it again; the verdict is pending
-            record = {"served": False, "status": FAILED, "reason": failed.reason, "engine": env.identity()}
-            return _Served(record, f"failed:{key}")
+            return _Served(ServeRecord(served=False, status=FAILED, reason=failed.reason, engine=env.identity()), f"failed:{key}")
+        record = ServeRecord.from_json(value, f"{self.dir.serve(name)}: value")
         self.log.amend(label, _served_summary(record), done=False)
         return _Served(record, key)
 
@@ -736,7 +738,7 @@ class _Run:
         reference = baseline.served
         # the serve records themselves (a record made again under the same key may differ)
         # (a serve that failed is no evidence: one key for every such failure, so a rerun that fails again judges nothing anew)
-        serve_keys = [(FAILED if part.record.get("status") == FAILED else sha256_json(part.record)) if part else None
+        serve_keys = [(FAILED if part.record.status == FAILED else sha256_json(part.record.to_json())) if part else None
                       for part in (served, reference)] if plan.serve_cfg is not None else None
         key = keys.gate_key(plan, precision=candidate.precision, evidence=evidence.key, measure=measure_key, overlap=overlap.key,
                             results=[sha256_file(results.path / MANIFEST) for results in (evidence.results, evidence.baseline) if results],
@@ -746,7 +748,8 @@ class _Run:
 
         def verdict() -> dict[str, Any]:
             manifest = candidate.manifest
-            metric_gates = [GateResult.from_dict(entry) for entry in evidence.value["gates"]]
+            metric_gates = [GateResult.from_record(gate) for gate in
+                            read_gates(evidence.value["gates"], f"{self.dir.sequential(candidate.name)}: value")]
             candidate_items = item_records(evidence.results) if evidence.results else None
             serving = ServingEvidence(served.record if served else None, reference.record if reference else None) \
                 if gates_serving else None
@@ -761,7 +764,7 @@ class _Run:
             summary = sequential_summary(evidence.value)
             gated_as_served = [as_served_record(entry, baseline=evidence.baseline, policy=plan.policy, precision=candidate.precision)
                                for entry in as_served or []]
-            served_part: dict[str, Any] = {"serving": served_summary(served.record),
+            served_part: dict[str, Any] = {"serving": served.record.summary().to_json(),
                            "classes": serving_classes(judged, served.record, record, self.dir.root, gated_as_served)} if served else {}
             if gated_as_served:
                 served_part["as_served"] = gated_as_served
@@ -888,7 +891,7 @@ def as_served_record(made: _AsServed, *, baseline: evalsets.EvaluationResults | 
     return {**record, "status": status, "reason": reason, "results": str(results.path), "gates": [gate.as_dict() for gate in gates]}
 
 
-def serving_classes(judged: Verdict, served: dict[str, Any], record: dict[str, Any], run_dir: Path,
+def serving_classes(judged: Verdict, served: ServeRecord, record: dict[str, Any], run_dir: Path,
                     as_served: list[dict[str, Any]] | None = None) -> dict[str, dict[str, Any]]:
     """The verdict per device class, from this run's serve record: its status (approved, pending or
     blocked), why, and for a pending one the command that adds serving evidence from a machine
@@ -897,9 +900,9 @@ def serving_classes(judged: Verdict, served: dict[str, Any], record: dict[str, A
     status = judged.serving
     if status is None:
         return {}
-    device_class = served.get("device_class") or "unknown"
+    device_class = served.device_class or "unknown"
     reasons = [gate.reason for gate in judged.gates if GateId.parse(gate.gate).scope == SERVING and gate.outcome is not Outcome.passed]
-    entry: dict[str, Any] = {"status": status, "reason": reasons[0] if reasons else served.get("reason") or "served as gated"}
+    entry: dict[str, Any] = {"status": status, "reason": reasons[0] if reasons else served.reason or "served as gated"}
     checkpoint = (record.get("checkpoint") or {}).get("path")
     if status != "approved" and checkpoint and record.get("quality") == "passed":
         entry["next"] = f"quantgate serving check {checkpoint} --run {run_dir}"
@@ -908,20 +911,20 @@ def serving_classes(judged: Verdict, served: dict[str, Any], record: dict[str, A
     return {device_class: entry}
 
 
-def _record_of(served: _Served | None) -> dict[str, Any] | None:
+def _record_of(served: _Served | None) -> ServeRecord | None:
     return served.record if served is not None else None
 
 
-def _served_summary(record: dict[str, Any]) -> str:
+def _served_summary(record: ServeRecord) -> str:
     """One line for the stage log: 'served: |logprob diff| 0.043 mean, 36.6 tokens/s at batch 1'."""
-    if not record["served"]:
-        return f"not served: {record['reason']}"
+    if not record.served:
+        return f"not served: {record.reason}"
     parts = []
-    if "agreement" in record:
-        parts.append(f"|logprob diff| {record['agreement']['mean_abs_logprob_difference']:.3f} mean")
-    first = next(iter(record["throughput"]["batches"].items()), None)
+    if record.agreement is not None:
+        parts.append(f"|logprob diff| {record.agreement.mean_abs_logprob_difference:.3f} mean")
+    first = next(iter(record.throughput.batches.items()), None) if record.throughput is not None else None
     if first is not None:
-        parts.append(f"{first[1]['tokens_per_s']:.1f} tokens/s at batch {first[0]}")
+        parts.append(f"{first[1].tokens_per_s:.1f} tokens/s at batch {first[0]}")
     return "served: " + ", ".join(parts)
 
 

@@ -20,9 +20,10 @@ from typing import Any
 from quantgate import evalsets, quantize
 from quantgate.core.errors import InputError, IntegrityError
 from quantgate.core.rundir import BASELINE, RunDir
+from quantgate.evalsets import served
 from quantgate.pipeline.looks import Looks, gated_sets
 from quantgate.pipeline.resolve import ResolvedPlan, Split
-from quantgate.serving import device
+from quantgate.serving import ServingEnv, device
 
 _EVALUATORS: OrderedDict[tuple[str, bool], evalsets.Evaluator] = OrderedDict()
 _KEEP = 2  # models a process keeps loaded
@@ -145,3 +146,10 @@ def quantize_trial(plan: ResolvedPlan, cfg: quantize.MixedConfig, calibration: P
     """A search trial's mixed checkpoint, into `checkpoint`: its manifest."""
     made = quantize.run_mixed(cfg, plan.model_dir, calibration, checkpoint, overwrite=True, allow_pickle=plan.plan.allow_pickle)
     return dict(made.manifest)
+
+
+def serve_check(checkpoint: Path, results: evalsets.EvaluationResults | None, cfg: served.ServeCheckConfig,
+                env: ServingEnv, *, work: Path, reference_probe: float | None) -> dict[str, Any]:
+    """The serve stage's value: the serve record (evalsets.served.check) as the JSON it is
+    cached as; the runner reads it back through ServeRecord."""
+    return served.check(checkpoint, results, cfg, env, work, reference_probe=reference_probe).to_json()
