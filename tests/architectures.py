@@ -84,14 +84,16 @@ def _qwen2_moe() -> Any:
 
 FAMILIES: dict[str, Family] = {family.name: family for family in (
     Family("llama", "LlamaForCausalLM", _llama, "grouped-query attention, tied embeddings"),
-    Family("qwen2", "Qwen2ForCausalLM", _qwen2, "q/k/v biases, grouped-query attention, untied lm_head"),
+    Family("qwen2", "Qwen2ForCausalLM", _qwen2, "q/k/v biases, grouped-query attention, untied `lm_head`"),
     Family("gemma3", "Gemma3ForCausalLM", _gemma3,
-           "text-only; sliding-window and global layers, tied embeddings, (1 + weight) RMSNorms before and after each sublayer"),
-    Family("phi3", "Phi3ForCausalLM", _phi3, "qkv_proj and gate_up_proj fused in the checkpoint, untied lm_head"),
+           "text only: a sliding-window layer (window 32) and a global one, tied embeddings, (1 + weight) RMSNorms "
+           "before and after each sublayer, q/k norms"),
+    Family("phi3", "Phi3ForCausalLM", _phi3, "`qkv_proj` and `gate_up_proj` fused in the checkpoint, untied `lm_head`"),
     Family("gpt-neox", "GPTNeoXForCausalLM", _gpt_neox,
-           "query_key_value, dense_h_to_4h / dense_4h_to_h with biases, LayerNorms, parallel residual, untied embed_out"),
+           "`query_key_value`, `dense_h_to_4h` / `dense_4h_to_h`, biases on every linear layer, LayerNorms, parallel "
+           "residual, a quarter of each head rotary, untied `embed_out`"),
     Family("qwen2-moe", "Qwen2MoeForCausalLM", _qwen2_moe,
-           "4 routed experts (top 2) and a gated shared expert per block, q/k/v biases, untied lm_head"),
+           "4 routed experts (top 2) and a gated shared expert per block, routers, q/k/v biases, untied `lm_head`"),
 )}
 
 
