@@ -3,8 +3,9 @@
 vLLM loads q_proj, k_proj and v_proj into one `qkv_proj` matmul, and gate_proj and up_proj into
 one `gate_up_proj` (its Llama-family models' `packed_modules_mapping`); a fused matmul has one
 scheme, so a mixed-precision checkpoint whose q_proj is INT4 and whose k_proj is INT8 would not
-load there. The per-layer sensitivity and the allocation therefore work on *layer groups*: a
-fused set, or a layer alone. Pure functions on module names.
+load there. A mixture of experts' routed experts are one FusedMoE layer there, with one scheme for
+them all. The per-layer sensitivity and the allocation therefore work on *layer groups*: a fused
+set, a block's experts, or a layer alone. Pure functions on module names.
 """
 
 from __future__ import annotations
@@ -17,7 +18,12 @@ FUSED: dict[str, tuple[str, ...]] = {
     "qkv_proj": ("q_proj", "k_proj", "v_proj"),
     "gate_up_proj": ("gate_proj", "up_proj"),
 }
+# container module -> the layer names each of its numbered experts holds: vLLM loads a block's
+# routed experts into one FusedMoE layer (w13: every expert's gate and up projection, w2: every
+# down projection), one scheme for all (Qwen2-MoE, OLMoE: gate/up/down_proj; Mixtral: w1/w3/w2)
+EXPERTS: dict[str, tuple[str, ...]] = {"experts": ("gate_proj", "up_proj", "down_proj", "w1", "w3", "w2")}
 _BLOCK = re.compile(r"^(?P<prefix>.*?)\.(?P<index>\d+)\.(?P<rest>.+)$")
+_EXPERT = re.compile(rf"^(?P<container>(?:.+\.)?(?P<kind>{'|'.join(map(re.escape, EXPERTS))}))\.\d+\.(?P<leaf>[^.]+)$")
 
 
 @dataclass(frozen=True)
@@ -39,15 +45,25 @@ def _parts(name: str) -> tuple[str, int | None, str]:
 
 
 def layer_groups(names: list[str]) -> list[LayerGroup]:
-    """The linear layers `names` as groups: each complete fused set (all of its members present
-    under one parent module) is one group named after the fused matmul; every other layer is a
-    group of its own. Ordered by block, then by the first member's position in `names`."""
+    """The linear layers `names` as groups: the experts of one container are one group named
+    after it; each complete fused set (all of its members present under one parent module) is one
+    group named after the fused matmul; every other layer is a group of its own. Ordered by
+    block, then by the first member's position in `names`."""
     parent_of = {name: name.rsplit(".", 1)[0] if "." in name else "" for name in names}
     leaf = {name: name.rsplit(".", 1)[-1] for name in names}
     grouped: set[str] = set()
     groups: list[tuple[int, LayerGroup]] = []
+    experts: dict[str, list[str]] = {}
+    for name in names:
+        match = _EXPERT.match(name)
+        if match and match["leaf"] in EXPERTS[match["kind"]]:
+            experts.setdefault(match["container"], []).append(name)
+    for container, members in experts.items():
+        _, block, role = _parts(container)
+        groups.append((names.index(members[0]), LayerGroup(container, block, role, tuple(members))))
+        grouped.update(members)
     for fused, members in FUSED.items():
-        for parent in dict.fromkeys(parent_of[name] for name in names if leaf[name] in members):
+        for parent in dict.fromkeys(parent_of[name] for name in names if leaf[name] in members and name not in grouped):
             present = [f"{parent}.{member}" if parent else member for member in members]
             if all(member in parent_of for member in present):
                 first = min(names.index(member) for member in present)

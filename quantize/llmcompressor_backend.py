@@ -13,16 +13,99 @@ from typing import Any
 from quantgate.core.errors import InputError
 from quantgate.quantize.compat import cpu_safe_pinning
 from quantgate.quantize.config import MixedConfig, QuantizeConfig
-from quantgate.quantize.fusion import layer_groups
+from quantgate.quantize.fusion import FUSED, layer_groups
 from quantgate.quantize.groups import GroupPlan, plan_group_sizes
 from quantgate.quantize.presets import FP8_DYNAMIC_WEIGHTS, Algorithm, Preset, get_preset
 
+# ---- architectures: what llmcompressor knows of them, as data -------------------------------
+
+# Linear layers that vLLM's mixture-of-experts blocks load unquantized whatever the checkpoint
+# says (Qwen2-MoE's `shared_expert_gate` is a ReplicatedLinear with quant_config=None, the routers
+# `mlp.gate` GateLinears): never quantized or scored, on top of a config's own `ignore`.
+ROUTERS = (r"re:.*\.mlp\.gate$", r"re:.*\.mlp\.shared_expert_gate$")
+
+# SmoothQuant's smoothing: the layer norm whose scales absorb it, for each fused group it feeds
+# (roles of quantize.fusion). `None`: Llama-family blocks, llmcompressor's default and what mixed
+# checkpoints of any other architecture get. A named architecture is one whose llmcompressor
+# mapping is wrong, its uniform W8A8 made with these instead: Gemma 3 feeds its MLP from
+# pre_feedforward_layernorm, and its post_attention_layernorm (which llmcompressor 0.14 smooths)
+# normalises the attention's output before the residual sum, so smoothing it into gate/up_proj
+# changes the model (KL 0.016 against its baseline instead of 0.00001 on the tiny Gemma 3 of
+# tests/architectures.py).
+SMOOTH_NORMS: dict[str | None, dict[str, str]] = {
+    None: {"self_attn.qkv_proj": "input_layernorm", "mlp.gate_up_proj": "post_attention_layernorm"},
+    "Gemma3ForCausalLM": {"self_attn.qkv_proj": "input_layernorm", "mlp.gate_up_proj": "pre_feedforward_layernorm"},
+}
+# The algorithms that move scales from a layer norm (or a layer) into the layers it feeds, which
+# need to know per architecture which module feeds which. llmcompressor keeps these mappings in
+# registries by architecture and falls back to Llama's for any other name, which fails mid-run
+# where the names differ (GPT-NeoX's query_key_value) and smooths the wrong layers where they
+# happen to match: such an architecture is refused before the model loads.
+MAPPED = {Algorithm.awq: "AWQ", Algorithm.smoothquant_gptq: "SmoothQuant"}
+
+
+def mapped_architectures(algorithm: Algorithm) -> frozenset[str]:
+    """The architectures `algorithm` has layer mappings for: llmcompressor's registries, and
+    SMOOTH_NORMS for SmoothQuant."""
+    if algorithm is Algorithm.awq:
+        from llmcompressor.modifiers.transform.awq.dynamic_mappings import AWQ_DYNAMIC_MAPPING_REGISTRY
+        from llmcompressor.modifiers.transform.awq.mappings import AWQ_MAPPING_REGISTRY
+
+        return frozenset(AWQ_MAPPING_REGISTRY) | frozenset(AWQ_DYNAMIC_MAPPING_REGISTRY)
+    from llmcompressor.modifiers.transform.smoothquant.dynamic_mappings import SMOOTHQUANT_DYNAMIC_MAPPING_REGISTRY
+    from llmcompressor.modifiers.transform.smoothquant.utils import MAPPINGS_REGISTRY
+
+    return frozenset(MAPPINGS_REGISTRY) | frozenset(SMOOTHQUANT_DYNAMIC_MAPPING_REGISTRY) | frozenset(a for a in SMOOTH_NORMS if a)
+
+
+def check_architecture(preset: Preset, architecture: str) -> None:
+    """Refuse, in one line, a format whose algorithm has no layer mappings for `architecture`."""
+    algorithm = MAPPED.get(preset.algorithm)
+    if algorithm is None or architecture in mapped_architectures(preset.algorithm):
+        return
+    from importlib.metadata import version
+
+    raise InputError(f"{preset.name} cannot be made for {architecture}: llmcompressor {version('llmcompressor')} has no "
+                     f"{algorithm} mappings for it (which layer norm feeds which layers), and Llama's, its fallback, "
+                     "would fail or smooth the wrong layers")
+
+
+def prepare_model(model: Any) -> Any:
+    """The model as llmcompressor quantizes it: a mixture of experts' fused 3-D expert tensors
+    (transformers 5) become one Linear layer per expert, which `oneshot` would otherwise do only
+    after the group-size plan was made without them (and GPTQ and AWQ left the experts 16-bit)."""
+    if not any(parameter.dim() == 3 for parameter in model.parameters()):
+        return model  # no fused experts (and llmcompressor's import, seconds, spared)
+    from llmcompressor.modeling.moe.linearize import linearize_moe
+
+    return linearize_moe(model)
+
 
 def linear_layers(model: Any, ignore: list[str]) -> list[tuple[str, int]]:
-    """(name, input width) of every Linear layer not matched by `ignore`, in model order."""
+    """(name, input width) of every Linear layer not matched by `ignore` or ROUTERS, in model order."""
     from compressed_tensors.utils import match_named_modules
 
-    return [(name, int(module.in_features)) for name, module in match_named_modules(model, ["Linear"], ignore)]
+    return [(name, int(module.in_features)) for name, module in match_named_modules(model, ["Linear"], [*ignore, *ROUTERS])]
+
+
+def routers(model: Any) -> list[str]:
+    """The ROUTERS patterns some Linear layer of `model` matches: what its recipe's `ignore` adds."""
+    from compressed_tensors.utils import match_named_modules
+
+    linear = {name for name, _ in match_named_modules(model, ["Linear"])}
+    return [pattern for pattern in ROUTERS if any(name in linear for name, _ in match_named_modules(model, [pattern]))]
+
+
+def smoothquant_mappings(architecture: str | None) -> list[Any] | None:
+    """SmoothQuantModifier mappings for an architecture SMOOTH_NORMS corrects; None: llmcompressor's."""
+    norms = SMOOTH_NORMS.get(architecture) if architecture else None
+    if norms is None:
+        return None
+    mappings = []
+    for role, norm in norms.items():
+        parent, fused = role.rsplit(".", 1)
+        mappings.append([[f"re:.*{re.escape(parent)}\\.{member}$" for member in FUSED[fused]], f"re:.*{re.escape(norm)}$"])
+    return mappings
 
 
 def plan_for(model: Any, preset: Preset, cfg: QuantizeConfig) -> GroupPlan | None:
@@ -78,13 +161,15 @@ def restore_storage_dtype(model: Any, storage_dtype: str) -> None:
     model.config.dtype = target
 
 
-def build_recipe(preset: Preset, cfg: QuantizeConfig, plan: GroupPlan | None, storage_dtype: str = "bfloat16") -> list[Any]:
-    """The llmcompressor modifiers for one format."""
+def build_recipe(preset: Preset, cfg: QuantizeConfig, plan: GroupPlan | None, storage_dtype: str = "bfloat16",
+                 model: Any = None) -> list[Any]:
+    """The llmcompressor modifiers for one format (for `model`: its routers and architecture)."""
     from llmcompressor.modifiers.gptq import GPTQModifier
     from llmcompressor.modifiers.quantization import QuantizationModifier
     from llmcompressor.modifiers.transform import AWQModifier, SmoothQuantModifier
 
-    ignore = [*cfg.ignore, *(plan.unquantized if plan else [])]
+    ignore = [*cfg.ignore, *(plan.unquantized if plan else []), *(routers(model) if model is not None else [])]
+    architecture = type(model).__name__ if model is not None else None
     groups = config_groups(preset, cfg, plan, storage_dtype)
     gptq_knobs: dict[str, Any] = {"dampening_frac": cfg.dampening_frac, "block_size": cfg.block_size}
     if preset.algorithm is Algorithm.gptq:
@@ -96,7 +181,7 @@ def build_recipe(preset: Preset, cfg: QuantizeConfig, plan: GroupPlan | None, st
         ]
     if preset.algorithm is Algorithm.smoothquant_gptq:
         return [
-            SmoothQuantModifier(smoothing_strength=cfg.smoothing_strength),
+            SmoothQuantModifier(smoothing_strength=cfg.smoothing_strength, mappings=smoothquant_mappings(architecture)),
             GPTQModifier(config_groups=groups, ignore=ignore, **gptq_knobs),
         ]
     return [QuantizationModifier(config_groups=groups, ignore=ignore)]
@@ -130,9 +215,6 @@ def quantize_in_place(model: Any, recipe: list[Any], dataset: Any, samples: int,
 # activation scales differ per tensor, and vLLM's CPU build has no FP8 kernels to serve it with.
 MIXED_4BIT = (Algorithm.gptq, Algorithm.awq)
 MIXED_8BIT = (Algorithm.smoothquant_gptq,)
-# SmoothQuant's mappings for Llama-family blocks (llmcompressor's default for them): the layer
-# norm whose scales absorb the smoothing, and the fused group it feeds.
-SMOOTH_MAPPINGS = {"self_attn.qkv_proj": "input_layernorm", "mlp.gate_up_proj": "post_attention_layernorm"}
 
 
 @dataclass(frozen=True)
@@ -203,13 +285,15 @@ def _mixed_groups(cfg: MixedConfig, layers: list[tuple[str, int]], storage_dtype
     return groups, table, unquantized
 
 
-def _smooth_mappings(cfg: MixedConfig, layers: list[tuple[str, int]], smoothed_format: str) -> dict[str, list[str]]:
+def _smooth_mappings(cfg: MixedConfig, layers: list[tuple[str, int]], smoothed_format: str,
+                     architecture: str | None = None) -> dict[str, list[str]]:
     """SmoothQuant's mappings (layer norm -> the fused group it feeds) for the 8-bit format's
     groups only: smoothing moves activation outliers into the weights, which INT4 layers would
     pay for."""
     mappings = {}
+    norms = SMOOTH_NORMS.get(architecture, SMOOTH_NORMS[None])
     for group in layer_groups([name for name, _ in layers]):
-        norm = SMOOTH_MAPPINGS.get(group.role)
+        norm = norms.get(group.role)
         if norm and cfg.layers[group.layers[0]] == smoothed_format:
             mappings[f"{group.name[: -len(group.role) - 1]}.{norm}"] = list(group.layers)
     return mappings
@@ -228,7 +312,7 @@ def build_mixed_recipe(model: Any, cfg: MixedConfig, storage_dtype: str = "bfloa
     algorithms = {get_preset(name).algorithm: name for name in cfg.formats}
     recipe: list[Any] = []
     smoothed: list[str] = []
-    if (name := algorithms.get(Algorithm.smoothquant_gptq)) and (mappings := _smooth_mappings(cfg, layers, name)):
+    if (name := algorithms.get(Algorithm.smoothquant_gptq)) and (mappings := _smooth_mappings(cfg, layers, name, type(model).__name__)):
         recipe.append(SmoothQuantModifier(smoothing_strength=cfg.knobs_for(name).smoothing_strength,
                                           mappings=[[[_exact(layer) for layer in group], _exact(norm)] for norm, group in mappings.items()]))
         smoothed = list(mappings)

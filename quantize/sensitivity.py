@@ -37,7 +37,7 @@ from quantgate.core.validation import Strict
 from quantgate.quantize.config import QuantizeConfig
 from quantgate.quantize.fusion import layer_groups
 from quantgate.quantize.groups import effective_group_size
-from quantgate.quantize.llmcompressor_backend import linear_layers
+from quantgate.quantize.llmcompressor_backend import linear_layers, prepare_model
 from quantgate.quantize.presets import get_preset
 
 KIND = "sensitivity"
@@ -209,7 +209,7 @@ def load_model(model_dir: Path, dtype: Any) -> Any:
         loaded = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
     except (OSError, ValueError, KeyError) as error:
         raise ModelError(f"cannot load {model_dir} as a causal LM: {str(error).splitlines()[0]}") from error
-    return loaded.eval()
+    return prepare_model(loaded).eval()  # experts as the Linear layers the quantize stage plans
 
 
 # --- the proxy ------------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from quantgate import calibration
 from quantgate.core.artifacts import (
     Stopwatch,
     atomic_directory,
+    read_json,
     sha256_bytes,
 )
 from quantgate.core.errors import InputError, ModelError, OutputExistsError
@@ -63,10 +64,15 @@ def run(
                                      overwrite=overwrite, stopwatch=stopwatch)
 
     backend = llmcompressor_backend  # the adapter; its functions are looked up at call time (tests patch them)
+    architecture = _architecture(model_dir)
+    if architecture is not None:
+        backend.check_architecture(preset, architecture)  # before the model loads
     dtype = baseline_dtype(model_dir)
     loaded = _load_model(model_dir, compute_dtype(dtype))
+    if architecture is None:  # config.json names none: the class transformers chose is what llmcompressor looks up
+        backend.check_architecture(preset, type(loaded).__name__)
     plan = backend.plan_for(loaded, preset, cfg)
-    recipe = backend.build_recipe(preset, cfg, plan, storage_dtype=TORCH_DTYPES[dtype])
+    recipe = backend.build_recipe(preset, cfg, plan, storage_dtype=TORCH_DTYPES[dtype], model=loaded)
     samples = min(cfg.num_calibration_samples or calibration_set.samples, calibration_set.samples)
     dataset = calibration_set.to_dataset() if backend.needs_calibration(preset, cfg) else None
     _quantize(backend, loaded, recipe, dataset=dataset, samples=samples, seq_len=int(calibration_set.input_ids.shape[1]))
@@ -155,13 +161,23 @@ def _save(loaded: Any, out: Path, *, overwrite: bool, stopwatch: Stopwatch, mani
     return QuantizedCheckpoint(out, written)
 
 
+def _architecture(model_dir: Path) -> str | None:
+    """config.json's `architectures[0]` (e.g. "Qwen2ForCausalLM"), None where it names none."""
+    try:
+        names = read_json(model_dir / "config.json").get("architectures")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return names[0] if isinstance(names, list) and names and isinstance(names[0], str) else None
+
+
 def _load_model(model_dir: Path, dtype: Any) -> Any:
     from transformers import AutoModelForCausalLM
 
     try:
-        return AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
+        loaded = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
     except (OSError, ValueError, KeyError) as error:
         raise ModelError(f"cannot load {model_dir} as a causal LM: {str(error).splitlines()[0]}") from error
+    return llmcompressor_backend.prepare_model(loaded)
 
 
 def _quantize(backend: Any, model: Any, recipe: list[Any], *, dataset: Any, samples: int, seq_len: int) -> None:
@@ -189,8 +205,12 @@ def smoke_check(checkpoint: Path, dtype: str) -> dict[str, Any]:
         raise QuantizationFailed(f"the quantized checkpoint does not load: {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}") from error
     ids = tokenizer(SMOKE_PROMPT, return_tensors="pt").input_ids
     with torch.no_grad():
-        # A whole forward first: transformers decompresses compressed-tensors weights on it.
-        logits = reloaded(ids).logits
+        try:
+            # A whole forward first: transformers decompresses compressed-tensors weights on it.
+            logits = reloaded(ids).logits
+        except Exception as error:  # a checkpoint that loads but cannot run is no more publishable
+            raise QuantizationFailed(f"the quantized checkpoint loads but does not run: {type(error).__name__}: "
+                                     f"{str(error).splitlines()[0] if str(error) else ''}") from error
         if not torch.isfinite(logits).all():
             bad = int((~torch.isfinite(logits)).sum())
             raise QuantizationFailed(f"the quantized checkpoint produces NaN or Inf logits on the smoke prompt ({bad} values); not published")
