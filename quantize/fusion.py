@@ -58,10 +58,10 @@ def layer_groups(names: list[str]) -> list[LayerGroup]:
         match = _EXPERT.match(name)
         if match and match["leaf"] in EXPERTS[match["kind"]]:
             experts.setdefault(match["container"], []).append(name)
-    for container, members in experts.items():
+    for container, expert_layers in experts.items():
         _, block, role = _parts(container)
-        groups.append((names.index(members[0]), LayerGroup(container, block, role, tuple(members))))
-        grouped.update(members)
+        groups.append((names.index(expert_layers[0]), LayerGroup(container, block, role, tuple(expert_layers))))
+        grouped.update(expert_layers)
     for fused, members in FUSED.items():
         for parent in dict.fromkeys(parent_of[name] for name in names if leaf[name] in members and name not in grouped):
             present = [f"{parent}.{member}" if parent else member for member in members]
