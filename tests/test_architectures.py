@@ -210,9 +210,9 @@ def test_each_format_is_made_and_every_byte_explained_or_refused(matrix: Matrix,
     assert measured.parameters == baseline.parameters
     # kept at the baseline's width and counted as what they are: biases, embeddings, an untied head, norms
     for category in ("biases", "embeddings", "lm_head", "norms"):
-        assert measured.categories[category]["bytes"] == baseline.categories[category]["bytes"], category
-    assert (measured.categories["biases"]["bytes"] > 0) is (family in BIASES)
-    assert (measured.categories["lm_head"]["bytes"] > 0) is (HEAD[family] is not None)
+        assert measured.categories[category].bytes == baseline.categories[category].bytes, category
+    assert (measured.categories["biases"].bytes > 0) is (family in BIASES)
+    assert (measured.categories["lm_head"].bytes > 0) is (HEAD[family] is not None)
     # every linear layer quantized (fused ones, experts) but the head and the routers
     left = {layer.name for layer in measured.linear_layers if not layer.quantized}
     assert left == {layer.name for layer in baseline.linear_layers if KEPT_16BIT.search(layer.name)}
@@ -225,9 +225,9 @@ def test_each_format_is_made_and_every_byte_explained_or_refused(matrix: Matrix,
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_each_checkpoint_has_a_finite_kl_against_its_own_baseline(matrix: Matrix, family: str) -> None:
-    baseline = matrix.results(family).manifest["sets"][TEXT_SET]["metrics"]
+    baseline = matrix.results(family).manifest.sets[TEXT_SET].metrics
     assert math.isfinite(baseline["perplexity"]) and baseline["perplexity"] > 1
-    kl = {fmt: matrix.results(family, fmt).manifest["sets"][TEXT_SET]["metrics"]["kl_divergence"] for fmt in works(family)}
+    kl = {fmt: matrix.results(family, fmt).manifest.sets[TEXT_SET].metrics["kl_divergence"] for fmt in works(family)}
     assert all(math.isfinite(value) and value >= 0 for value in kl.values()), kl
     # per-channel INT8 is closer to the baseline than INT4 in groups of 64: a SmoothQuant that
     # smooths the wrong norm (llmcompressor's Gemma 3 mapping) is not (0.016 against 0.001)
@@ -262,8 +262,8 @@ def test_the_layer_groups_vllm_fuses_are_scored_and_allocated(matrix: Matrix, fa
     # the allocation: one format per group, within a budget between the smallest format's bytes and the baseline's
     if len(works(family)) < 2:  # nothing to choose between (GPT-NeoX: no checkpoint is made)
         return
-    measurements = {quantize.UNQUANTIZED: matrix.measurement(family).to_json(),
-                    **{fmt: matrix.measurement(family, fmt).to_json() for fmt in formats}}
+    measurements = {quantize.UNQUANTIZED: matrix.measurement(family).record(),
+                    **{fmt: matrix.measurement(family, fmt).record() for fmt in formats}}
     space = build_space(formats, measurements, {fmt: scored.scores(fmt) for fmt in formats})
     assert {unit.name for unit in space.units} == {group.name for group in groups}
     budget = (min(space.uniform.values()) + space.baseline) // 2
@@ -280,10 +280,11 @@ def test_one_family_beyond_llama_is_served_by_vllm_and_agrees(matrix: Matrix, se
                            kv_cache_mib=64, bandwidth_mib=16)
     record = check(matrix.checkpoint(SERVED_FAMILY, SERVED_FORMAT), matrix.results(SERVED_FAMILY, SERVED_FORMAT), cfg, served,
                    tmp_path / "serve")
-    assert record["served"], record.get("reason")
-    agreement = record["agreement"]
-    assert agreement["items"] == ITEMS and record["gated"]["weights_match"]
-    assert agreement["top1_agreement"] > 0.9 and 0 <= agreement["kl_served_gated_mean"] < 0.05
+    assert record.served, record.reason
+    agreement, gated = record.agreement, record.gated
+    assert agreement is not None and gated is not None
+    assert agreement.items == ITEMS and gated.weights_match
+    assert agreement.top1_agreement > 0.9 and 0 <= agreement.kl_served_gated_mean < 0.05
 
 
 # --- the docs table ------------------------------------------------------------------------------------
