@@ -44,7 +44,7 @@ def records(run_dir: Path) -> RunRecords:
     baseline_results = _results(layout.results(BASELINE))
     baseline_measured = stored_value(layout.measure(BASELINE)) or {}
     baseline = _row("baseline", _measurement(layout.measure(BASELINE), baseline_measured or None), baseline_measured,
-                    baseline_results, None, columns)
+                    baseline_results, verdict=None, columns=columns)
     baseline_served = stored_value(layout.serve(BASELINE))
     baseline["serving"] = None if baseline_served is None else \
         ServeRecord.from_json(baseline_served, f"{layout.serve(BASELINE)}: value").summary().to_json()
@@ -55,7 +55,7 @@ def records(run_dir: Path) -> RunRecords:
         checkpoint = name if name in run["formats"] else str(verdicts[name].get("checkpoint_name") or name.split("@")[0])
         measured = stored_value(layout.measure(checkpoint))
         row = _row(name, _measurement(layout.measure(checkpoint), measured), measured, _results(layout.results(name)),
-                   verdicts[name], columns, sequential=sequential[name])
+                   verdict=verdicts[name], columns=columns, sequential=sequential[name])
         if search is not None and name not in run["formats"]:
             row["search"] = _search_info(search, checkpoint, verdicts[name])
         rows.append(row)
