@@ -5,7 +5,7 @@ from __future__ import annotations
 from enum import Enum
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from quantgate.quantize.presets import PRESETS, get_preset
 
@@ -36,7 +36,10 @@ class QuantizeConfig(BaseModel):
     actorder: Literal["static", "group", "weight"] | None = "static"
     block_size: int = Field(default=128, gt=0)
     # AWQ (llmcompressor AWQModifier defaults)
-    awq_n_grid: int = Field(default=20, gt=0)
+    # the scale grid: with duo scaling its points are i / (n_grid - 2), with "both" each half's
+    # i / (n_grid / 2 - 1), without it i / (n_grid - 1) (llmcompressor's AWQModifier): fewer points
+    # than that divide by zero or make a one-point grid
+    awq_n_grid: int = Field(default=20, ge=3)
     awq_duo_scaling: bool | Literal["both"] = True
     # SmoothQuant: 0.8 rather than llmcompressor's 0.5, the strength its W8A8 examples use
     smoothing_strength: float = Field(default=0.8, gt=0.0, lt=1.0)
@@ -47,6 +50,13 @@ class QuantizeConfig(BaseModel):
     @classmethod
     def _known_format(cls, value: str) -> str:
         get_preset(value)
+        return value
+
+    @field_validator("awq_duo_scaling")
+    @classmethod
+    def _grid_for_both(cls, value: bool | Literal["both"], info: ValidationInfo) -> bool | Literal["both"]:
+        if value == "both" and info.data.get("awq_n_grid", 20) < 4:
+            raise ValueError(f"awq_duo_scaling 'both' halves the grid: awq_n_grid must be at least 4, got {info.data['awq_n_grid']}")
         return value
 
     @field_validator("group_size")

@@ -163,3 +163,15 @@ def test_failed_run_leaves_an_existing_checkpoint_untouched(checkpoints: dict[st
         quantize.run(quantize.QuantizeConfig(format="gptq-int4"), quant_model, quant_calibration, out, overwrite=True)
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     assert [p.name for p in tmp_path.iterdir()] == ["ckpt"]
+
+
+@pytest.mark.parametrize("knobs, message", [
+    ({"awq_n_grid": 2}, "greater than or equal to 3"),  # with duo scaling the grid's points are i / (n_grid - 2)
+    ({"awq_n_grid": 3, "awq_duo_scaling": "both"}, "awq_n_grid must be at least 4"),  # each half: i / (n_grid / 2 - 1)
+])
+def test_an_awq_grid_too_small_to_search_is_refused(knobs: dict, message: str) -> None:
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match=message):
+        quantize.QuantizeConfig(format="awq-int4", **knobs)
+    assert quantize.QuantizeConfig(format="awq-int4", awq_n_grid=3).awq_n_grid == 3  # the smallest grid that searches
