@@ -40,3 +40,32 @@ def test_other_libraries_output_goes_to_the_run_log_and_verbose_shows_it(quant_m
     verbose = _run(quant_model, tmp_path / "verbose", tmp_path / "home", "--verbose")
     assert verbose.returncode in (0, 1), verbose.stderr[-3000:]
     assert LIBRARY_LINE in verbose.stdout + verbose.stderr
+
+
+NESTED = """
+import os, sys
+from pathlib import Path
+from quantgate.core.console import library_output, stderr
+root = Path(sys.argv[1])
+with library_output(root / "run.log"):
+    stderr.print("STAGE one")
+    with library_output(root / "unit.log"):
+        print("a library inside the unit", flush=True)
+        os.write(2, b"a C library inside the unit\\n")
+    stderr.print("STAGE two, after the unit")
+    print("a library between units", flush=True)
+stderr.print("STAGE three, after the run")
+"""
+
+
+def test_a_units_log_inside_the_runs_keeps_quantgates_lines_on_the_terminal(tmp_path: Path) -> None:
+    """Real descriptors, nested as a run nests them (the run's libraries.log, then a unit's own
+    log): what the libraries print goes to the innermost log, quantgate's own lines to the
+    terminal before, during and after a unit."""
+    with open(tmp_path / "out.txt", "w") as out, open(tmp_path / "err.txt", "w") as err:
+        subprocess.run([sys.executable, "-c", NESTED, str(tmp_path)], stdout=out, stderr=err, check=True, timeout=120)
+    terminal = (tmp_path / "out.txt").read_text() + (tmp_path / "err.txt").read_text()
+    assert [line for line in terminal.splitlines() if line.startswith("STAGE")] == [
+        "STAGE one", "STAGE two, after the unit", "STAGE three, after the run"]
+    assert (tmp_path / "unit.log").read_text().splitlines() == ["a library inside the unit", "a C library inside the unit"]
+    assert (tmp_path / "run.log").read_text().splitlines() == ["a library between units"]

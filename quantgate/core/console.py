@@ -45,6 +45,7 @@ def progress_bar(*, items_per_second: bool = False) -> Progress:
 
 
 _terminal: TextIO | None = None  # the process's stderr as it was before any `library_output`
+_redirects = 0  # how many `library_output` redirects are active (they nest: the run's, then a unit's)
 
 
 def _real(stream: object) -> bool:
@@ -73,8 +74,10 @@ def library_output(log: Path, enabled: bool = True) -> Iterator[None]:
     loading bars, transformers and torch warnings, C libraries writing to the descriptors) goes to
     `log`, appended, and quantgate's own console (stage lines, progress bars) keeps the terminal.
     Done on the descriptors 1 and 2 themselves, since much of it bypasses Python's streams. Only
-    where stdout and stderr are real files: under a test's captured streams nothing changes."""
-    global _terminal
+    where stdout and stderr are real files: under a test's captured streams nothing changes.
+    Nested (a unit's own log inside the run's), the inner one restores the outer one's descriptors
+    and leaves quantgate's console on the terminal until the outermost one ends."""
+    global _terminal, _redirects
     if not enabled or not _real(sys.stdout) or not _real(sys.stderr):
         yield
         return
@@ -86,11 +89,13 @@ def library_output(log: Path, enabled: bool = True) -> Iterator[None]:
     saved = os.dup(1), os.dup(2)
     target = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     stderr.file = _terminal
+    _redirects += 1
     try:
         os.dup2(target, 1)
         os.dup2(target, 2)
         yield
     finally:
+        _redirects -= 1
         os.close(target)
         with contextlib.suppress(OSError, ValueError):
             sys.stdout.flush()
@@ -99,4 +104,5 @@ def library_output(log: Path, enabled: bool = True) -> Iterator[None]:
         os.dup2(saved[1], 2)
         os.close(saved[0])
         os.close(saved[1])
-        stderr.file = None  # type: ignore[assignment]  # back to whatever sys.stderr is
+        if _redirects == 0:  # the outermost one: the console back to whatever sys.stderr is
+            stderr.file = None  # type: ignore[assignment]  # rich's Console.file takes None: sys.stderr
