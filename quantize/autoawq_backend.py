@@ -14,10 +14,22 @@ import importlib.util
 from pathlib import Path
 from typing import Any
 
+from pydantic import JsonValue
+
 from quantgate.core.artifacts import Stopwatch, atomic_directory
 from quantgate.core.errors import InputError
 from quantgate.core.models import SMOKE_PROMPT, baseline_dtype, compute_dtype
-from quantgate.quantize.checkpoint import QuantizationFailed, QuantizedCheckpoint, copy_baseline_files, identity, write_manifest
+from quantgate.quantize.checkpoint import (
+    AutoAWQRecipe,
+    CommonGroupSize,
+    GroupSizes,
+    QuantizationFailed,
+    QuantizedCheckpoint,
+    SmokeCheck,
+    copy_baseline_files,
+    identity,
+    write_manifest,
+)
 from quantgate.quantize.compat import autoawq_plain_torch_on_cpu
 from quantgate.quantize.config import QuantizeConfig
 from quantgate.quantize.groups import effective_group_size
@@ -56,8 +68,8 @@ def quantize_with_autoawq(cfg: QuantizeConfig, preset: Preset, *, model_dir: Pat
     widths = [module.in_features for name, module in model.model.named_modules()
               if isinstance(module, torch.nn.Linear) and not name.endswith("lm_head")]
     group_size = common_group_size(widths, cfg.group_size)
-    quant_config = {"zero_point": True, "q_group_size": group_size, "w_bit": 4, "version": "GEMM",
-                    "modules_to_not_convert": ignore or None}
+    quant_config: dict[str, JsonValue] = {"zero_point": True, "q_group_size": group_size, "w_bit": 4, "version": "GEMM",
+                    "modules_to_not_convert": [*ignore] or None}
     samples = min(cfg.num_calibration_samples or calibration_set.samples, calibration_set.samples)
     rows = [row.tolist() for row in calibration_set.input_ids[:samples]]
     seq_len = int(calibration_set.input_ids.shape[1])
@@ -75,20 +87,20 @@ def quantize_with_autoawq(cfg: QuantizeConfig, preset: Preset, *, model_dir: Pat
         copy_baseline_files(model_dir, staging)
         smoke = _smoke(staging, dtype, tokenizer, QuantizationFailed)
         fallbacks = [] if group_size == cfg.group_size else [
-            {"layer": "(all)", "requested": cfg.group_size, "group_size": group_size, "quantized": True,
-             "reason": "AutoAWQ takes one group size; this is the largest that divides every layer width"}
+            CommonGroupSize(layer="(all)", requested=cfg.group_size, group_size=group_size, quantized=True,
+                            reason="AutoAWQ takes one group size; this is the largest that divides every layer width")
         ]
         manifest = write_manifest(
             staging, stopwatch, what=identity(preset, cfg),
             description="AWQ INT4 (AutoAWQ reference implementation, GEMM layout)",
-            recipe={"autoawq_quant_config": quant_config},
-            group_size={"requested": cfg.group_size, "fallbacks": fallbacks, "unquantized_layers": []},
+            recipe=AutoAWQRecipe(autoawq_quant_config=quant_config),
+            group_size=GroupSizes(requested=cfg.group_size, fallbacks=list(fallbacks), unquantized_layers=[]),
             calibration_set=calibration_set, samples_used=samples, model_dir=model_dir, dtype=dtype, smoke=smoke,
         )
     return QuantizedCheckpoint(out, manifest)
 
 
-def _smoke(checkpoint: Path, dtype: str, tokenizer: Any, failure: type[Exception]) -> dict[str, Any]:
+def _smoke(checkpoint: Path, dtype: str, tokenizer: Any, failure: type[Exception]) -> SmokeCheck:
     """AutoAWQ's own loader (its GEMM layer dequantizes in plain torch on a CPU)."""
     import torch
     from awq import AutoAWQForCausalLM
@@ -106,4 +118,4 @@ def _smoke(checkpoint: Path, dtype: str, tokenizer: Any, failure: type[Exception
             raise failure("the AutoAWQ checkpoint produces NaN or Inf logits on the smoke prompt; not published")
         generated = reloaded.model.generate(ids, max_new_tokens=8, do_sample=False)
     completion = tokenizer.decode(generated[0, ids.shape[1]:], skip_special_tokens=True)
-    return {"prompt": SMOKE_PROMPT, "completion": completion, "logits_finite": True}
+    return SmokeCheck(prompt=SMOKE_PROMPT, completion=completion, logits_finite=True)

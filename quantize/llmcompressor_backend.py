@@ -8,14 +8,19 @@ from __future__ import annotations
 # import, and building the group-size plan or `quantgate --help` needs none of them.
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from quantgate.core.errors import InputError
+from quantgate.core.hf_config import QuantizationArgs as QuantizationArgsJSON
+from quantgate.quantize.checkpoint import LayerFormat
 from quantgate.quantize.compat import cpu_safe_pinning
 from quantgate.quantize.config import MixedConfig, QuantizeConfig
 from quantgate.quantize.fusion import FUSED, layer_groups
 from quantgate.quantize.groups import GroupPlan, plan_group_sizes
 from quantgate.quantize.presets import FP8_DYNAMIC_WEIGHTS, Algorithm, Preset, get_preset
+
+if TYPE_CHECKING:
+    from compressed_tensors.quantization import QuantizationScheme
 
 # ---- architectures: what llmcompressor knows of them, as data -------------------------------
 
@@ -114,7 +119,7 @@ def plan_for(model: Any, preset: Preset, cfg: QuantizeConfig) -> GroupPlan | Non
     return plan_group_sizes(linear_layers(model, list(cfg.ignore)), cfg.group_size)
 
 
-def _scheme(targets: list[str], weights: dict[str, Any], activations: dict[str, Any] | None, storage_dtype: str) -> Any:
+def _scheme(targets: list[str], weights: QuantizationArgsJSON, activations: QuantizationArgsJSON | None, storage_dtype: str) -> QuantizationScheme:
     import torch
     from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
 
@@ -129,12 +134,15 @@ def _scheme(targets: list[str], weights: dict[str, Any], activations: dict[str, 
     )
 
 
-def weight_args(preset: Preset, cfg: QuantizeConfig) -> dict[str, Any]:
+def weight_args(preset: Preset, cfg: QuantizeConfig) -> QuantizationArgsJSON:
     """The preset's weight QuantizationArgs with the config's observer, where one is set."""
-    return {**preset.weights, **({"observer": cfg.observer} if cfg.observer else {})}
+    args = QuantizationArgsJSON(**preset.weights)
+    if cfg.observer:
+        args["observer"] = cfg.observer
+    return args
 
 
-def config_groups(preset: Preset, cfg: QuantizeConfig, plan: GroupPlan | None, storage_dtype: str = "bfloat16") -> dict[str, Any]:
+def config_groups(preset: Preset, cfg: QuantizeConfig, plan: GroupPlan | None, storage_dtype: str = "bfloat16") -> dict[str, QuantizationScheme]:
     if plan is not None:
         return {
             f"group_{index}": _scheme(targets, {**weight_args(preset, cfg), "group_size": size}, preset.input_activations, storage_dtype)
@@ -220,7 +228,7 @@ MIXED_8BIT = (Algorithm.smoothquant_gptq,)
 @dataclass(frozen=True)
 class MixedPlan:
     recipe: list[Any]
-    layers: dict[str, dict[str, Any]]  # layer -> {"format", "group_size"} (group_size None: not grouped)
+    layers: dict[str, LayerFormat]  # layer -> its format and group size (None: not grouped)
     unquantized: list[str]  # layers a format asked for but no group size fits (left 16-bit)
     smoothed: list[str]  # the layer norms SmoothQuant scaled
 
@@ -261,9 +269,9 @@ def check_mixed(cfg: MixedConfig, layers: list[tuple[str, int]]) -> None:
             raise InputError(f"{group.name} is one fused matmul in vLLM: its layers must share a format, got {', '.join(sorted(formats))}")
 
 
-def _mixed_groups(cfg: MixedConfig, layers: list[tuple[str, int]], storage_dtype: str) -> tuple[dict[str, Any], dict[str, dict[str, Any]], list[str]]:
-    groups: dict[str, Any] = {}
-    table: dict[str, dict[str, Any]] = {}
+def _mixed_groups(cfg: MixedConfig, layers: list[tuple[str, int]], storage_dtype: str) -> tuple[dict[str, QuantizationScheme], dict[str, LayerFormat], list[str]]:
+    groups: dict[str, QuantizationScheme] = {}
+    table: dict[str, LayerFormat] = {}
     unquantized: list[str] = []
     for name in cfg.formats:
         preset, knobs = get_preset(name), cfg.knobs_for(name)
@@ -275,13 +283,13 @@ def _mixed_groups(cfg: MixedConfig, layers: list[tuple[str, int]], storage_dtype
                 targets = [_exact(layer.name) for layer in plan.layers if layer.group_size == size]
                 groups[f"{name}_g{size}"] = _scheme(targets, {**weight_args(preset, knobs), "group_size": size},
                                                     preset.input_activations, storage_dtype)
-            table.update({layer.name: {"format": name, "group_size": layer.group_size} for layer in plan.layers if layer.group_size})
+            table.update({layer.name: LayerFormat(format=name, group_size=layer.group_size) for layer in plan.layers if layer.group_size})
         else:
             weights, activations = weight_args(preset, knobs), preset.input_activations
             if knobs.fp8_dynamic and preset.dynamic_input_activations:
                 weights, activations = FP8_DYNAMIC_WEIGHTS, preset.dynamic_input_activations
             groups[name] = _scheme([_exact(layer) for layer, _ in mine], weights, activations, storage_dtype)
-            table.update({layer: {"format": name, "group_size": None} for layer, _ in mine})
+            table.update({layer: LayerFormat(format=name, group_size=None) for layer, _ in mine})
     return groups, table, unquantized
 
 

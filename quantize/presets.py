@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
 
 from quantgate.core.errors import InputError, did_you_mean
+from quantgate.core.hf_config import QuantizationArgs
 
 
 class Algorithm(str, Enum):
@@ -23,10 +23,10 @@ class Preset:
     description: str
     algorithm: Algorithm
     # compressed-tensors QuantizationArgs for weights, and for input activations (or None)
-    weights: dict[str, Any]
-    input_activations: dict[str, Any] | None = None
+    weights: QuantizationArgs
+    input_activations: QuantizationArgs | None = None
     # where the dynamic (per-token, no calibration scales) activation variant differs
-    dynamic_input_activations: dict[str, Any] | None = None
+    dynamic_input_activations: QuantizationArgs | None = None
     grouped: bool = False  # weights take a group size (and the divisibility fallback)
     notes: tuple[str, ...] = field(default_factory=tuple)
 
@@ -70,7 +70,7 @@ PRESETS: dict[str, Preset] = {
     )
 }
 # With dynamic activations, FP8 weights go per channel (llmcompressor's FP8_DYNAMIC preset).
-FP8_DYNAMIC_WEIGHTS: dict[str, Any] = {"num_bits": 8, "type": "float", "symmetric": True, "strategy": "channel"}
+FP8_DYNAMIC_WEIGHTS: QuantizationArgs = {"num_bits": 8, "type": "float", "symmetric": True, "strategy": "channel"}
 
 
 def get_preset(name: str) -> Preset:

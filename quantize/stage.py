@@ -6,6 +6,7 @@ from __future__ import annotations
 # torch and transformers are imported where used: they take seconds to import, and every
 # input check before the quantization itself needs neither.
 import gc
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +31,15 @@ from quantgate.quantize.autoawq_backend import quantize_with_autoawq
 from quantgate.quantize.checkpoint import (
     MIXED,
     RECIPE_FILE,
+    GroupSizeFallback,
+    GroupSizes,
+    Identity,
+    LayerFormat,
+    MixedLayers,
     QuantizationFailed,
     QuantizedCheckpoint,
+    RecipeFile,
+    SmokeCheck,
     copy_baseline_files,
     identity,
     write_manifest,
@@ -40,6 +48,21 @@ from quantgate.quantize.config import UNQUANTIZED, Backend, MixedConfig, Quantiz
 from quantgate.quantize.presets import get_preset
 
 SMOKE_NEW_TOKENS = 8
+
+
+@dataclass(frozen=True)
+class _Manifest:
+    """What `run` and `run_mixed` know of the manifest before the checkpoint is saved (the rest of
+    `write_manifest`'s arguments: the recipe and the smoke check come from the saved checkpoint)."""
+
+    what: Identity
+    description: str
+    group_size: GroupSizes
+    calibration_set: calibration.CalibrationSet
+    samples_used: int
+    model_dir: Path
+    dtype: str
+    extra: MixedLayers | None = None
 
 
 def run(
@@ -76,16 +99,16 @@ def run(
     samples = min(cfg.num_calibration_samples or calibration_set.samples, calibration_set.samples)
     dataset = calibration_set.to_dataset() if backend.needs_calibration(preset, cfg) else None
     _quantize(backend, loaded, recipe, dataset=dataset, samples=samples, seq_len=int(calibration_set.input_ids.shape[1]))
-    manifest = {
-        "what": identity(preset, cfg), "description": preset.description,
-        "group_size": {
-            "requested": cfg.group_size if preset.grouped else None,
-            "fallbacks": plan.fallbacks if plan else [],
-            "unquantized_layers": plan.unquantized if plan else [],
-        },
-        "calibration_set": calibration_set, "samples_used": samples if dataset is not None else 0,
-        "model_dir": model_dir, "dtype": dtype,
-    }
+    manifest = _Manifest(
+        what=identity(preset, cfg), description=preset.description,
+        group_size=GroupSizes(
+            requested=cfg.group_size if preset.grouped else None,
+            fallbacks=[GroupSizeFallback.model_validate(fallback) for fallback in plan.fallbacks] if plan else [],
+            unquantized_layers=plan.unquantized if plan else [],
+        ),
+        calibration_set=calibration_set, samples_used=samples if dataset is not None else 0,
+        model_dir=model_dir, dtype=dtype,
+    )
     return _save(loaded, out, overwrite=overwrite, stopwatch=stopwatch, manifest=manifest)
 
 
@@ -111,17 +134,18 @@ def run_mixed(
     samples = min(cfg.num_calibration_samples or calibration_set.samples, calibration_set.samples)
     _quantize(backend, loaded, plan.recipe, dataset=calibration_set.to_dataset(), samples=samples,
               seq_len=int(calibration_set.input_ids.shape[1]))
-    counts = {name: sum(1 for entry in plan.layers.values() if entry["format"] == name) for name in cfg.formats}
+    counts = {name: sum(1 for entry in plan.layers.values() if entry.format == name) for name in cfg.formats}
     left = len(cfg.layers) - len(plan.layers)
-    manifest = {
-        "what": {"format": MIXED, "backend": Backend.llmcompressor.value, "config": cfg.model_dump(mode="json")},
-        "description": "mixed precision: " + ", ".join(f"{count} layers {name}" for name, count in counts.items())
-                       + f", {left} layers {UNQUANTIZED}",
-        "group_size": {"requested": cfg.group_size, "fallbacks": [], "unquantized_layers": plan.unquantized},
-        "calibration_set": calibration_set, "samples_used": samples, "model_dir": model_dir, "dtype": dtype,
-        "extra": {"layers": {name: plan.layers.get(name, {"format": UNQUANTIZED, "group_size": None}) for name in sorted(cfg.layers)},
-                  "smoothed": plan.smoothed},
-    }
+    manifest = _Manifest(
+        what=Identity(format=MIXED, backend=Backend.llmcompressor.value, config=cfg.model_dump(mode="json")),
+        description="mixed precision: " + ", ".join(f"{count} layers {name}" for name, count in counts.items())
+                    + f", {left} layers {UNQUANTIZED}",
+        group_size=GroupSizes(requested=cfg.group_size, fallbacks=[], unquantized_layers=plan.unquantized),
+        calibration_set=calibration_set, samples_used=samples, model_dir=model_dir, dtype=dtype,
+        extra=MixedLayers(layers={name: plan.layers.get(name, LayerFormat(format=UNQUANTIZED, group_size=None))
+                                  for name in sorted(cfg.layers)},
+                          smoothed=plan.smoothed),
+    )
     return _save(loaded, out, overwrite=overwrite, stopwatch=stopwatch, manifest=manifest)
 
 
@@ -141,22 +165,24 @@ def _inputs(model: str | Path, calibration_dir: str | Path, out: Path, *, overwr
     return model_dir, calibration_set
 
 
-def _save(loaded: Any, out: Path, *, overwrite: bool, stopwatch: Stopwatch, manifest: dict[str, Any]) -> QuantizedCheckpoint:
+def _save(loaded: Any, out: Path, *, overwrite: bool, stopwatch: Stopwatch, manifest: _Manifest) -> QuantizedCheckpoint:
     """Cast back to the baseline's dtype, save compressed with the baseline's tokenizer files,
     reload and check on the smoke prompt, write the manifest: all in a staging directory that
     becomes `out` only when complete."""
-    dtype = manifest["dtype"]
+    dtype = manifest.dtype
     llmcompressor_backend.restore_storage_dtype(loaded, TORCH_DTYPES[dtype])
     with atomic_directory(out, overwrite=overwrite) as staging:
         loaded.save_pretrained(staging, save_compressed=True)
         del loaded
         gc.collect()
-        copy_baseline_files(manifest["model_dir"], staging)
+        copy_baseline_files(manifest.model_dir, staging)
         smoke = smoke_check(staging, dtype)
         recipe_text = (staging / RECIPE_FILE).read_text(encoding="utf-8")
         written = write_manifest(
-            staging, stopwatch, **manifest, smoke=smoke,
-            recipe={"file": RECIPE_FILE, "sha256": sha256_bytes(recipe_text.encode("utf-8")), "text": recipe_text},
+            staging, stopwatch, what=manifest.what, description=manifest.description, group_size=manifest.group_size,
+            calibration_set=manifest.calibration_set, samples_used=manifest.samples_used, model_dir=manifest.model_dir,
+            dtype=manifest.dtype, extra=manifest.extra, smoke=smoke,
+            recipe=RecipeFile(file=RECIPE_FILE, sha256=sha256_bytes(recipe_text.encode("utf-8")), text=recipe_text),
         )
     return QuantizedCheckpoint(out, written)
 
@@ -193,7 +219,7 @@ def _quantize(backend: Any, model: Any, recipe: list[Any], *, dataset: Any, samp
         ) from error
 
 
-def smoke_check(checkpoint: Path, dtype: str) -> dict[str, Any]:
+def smoke_check(checkpoint: Path, dtype: str) -> SmokeCheck:
     """Reload the checkpoint, run the fixed prompt, refuse NaN/Inf logits, record a greedy completion."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -216,4 +242,4 @@ def smoke_check(checkpoint: Path, dtype: str) -> dict[str, Any]:
             raise QuantizationFailed(f"the quantized checkpoint produces NaN or Inf logits on the smoke prompt ({bad} values); not published")
         generated = reloaded.generate(ids, max_new_tokens=SMOKE_NEW_TOKENS, do_sample=False)
     completion = tokenizer.decode(generated[0, ids.shape[1]:], skip_special_tokens=True)
-    return {"prompt": SMOKE_PROMPT, "completion": completion, "logits_finite": True}
+    return SmokeCheck(prompt=SMOKE_PROMPT, completion=completion, logits_finite=True)

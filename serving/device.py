@@ -17,7 +17,8 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+
+from quantgate.core.hf_config import ConfigGroup, ModelConfig
 
 # The device classes (docs/serving.md, "Device classes"): vLLM's CPU kernels differ between them.
 AVX2 = "cpu-avx2"  # x86 without AVX-512 (or any other CPU: no AVX-512 kernel is built for it)
@@ -78,7 +79,7 @@ def describe_class(device_class: str) -> str:
 # ---- schemes --------------------------------------------------------------------------------
 
 
-def scheme_of(group: dict[str, Any]) -> str:
+def scheme_of(group: ConfigGroup) -> str:
     """A compressed-tensors config group's scheme: W4A16, W8A8 (int8 activations), FP8 (float8
     weights and activations), W8A16 ... from its weights' and input activations' bits and type."""
     weights = group.get("weights") or {}
@@ -89,7 +90,7 @@ def scheme_of(group: dict[str, Any]) -> str:
     return f"W{bits}A{int(activations.get('num_bits', 16)) if activations else 16}"
 
 
-def checkpoint_schemes(config: dict[str, Any] | None) -> list[str]:
+def checkpoint_schemes(config: ModelConfig | None) -> list[str]:
     """The schemes a checkpoint's config.json asks for (sorted, each once); [] for an unquantized one."""
     groups = ((config or {}).get("quantization_config") or {}).get("config_groups") or {}
     return sorted({scheme_of(group) for group in groups.values() if isinstance(group, dict)})

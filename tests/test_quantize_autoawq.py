@@ -43,5 +43,5 @@ def test_autoawq_writes_an_awq_gemm_checkpoint(quant_model: Path, quant_calibrat
     assert (config["quant_method"], config["bits"], config["group_size"], config["zero_point"], config["version"]) == ("awq", 4, 64, True, "gemm")
     header = read_header(next(checkpoint.path.glob("*.safetensors")))
     assert any(name.endswith(".qweight") for name in header) and any(name.endswith(".qzeros") for name in header)
-    assert checkpoint.manifest["backend"] == "autoawq" and checkpoint.manifest["smoke"]["logits_finite"]
-    assert checkpoint.manifest["group_size"]["fallbacks"][0]["group_size"] == 64
+    assert checkpoint.manifest.backend == "autoawq" and checkpoint.manifest.smoke.logits_finite
+    assert checkpoint.manifest.group_size.fallbacks[0].group_size == 64

@@ -44,7 +44,7 @@ def quantize_command(
         awq_n_grid=awq_n_grid, fp8_dynamic=fp8_dynamic,
     )
     checkpoint = quantize.run(cfg, model, calibration_dir, out, overwrite=overwrite, allow_pickle=allow_pickle)
-    manifest = checkpoint.manifest
+    manifest = checkpoint.manifest.to_json()
     for fallback in manifest["group_size"]["fallbacks"][:3]:
         got = fallback["group_size"] or "unquantized"
         typer.echo(f"note: {fallback['layer']} (width {fallback['in_features']}) got group size {got}")

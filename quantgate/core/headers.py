@@ -13,10 +13,11 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from quantgate.core.artifacts import unique_keys
 from quantgate.core.errors import InputError
+from quantgate.core.hf_config import ModelConfig, QuantizationConfig
 
 # A header is JSON describing tensors; even a 70B model's is a few MB. A larger claimed
 # length is a damaged or hostile file, refused before anything is allocated.
@@ -77,8 +78,8 @@ class CheckpointFiles:
 
     root: Path
     files: tuple[SafetensorsFile, ...]
-    config: dict[str, Any] | None
-    quantize_config: dict[str, Any] | None  # AutoGPTQ / GPTQModel quantize_config.json
+    config: ModelConfig | None
+    quantize_config: QuantizationConfig | None  # AutoGPTQ / GPTQModel quantize_config.json
     index: Path | None
 
     @property
@@ -257,8 +258,9 @@ def read_checkpoint(path: Path) -> CheckpointFiles:
             raise HeaderError(f"{index}: names shard {name}, which is missing")
         files.append(read_safetensors(shard))
     _check_shards(files, weight_map, index)
-    config = _optional_json(root / "config.json", "config JSON")
-    quantize_config = _optional_json(root / "quantize_config.json", "quantize config JSON")
+    # third-party JSON objects, their fields checked where read (quantgate.core.hf_config)
+    config = cast("ModelConfig | None", _optional_json(root / "config.json", "config JSON"))
+    quantize_config = cast("QuantizationConfig | None", _optional_json(root / "quantize_config.json", "quantize config JSON"))
     return CheckpointFiles(root, tuple(files), config, quantize_config, index)
 
 

@@ -139,13 +139,13 @@ def quantize_format(plan: ResolvedPlan, fmt: str, calibration: Path, checkpoint:
     """A format's checkpoint, into `checkpoint`: its manifest."""
     made = quantize.run(plan.quantize_cfgs[fmt], plan.model_dir, calibration, checkpoint, overwrite=True,
                         allow_pickle=plan.plan.allow_pickle)
-    return dict(made.manifest)
+    return made.manifest.to_json()
 
 
 def quantize_trial(plan: ResolvedPlan, cfg: quantize.MixedConfig, calibration: Path, checkpoint: Path) -> dict[str, Any]:
     """A search trial's mixed checkpoint, into `checkpoint`: its manifest."""
     made = quantize.run_mixed(cfg, plan.model_dir, calibration, checkpoint, overwrite=True, allow_pickle=plan.plan.allow_pickle)
-    return dict(made.manifest)
+    return made.manifest.to_json()
 
 
 def serve_check(checkpoint: Path, results: evalsets.EvaluationResults | None, cfg: served.ServeCheckConfig,

@@ -17,6 +17,7 @@ from typing import Any
 from rich.table import Table
 
 from quantgate.core.headers import DTYPE_BITS, FLOATING_DTYPES, CheckpointFiles, TensorEntry, read_checkpoint
+from quantgate.core.hf_config import ModelConfig
 from quantgate.quantize.measure.causes import Cause
 from quantgate.quantize.measure.explain import Placement, explain
 from quantgate.quantize.measure.layouts import (
@@ -298,7 +299,7 @@ def _tally(assigned: dict[str, tuple[Category, int]], tensors: dict[str, TensorE
 
 # --- the reference: baseline dtype and the rule ------------------------------------------------
 
-def _baseline_dtype(baseline: Measurement | None, config: dict[str, Any], tensors: dict[str, TensorEntry]) -> tuple[str | None, str]:
+def _baseline_dtype(baseline: Measurement | None, config: ModelConfig, tensors: dict[str, TensorEntry]) -> tuple[str | None, str]:
     """The dtype unquantized tensors should have: the baseline's, else config.json's, else
     the commonest floating dtype among the checkpoint's own unquantized tensors."""
     if baseline is not None and baseline.baseline_dtype:
@@ -327,16 +328,16 @@ def _rule_for(quantized: list[LinearLayer], baseline_dtype: str | None) -> Fract
 
 # --- format detection ----------------------------------------------------------------------
 
-def _tie(config: dict[str, Any]) -> bool | None:
+def _tie(config: ModelConfig) -> bool | None:
     value = config.get("tie_word_embeddings")
     return value if isinstance(value, bool) else None
 
 
-def _config_dtype(config: dict[str, Any]) -> str | None:
+def _config_dtype(config: ModelConfig) -> str | None:
     return next((str(config[key]) for key in ("torch_dtype", "dtype") if isinstance(config.get(key), str)), None)
 
 
-def detect_format(quantized: list[LinearLayer], schemes: ConfigSchemes, config: dict[str, Any],
+def detect_format(quantized: list[LinearLayer], schemes: ConfigSchemes, config: ModelConfig,
                   tensors: dict[str, TensorEntry]) -> DetectedFormat:
     """The checkpoint's format: the commonest layout of its quantized layers, or its commonest dtype."""
     if not quantized:
@@ -372,8 +373,8 @@ def _activations(schemes: ConfigSchemes) -> InputActivations | None:
     if schemes.method != "compressed-tensors" or not schemes.qc:
         return None
     for group in (schemes.qc.get("config_groups") or {}).values():
-        if isinstance(group, dict) and isinstance(group.get("input_activations"), dict):
-            stated = group["input_activations"]
+        stated = group.get("input_activations") if isinstance(group, dict) else None
+        if isinstance(stated, dict):
             return InputActivations(num_bits=stated.get("num_bits"), type=stated.get("type"), strategy=stated.get("strategy"),
                                     dynamic=stated.get("dynamic"), symmetric=stated.get("symmetric"))
     return None
@@ -381,7 +382,7 @@ def _activations(schemes: ConfigSchemes) -> InputActivations | None:
 
 # --- the accounting --------------------------------------------------------------------------
 
-def _notes(config: dict[str, Any], schemes: ConfigSchemes, placed: _Placed, modules: dict[str, dict[str, TensorEntry]]) -> list[str]:
+def _notes(config: ModelConfig, schemes: ConfigSchemes, placed: _Placed, modules: dict[str, dict[str, TensorEntry]]) -> list[str]:
     notes = []
     quantized = any(layer.quantized for layer in placed.layers)
     if placed.tie and any(is_lm_head(module) for module in modules) and not placed.embeddings_stored:

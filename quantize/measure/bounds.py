@@ -8,13 +8,14 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypedDict, TypeVar
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 from rich.table import Table
 
 from quantgate.core.errors import InputError
 from quantgate.core.headers import read_checkpoint
+from quantgate.core.hf_config import ModelConfig
 from quantgate.core.validation import Problem, Strict, validated
 from quantgate.quantize.measure.accounting import measure
 from quantgate.quantize.measure.hardware import HardwareProfile
@@ -29,7 +30,7 @@ VERIFY_COST_NOTE = ("verify_cost_ratio = bound(batch, gamma + 1) / bound(batch, 
                     "verification (the +1); an extension of Leviathan et al. (2023), not part of it")
 
 M = TypeVar("M", bound=BaseModel)
-Cell = Callable[[dict[str, Any]], str]  # one cell of the per-format table, from a format's result
+Cell = Callable[["FormatBounds"], str]  # one cell of the per-format table, from a format's result
 
 
 # --- the formulas (docs/sources.md, "Decode bounds") ----------------------------------------
@@ -276,13 +277,156 @@ def reference_case(hardware: HardwareProfile) -> BoundsConfig:
     )
 
 
-# --- the result --------------------------------------------------------------------------------
+# --- the result: the bounds JSON (docs/measure-and-bounds.md, "bounds JSON, schema_version 1") ---
+# Printed (`quantgate bounds --json`) and read in memory (the measure stage), never read back from
+# a file: kept as dicts, named field by field.
+
+
+class Speedup(TypedDict):
+    speedup: float
+    iteration_time_ms: float
+    average_tpot_ms: float
+
+
+class Speculative(TypedDict):
+    expected_tokens_per_target_step: float
+    plain_step_ms: float
+    plain_step_source: str
+    free_verification: Speedup
+    with_verify_cost: Speedup
+
+
+class FreeBestGamma(TypedDict):
+    gamma: int
+    speedup: float
+
+
+class BestGamma(TypedDict):
+    range: list[int]
+    gamma: int
+    speedup: float
+    verify_cost_ratio: float
+    free_verification: FreeBestGamma
+
+
+class StepBounds(TypedDict):
+    batch: int
+    positions: int
+    memory_bound_ms: float
+    compute_bound_ms: float
+    bound_ms: float
+    binds: str  # "memory" | "compute"
+
+
+class VerifyBounds(TypedDict):
+    positions: int
+    bound_ms: float
+    binds: str
+    verify_cost_ratio: float
+
+
+class AlphaPoint(TypedDict):
+    alpha: float
+    speedup: float
+    speedup_free_verification: float
+
+
+class _FormatBoundsBase(TypedDict):
+    name: str
+    source: str
+    bits_per_weight: float
+    weight_bytes: float
+    weight_gb: float
+    weight_gib: float
+    kv_bytes_per_element: float
+    batch1_weight_bound_ms: float
+    step: StepBounds
+    verify: VerifyBounds
+    speculative: Speculative
+    compute_bound_batch: int | None
+    break_even_alpha: float | None
+
+
+class FormatBounds(_FormatBoundsBase, total=False):
+    """One weight format's bounds; the sweeps only where the config asks for them."""
+
+    alpha_sweep: list[AlphaPoint]
+    best_gamma: BestGamma
+
+
+class Comparison(TypedDict):
+    format: str
+    against: str
+    byte_ratio: float
+    step_bound_improvement: float
+    batch1_bound_improvement: float
+
+
+class KVAlternative(TypedDict):
+    kv_bytes_per_element: float
+    kv_bytes_per_sequence: float
+    formats: list[FormatBounds]
+
+
+class BoundsInputs(TypedDict):
+    batch: int
+    context_tokens: int
+    kv_bytes_per_element: float
+    alpha: float
+    gamma: int
+    draft_cost: float
+    plain_step_ms: float | None
+    alphas: list[float]
+    gamma_range: list[int] | None
+    compare_kv_bytes: list[float]
+
+
+class HardwareFigures(TypedDict):
+    """A HardwareProfile as JSON."""
+
+    name: str
+    kind: str
+    description: str
+    hbm_bytes_per_second: float
+    peak_dense_flops: float
+    flops_dtype: str
+    source: str
+
+
+class ModelShapeFigures(TypedDict):
+    """A ModelShape as JSON."""
+
+    parameters: float
+    layers: int
+    kv_heads: int
+    head_dim: int
+    source: str
+
+
+class Bounds(TypedDict):
+    """The bounds JSON, schema_version 1."""
+
+    kind: str
+    schema_version: int
+    lower_bounds: bool
+    hardware: HardwareFigures
+    model: ModelShapeFigures
+    inputs: BoundsInputs
+    kv_bytes_per_sequence: float
+    kv_bytes_per_step: float
+    expected_tokens_per_target_step: float
+    break_even_alpha_free_verification: float | None
+    formats: list[FormatBounds]
+    comparisons: list[Comparison]
+    kv_alternatives: list[KVAlternative]
+    notes: list[str]
+
 
 def _ms(seconds: float) -> float:
     return seconds * 1e3
 
 
-def _speculative(cfg: BoundsConfig, step_ms: float, ratio: float) -> dict[str, Any]:
+def _speculative(cfg: BoundsConfig, step_ms: float, ratio: float) -> Speculative:
     plain = cfg.plain_step_ms if cfg.plain_step_ms is not None else step_ms
     free = speedup(cfg.alpha, cfg.gamma, cfg.draft_cost, 1.0)
     costed = speedup(cfg.alpha, cfg.gamma, cfg.draft_cost, ratio)
@@ -297,7 +441,7 @@ def _speculative(cfg: BoundsConfig, step_ms: float, ratio: float) -> dict[str, A
     }
 
 
-def _best_gamma(cfg: BoundsConfig, decode: Decode, gamma_range: tuple[int, int]) -> dict[str, Any]:
+def _best_gamma(cfg: BoundsConfig, decode: Decode, gamma_range: tuple[int, int]) -> BestGamma:
     def ratio_for(gamma: int) -> float:
         return decode.verify_cost_ratio(cfg.batch, gamma)
 
@@ -307,14 +451,14 @@ def _best_gamma(cfg: BoundsConfig, decode: Decode, gamma_range: tuple[int, int])
             "free_verification": {"gamma": free_gamma, "speedup": free_value}}
 
 
-def _format_result(cfg: BoundsConfig, spec: WeightFormat, kv_per_sequence: float, kv_bytes: float) -> dict[str, Any]:
+def _format_result(cfg: BoundsConfig, spec: WeightFormat, kv_per_sequence: float, kv_bytes: float) -> FormatBounds:
     model, hardware = cfg.model, cfg.hardware
     weights = spec.stored_bytes(model.parameters)
     decode = Decode(weight_bytes=weights, parameters=model.parameters, kv_per_sequence=kv_per_sequence, hardware=hardware)
     step, binds = decode.step_bound(cfg.batch, 1)
     verify, verify_binds = decode.step_bound(cfg.batch, cfg.gamma + 1)
     ratio = verify / step
-    result: dict[str, Any] = {
+    result: FormatBounds = {
         "name": spec.name,
         "source": spec.source,
         "bits_per_weight": spec.bits_per_weight if spec.bits_per_weight is not None else weights * 8 / model.parameters,
@@ -338,7 +482,7 @@ def _format_result(cfg: BoundsConfig, spec: WeightFormat, kv_per_sequence: float
     return result
 
 
-def _comparisons(formats: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _comparisons(formats: list[FormatBounds]) -> list[Comparison]:
     """Every format against the first: bytes, and the step bounds at the batch and at batch 1."""
     first = formats[0]
     return [{
@@ -349,10 +493,10 @@ def _comparisons(formats: list[dict[str, Any]]) -> list[dict[str, Any]]:
     } for entry in formats[1:]]
 
 
-def _kv_alternatives(cfg: BoundsConfig) -> list[dict[str, Any]]:
+def _kv_alternatives(cfg: BoundsConfig) -> list[KVAlternative]:
     """Every format again with each other KV-cache width, without the sweeps."""
     model = cfg.model
-    alternatives = []
+    alternatives: list[KVAlternative] = []
     for kv_bytes in cfg.compare_kv_bytes:
         alt_cfg = cfg.model_copy(update={"kv_bytes_per_element": kv_bytes, "alphas": (), "gamma_range": None})
         alt_kv = kv_bytes_per_sequence(model.layers, model.kv_heads, model.head_dim, kv_bytes, cfg.context_tokens)
@@ -364,7 +508,7 @@ def _kv_alternatives(cfg: BoundsConfig) -> list[dict[str, Any]]:
     return alternatives
 
 
-def compute(cfg: BoundsConfig) -> dict[str, Any]:
+def compute(cfg: BoundsConfig) -> Bounds:
     """Every bound of the model in docs/sources.md for each format, the sweeps asked for, as versioned JSON."""
     model = cfg.model
     kv_per_sequence = kv_bytes_per_sequence(model.layers, model.kv_heads, model.head_dim, cfg.kv_bytes_per_element, cfg.context_tokens)
@@ -375,8 +519,8 @@ def compute(cfg: BoundsConfig) -> dict[str, Any]:
         "kind": KIND,
         "schema_version": SCHEMA_VERSION,
         "lower_bounds": True,
-        "hardware": cfg.hardware.model_dump(mode="json"),
-        "model": model.model_dump(mode="json"),
+        "hardware": _hardware_figures(cfg.hardware),
+        "model": _shape_figures(model),
         "inputs": {
             "batch": cfg.batch, "context_tokens": cfg.context_tokens, "kv_bytes_per_element": cfg.kv_bytes_per_element,
             "alpha": cfg.alpha, "gamma": cfg.gamma, "draft_cost": cfg.draft_cost, "plain_step_ms": cfg.plain_step_ms,
@@ -396,13 +540,25 @@ def compute(cfg: BoundsConfig) -> dict[str, Any]:
     }
 
 
+def _hardware_figures(hardware: HardwareProfile) -> HardwareFigures:
+    return HardwareFigures(name=hardware.name, kind=hardware.kind, description=hardware.description,
+                           hbm_bytes_per_second=hardware.hbm_bytes_per_second, peak_dense_flops=hardware.peak_dense_flops,
+                           flops_dtype=hardware.flops_dtype, source=hardware.source)
+
+
+def _shape_figures(model: ModelShape) -> ModelShapeFigures:
+    return ModelShapeFigures(parameters=model.parameters, layers=model.layers, kv_heads=model.kv_heads, head_dim=model.head_dim,
+                             source=model.source)
+
+
 # --- models and formats from checkpoints -----------------------------------------------------
 
-def model_from_checkpoint(checkpoint: str | Path, config: dict[str, Any] | None, parameters: int) -> ModelShape:
+def model_from_checkpoint(checkpoint: str | Path, config: ModelConfig | None, parameters: int) -> ModelShape:
     """Layers, KV heads and head dim from a checkpoint's config.json; parameters from `measure`."""
     if not config:
         raise InputError(f"{checkpoint}: no config.json, so the KV cache's shape is unknown; give --layers, --kv-heads, --head-dim")
-    text_config: dict[str, Any] = config["text_config"] if isinstance(config.get("text_config"), dict) else config
+    nested = config.get("text_config")
+    text_config = nested if isinstance(nested, dict) else config
     layers = text_config.get("num_hidden_layers", text_config.get("n_layer"))
     heads = text_config.get("num_attention_heads", text_config.get("n_head"))
     kv_heads = text_config.get("num_key_value_heads", heads)
@@ -441,7 +597,7 @@ def measured_model(checkpoints: list[Path]) -> tuple[ModelShape, list[WeightForm
 
 # --- presentation (rich), kept apart from the math ------------------------------------------
 
-def render(result: dict[str, Any]) -> list[Any]:
+def render(result: Bounds) -> list[Any]:
     """Rich renderables for the terminal: the per-format table, comparisons, notes."""
     hardware, inputs = result["hardware"], result["inputs"]
     out: list[Any] = [
@@ -466,7 +622,7 @@ def render(result: dict[str, Any]) -> list[Any]:
     return out
 
 
-def _format_table(formats: list[dict[str, Any]], inputs: dict[str, Any], title: str) -> Table:
+def _format_table(formats: list[FormatBounds], inputs: BoundsInputs, title: str) -> Table:
     table = Table(title=title, title_justify="left")
     table.add_column("quantity")
     for entry in formats:
@@ -488,15 +644,15 @@ def _format_table(formats: list[dict[str, Any]], inputs: dict[str, Any], title: 
     ]
     if formats and "best_gamma" in formats[0]:
         rows.append(("best gamma (speedup)", lambda e: f"{e['best_gamma']['gamma']} ({e['best_gamma']['speedup']:.4f})"))
-    for entry in (formats[0].get("alpha_sweep") or []) if formats else []:
-        rows.append((f"speedup at alpha {entry['alpha']:g}", _sweep_cell(entry["alpha"])))
+    for point in (formats[0].get("alpha_sweep") or []) if formats else []:
+        rows.append((f"speedup at alpha {point['alpha']:g}", _sweep_cell(point["alpha"])))
     for label, cell in rows:
         table.add_row(label, *(cell(entry) for entry in formats))
     return table
 
 
 def _sweep_cell(alpha: float) -> Cell:
-    def cell(entry: dict[str, Any]) -> str:
+    def cell(entry: FormatBounds) -> str:
         return next(f"{point['speedup']:.4f}" for point in entry["alpha_sweep"] if point["alpha"] == alpha)
 
     return cell

@@ -9,26 +9,27 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
 
 from quantgate.core.errors import InputError
+from quantgate.core.hf_config import ConfigGroup, ModelConfig, QuantizationConfig
 from quantgate.quantize.measure.layouts import Scheme, find_layout
 
 KNOWN_METHODS = ("compressed-tensors", "gptq", "awq")
 
 
-def quantization_config(config: dict[str, Any] | None, quantize_config: dict[str, Any] | None) -> tuple[dict[str, Any] | None, str]:
+def quantization_config(config: ModelConfig | None, quantize_config: QuantizationConfig | None) -> tuple[QuantizationConfig | None, str]:
     """(the quantization config, where it was found)."""
     if config:
-        for key in ("quantization_config", "compression_config"):
-            if isinstance(config.get(key), dict):
-                return config[key], f"config.json {key}"
+        for key, found in (("quantization_config", config.get("quantization_config")),
+                           ("compression_config", config.get("compression_config"))):
+            if isinstance(found, dict):
+                return found, f"config.json {key}"
     if quantize_config:
         return quantize_config, "quantize_config.json"
     return None, ""
 
 
-def quant_method(qc: dict[str, Any] | None, source: str) -> str | None:
+def quant_method(qc: QuantizationConfig | None, source: str) -> str | None:
     if qc is None:
         return None
     method = qc.get("quant_method")
@@ -58,11 +59,11 @@ class ConfigSchemes:
     modules it leaves alone."""
 
     method: str | None
-    qc: dict[str, Any] | None
+    qc: QuantizationConfig | None
     source: str
 
     @classmethod
-    def of(cls, config: dict[str, Any] | None, quantize_config: dict[str, Any] | None) -> ConfigSchemes:
+    def of(cls, config: ModelConfig | None, quantize_config: QuantizationConfig | None) -> ConfigSchemes:
         qc, source = quantization_config(config, quantize_config)
         return cls(quant_method(qc, source), qc, source)
 
@@ -92,7 +93,7 @@ class ConfigSchemes:
         return scheme
 
 
-def _compressed_tensors_scheme(qc: dict[str, Any], module: str, source: str) -> Scheme | None:
+def _compressed_tensors_scheme(qc: QuantizationConfig, module: str, source: str) -> Scheme | None:
     for pattern in qc.get("ignore") or []:
         if isinstance(pattern, str) and (pattern == module or (pattern.startswith("re:") and _match_target(pattern, module))):
             return None
@@ -104,7 +105,7 @@ def _compressed_tensors_scheme(qc: dict[str, Any], module: str, source: str) -> 
     return None
 
 
-def _config_group_scheme(group: dict[str, Any], top_format: str | None, source: str) -> Scheme | None:
+def _config_group_scheme(group: ConfigGroup, top_format: str | None, source: str) -> Scheme | None:
     weights = group.get("weights")
     if not isinstance(weights, dict):
         return None
@@ -114,7 +115,8 @@ def _config_group_scheme(group: dict[str, Any], top_format: str | None, source: 
     strategy = str(weights.get("strategy", "tensor"))
     group_size = weights.get("group_size")
     block = weights.get("block_structure")
-    inputs: dict[str, Any] = group["input_activations"] if isinstance(group.get("input_activations"), dict) else {}
+    stated = group.get("input_activations")
+    inputs = stated if isinstance(stated, dict) else {}
     # pack-quantized packs zero points into int32 like the weights (bits each); the others
     # store one zero point per scale in zp_dtype (int8 unless the config says otherwise).
     known = find_layout(layout)
@@ -123,19 +125,19 @@ def _config_group_scheme(group: dict[str, Any], top_format: str | None, source: 
     return Scheme(
         layout=layout, bits=bits, type=str(weights.get("type", "int")), symmetric=symmetric, strategy=strategy,
         group_size=int(group_size) if strategy == "group" and group_size else None,
-        block=tuple(block) if strategy == "block" and isinstance(block, list) and len(block) == 2 else None,
+        block=(block[0], block[1]) if strategy == "block" and isinstance(block, list) and len(block) == 2 else None,
         g_idx=strategy == "group" and weights.get("actorder") == "group",
         static_input=bool(inputs) and not inputs.get("dynamic", False),
         zero_point_bits=zero_bits, source=source,
     )
 
 
-def _torch_dtype_bits(name: Any, default: int) -> int:
+def _torch_dtype_bits(name: object, default: int) -> int:
     table = {"torch.int8": 8, "torch.uint8": 8, "torch.int32": 32, "torch.bfloat16": 16, "torch.float16": 16, "torch.float32": 32}
     return table.get(str(name), default)
 
 
-def _gptq_scheme(qc: dict[str, Any], module: str, source: str) -> Scheme | None:
+def _gptq_scheme(qc: QuantizationConfig, module: str, source: str) -> Scheme | None:
     bits = int(qc.get("bits", 4))
     group = int(qc.get("group_size", 128))
     for pattern, override in (qc.get("dynamic") or {}).items():  # GPTQModel per-module overrides
@@ -155,7 +157,7 @@ def _gptq_scheme(qc: dict[str, Any], module: str, source: str) -> Scheme | None:
                   g_idx=True, zero_point_bits=bits, source=source)
 
 
-def _awq_scheme(qc: dict[str, Any], module: str, source: str) -> Scheme | None:
+def _awq_scheme(qc: QuantizationConfig, module: str, source: str) -> Scheme | None:
     not_converted = qc.get("modules_to_not_convert") or []
     if any(isinstance(name, str) and name in module for name in not_converted):
         return None
