@@ -324,7 +324,7 @@ def served_model(model_dir: Path, env: serving.ServingEnv, batch_size: int) -> A
             self.served = {key: response.value.get(key) for key in ("vllm_version", "torch_version", "dtype", "quantization",
                                                                     "device", "threads", "load_seconds")}
             self.served["engine_settings"] = dict(self.settings)
-            return list(response.value["results"])  # the tasks' answers, in their order
+            return [dict(result) for result in response.value["results"]]  # the tasks' answers, in their order
 
         def get_model_info(self) -> dict[str, Any]:
             return {"served_by": self.env.label, "engine": self.env.identity(), "served": self.served,

@@ -6,10 +6,11 @@ from __future__ import annotations
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
-from pydantic import JsonValue
+from pydantic import Field, JsonValue
 
+from quantgate import calibration
 from quantgate.core.artifacts import MANIFEST, Stopwatch, file_hashes, provenance
 from quantgate.core.errors import QuantgateError
 from quantgate.core.models import TOKENIZER_FILES, weights_sha256
@@ -121,8 +122,8 @@ class CheckpointManifest(Record):
     description: str
     backend: str
     config: dict[str, JsonValue]
-    layers: dict[str, LayerFormat] | None = None
-    smoothed: list[str] | None = None
+    layers: dict[str, LayerFormat] | None = Field(default=None, exclude_if=lambda value: value is None)
+    smoothed: list[str] | None = Field(default=None, exclude_if=lambda value: value is None)
     recipe: RecipeFile | AutoAWQRecipe
     group_size: GroupSizes
     calibration: CalibrationUsed
@@ -130,10 +131,6 @@ class CheckpointManifest(Record):
     smoke: SmokeCheck
     files: FileTable
     provenance: Provenance
-
-    def to_json(self) -> dict[str, Any]:
-        absent = {name for name in ("layers", "smoothed") if getattr(self, name) is None}
-        return self.model_dump(mode="json", by_alias=True, exclude=absent)
 
 
 @dataclass(frozen=True)
@@ -163,7 +160,7 @@ def identity(preset: Preset, cfg: QuantizeConfig) -> Identity:
 
 
 def write_manifest(staging: Path, stopwatch: Stopwatch, *, what: Identity, description: str,
-                   recipe: RecipeFile | AutoAWQRecipe, group_size: GroupSizes, calibration_set: Any, samples_used: int,
+                   recipe: RecipeFile | AutoAWQRecipe, group_size: GroupSizes, calibration_set: calibration.CalibrationSet, samples_used: int,
                    model_dir: Path, dtype: str, smoke: SmokeCheck, extra: MixedLayers | None = None) -> CheckpointManifest:
     """The checkpoint's manifest, the same for every backend; written last, over the final files.
     `what`: format, backend and config (`identity`, or a mixed checkpoint's); `extra`: a mixed

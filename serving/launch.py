@@ -19,10 +19,11 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from quantgate.core.artifacts import read_json, write_json
 from quantgate.serving.environment import ServingEnv, ServingError
+from quantgate.serving.worker import Progress, WorkerResponse
 
 WORKER = Path(__file__).with_name("worker.py")
 PROTOCOL = 1
@@ -47,11 +48,20 @@ WORKER_ENV = {
 DROPPED = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")
 
 
+class ProbeStopped(TypedDict):
+    """Why the probe stopped a worker (its engine has no usable path here), and its passes."""
+
+    reason: str
+    forward_seconds: list[float]
+    limit_seconds: float
+    warmup_limit_seconds: float
+
+
 class WorkerFailed(ServingError):
     """vLLM could not do what the request asked: `reason` is its one line."""
 
     def __init__(self, reason: str, log: Path, phase: str | None = None, *, timed_out: bool = False,
-                 probe: dict[str, Any] | None = None) -> None:
+                 probe: ProbeStopped | None = None) -> None:
         super().__init__(reason)
         self.reason = reason
         self.log = log
@@ -64,7 +74,7 @@ class WorkerFailed(ServingError):
         return (_worker_failed, (self.reason, self.log, self.phase, self.timed_out, self.probe))
 
 
-def _worker_failed(reason: str, log: Path, phase: str | None, timed_out: bool, probe: dict[str, Any] | None) -> WorkerFailed:
+def _worker_failed(reason: str, log: Path, phase: str | None, timed_out: bool, probe: ProbeStopped | None) -> WorkerFailed:
     return WorkerFailed(reason, log, phase, timed_out=timed_out, probe=probe)
 
 
@@ -80,12 +90,14 @@ class ProbeLimit:
 
 @dataclass(frozen=True)
 class Response:
-    value: dict[str, Any]
+    value: WorkerResponse
     log: Path
     isolated: bool = False  # run inside a loopback-only network namespace
 
     def result(self, kind: str) -> dict[str, Any]:
-        return next(result for result in self.value["results"] if result["kind"] == kind)
+        """The result of the task of `kind` (serving.worker.TaskResult), as the dict it is on the
+        wire: what its callers read of it depends on the kind."""
+        return dict(next(result for result in self.value["results"] if result["kind"] == kind))
 
 
 @functools.cache
@@ -152,10 +164,10 @@ def _watch(worker: subprocess.Popen[bytes], env: ServingEnv, log: Path, *, deadl
             raise WorkerFailed(slow["reason"], log, "probe", probe=slow)
 
 
-def _too_slow(progress: Path, limit: ProbeLimit) -> dict[str, Any] | None:
+def _too_slow(progress: Path, limit: ProbeLimit) -> ProbeStopped | None:
     """What the probe shows when a forward pass ran past its limit (finished or still running), else None."""
     try:
-        state = read_json(progress)
+        state: Progress = read_json(progress)
     except (OSError, ValueError):
         return None  # not written yet (or being renamed into place)
     done = [float(seconds) for seconds in state.get("forward_seconds") or []]

@@ -40,14 +40,174 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal, TypedDict
+
+if TYPE_CHECKING:  # annotations only: the serving environment need not have typing_extensions
+    from typing_extensions import Unpack
 
 PROTOCOL = 1
 # What the worker was doing when it failed: "import", "load" or a task's kind (in an error response).
 _phase = ["import"]
 
 
-def _write(path: Path, value: dict[str, Any]) -> None:
+# --- the protocol (docs/serving.md): plain TypedDicts, the JSON as it travels. The worker imports
+# nothing of quantgate, so they live here; quantgate.serving.launch and its callers import them.
+
+class EngineSettings(TypedDict, total=False):
+    max_model_len: int
+    kv_cache_bytes: int
+    tensor_parallel: int
+    dtype: str
+    seed: int
+
+
+class ProbeTask(TypedDict):
+    kind: Literal["probe"]
+    prompt: list[int]
+    runs: int
+
+
+class PromptLogprobsTask(TypedDict):
+    kind: Literal["prompt_logprobs"]
+    prompts: list[list[int]]
+    top_k: int
+
+
+class GreedyTask(TypedDict):
+    kind: Literal["greedy"]
+    prompts: list[list[int]]
+    max_tokens: int
+
+
+class ThroughputTask(TypedDict):
+    kind: Literal["throughput"]
+    prompt: list[int]
+    batch_sizes: list[int]
+    tokens: int
+    runs: int
+
+
+class LoglikelihoodTask(TypedDict):
+    kind: Literal["loglikelihood"]
+    requests: list[tuple[list[int], list[int]]]  # [context, continuation] token ids
+
+
+class BandwidthTask(TypedDict):
+    kind: Literal["bandwidth"]
+    bytes: int
+    runs: int
+
+
+Task = ProbeTask | PromptLogprobsTask | GreedyTask | ThroughputTask | LoglikelihoodTask | BandwidthTask
+
+
+class _Request(TypedDict):
+    protocol: int
+    model: str
+    engine: EngineSettings
+    tasks: list[Task]
+
+
+class WorkerRequest(_Request, total=False):
+    """request.json: the checkpoint, the engine's settings, the tasks; `progress`: where to write
+    the progress file (the probe's watcher)."""
+
+    progress: str
+
+
+class ProbeAnswer(TypedDict):
+    forward_seconds: list[float]
+    prompt_tokens: int
+
+
+class PromptLogprobs(TypedDict):
+    """One prompt's log-probabilities: each token's (None where not finite) and the top-k."""
+
+    token_logprobs: list[float | None]
+    top_ids: list[list[int]]
+    top_logprobs: list[list[float | None]]
+
+
+class PromptLogprobsAnswer(TypedDict):
+    prompts: list[PromptLogprobs]
+
+
+class GreedyAnswer(TypedDict):
+    continuations: list[list[int]]
+
+
+class ThroughputBatch(TypedDict):
+    seconds: list[float]
+    first_token_seconds: list[float]
+    generated_tokens: int
+    prompt_tokens: int
+
+
+class ThroughputAnswer(TypedDict):
+    batches: dict[str, ThroughputBatch]  # batch size (as text) -> its runs
+
+
+class LoglikelihoodAnswer(TypedDict):
+    answers: list[tuple[float, bool]]  # [summed log-probability, greedy]
+
+
+class BandwidthAnswer(TypedDict):
+    bytes_per_second: float
+    bytes_moved: int
+    best_seconds: float
+    threads: int
+
+
+Answer = ProbeAnswer | PromptLogprobsAnswer | GreedyAnswer | ThroughputAnswer | LoglikelihoodAnswer | BandwidthAnswer
+
+
+class TaskResult(TypedDict, total=False):
+    """One entry of the response's `results`: the task's kind and seconds, and its answer's fields
+    (those of the *Answer of its kind)."""
+
+    kind: str
+    seconds: float
+    forward_seconds: list[float]
+    prompt_tokens: int
+    prompts: list[PromptLogprobs]
+    continuations: list[list[int]]
+    batches: dict[str, ThroughputBatch]
+    answers: list[tuple[float, bool]]
+    bytes_per_second: float
+    bytes_moved: int
+    best_seconds: float
+    threads: int
+
+
+class WorkerResponse(TypedDict, total=False):
+    """response.json: the engine and its answers; or, when the worker failed, `phase` and `error`."""
+
+    protocol: int
+    vllm_version: str
+    torch_version: str
+    load_seconds: float
+    dtype: str
+    quantization: str | None
+    device: str
+    threads: int
+    results: list[TaskResult]
+    seconds: float
+    phase: str
+    error: str
+
+
+class Progress(TypedDict, total=False):
+    """progress.json: the phase ("loaded", "probe": a pass running since `started`, "probed") and
+    the probe's passes so far."""
+
+    time: float
+    phase: str
+    load_seconds: float
+    forward_seconds: list[float]
+    started: float
+
+
+def _write(path: Path, value: WorkerResponse | Progress) -> None:
     """The response, written whole or not at all (a temporary sibling, renamed into place)."""
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     temporary.write_text(json.dumps(value))
@@ -58,12 +218,12 @@ def _finite(value: float) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def _progress(request: dict[str, Any], **state: Any) -> None:
+def _progress(request: WorkerRequest, **state: Unpack[Progress]) -> None:
     if request.get("progress"):
         _write(Path(request["progress"]), {"time": time.time(), **state})
 
 
-def probe(llm: Any, task: dict[str, Any], request: dict[str, Any]) -> dict[str, Any]:
+def probe(llm: Any, task: ProbeTask, request: WorkerRequest) -> ProbeAnswer:
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -79,14 +239,14 @@ def probe(llm: Any, task: dict[str, Any], request: dict[str, Any]) -> dict[str, 
     return {"forward_seconds": seconds, "prompt_tokens": len(task["prompt"])}
 
 
-def prompt_logprobs(llm: Any, task: dict[str, Any]) -> dict[str, Any]:
+def prompt_logprobs(llm: Any, task: PromptLogprobsTask) -> PromptLogprobsAnswer:
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
     top_k = int(task["top_k"])
     params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=top_k)
     outputs = llm.generate([TokensPrompt(prompt_token_ids=list(ids)) for ids in task["prompts"]], params, use_tqdm=False)
-    prompts = []
+    prompts: list[PromptLogprobs] = []
     for ids, output in zip(task["prompts"], outputs, strict=True):
         token_logprobs, top_ids, top_logprobs = [], [], []
         for position, entry in enumerate(output.prompt_logprobs[1:], start=1):  # position 0 has no prefix
@@ -99,7 +259,7 @@ def prompt_logprobs(llm: Any, task: dict[str, Any]) -> dict[str, Any]:
     return {"prompts": prompts}
 
 
-def greedy(llm: Any, task: dict[str, Any]) -> dict[str, Any]:
+def greedy(llm: Any, task: GreedyTask) -> GreedyAnswer:
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -108,7 +268,7 @@ def greedy(llm: Any, task: dict[str, Any]) -> dict[str, Any]:
     return {"continuations": [list(output.outputs[0].token_ids) for output in outputs]}
 
 
-def throughput(llm: Any, task: dict[str, Any]) -> dict[str, Any]:
+def throughput(llm: Any, task: ThroughputTask) -> ThroughputAnswer:
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -116,7 +276,7 @@ def throughput(llm: Any, task: dict[str, Any]) -> dict[str, Any]:
     params = SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True)
     first_only = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
     vocab = llm.llm_engine.model_config.get_vocab_size()
-    measured = {}
+    measured: dict[str, ThroughputBatch] = {}
     for batch in task["batch_sizes"]:
         # distinct prompts (the last token varied), so no prefix cache makes one request free
         prompts = [TokensPrompt(prompt_token_ids=[*prompt[:-1], (prompt[-1] + index) % vocab]) for index in range(int(batch))]
@@ -135,7 +295,7 @@ def throughput(llm: Any, task: dict[str, Any]) -> dict[str, Any]:
     return {"batches": measured}
 
 
-def loglikelihood(llm: Any, task: dict[str, Any]) -> dict[str, Any]:
+def loglikelihood(llm: Any, task: LoglikelihoodTask) -> LoglikelihoodAnswer:
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -143,18 +303,18 @@ def loglikelihood(llm: Any, task: dict[str, Any]) -> dict[str, Any]:
     requests = task["requests"]
     outputs = llm.generate([TokensPrompt(prompt_token_ids=[*context, *continuation]) for context, continuation in requests],
                            params, use_tqdm=False)
-    answers = []
+    answers: list[tuple[float, bool]] = []
     for (context, continuation), output in zip(requests, outputs, strict=True):
         total, greedy_ = 0.0, True
         for offset, token in enumerate(continuation):
             entry = output.prompt_logprobs[len(context) + offset]
             total += entry[token].logprob
             greedy_ = greedy_ and entry[token].rank == 1
-        answers.append([total, greedy_])
+        answers.append((total, greedy_))
     return {"answers": answers}
 
 
-def bandwidth(task: dict[str, Any]) -> dict[str, Any]:
+def bandwidth(task: BandwidthTask) -> BandwidthAnswer:
     import torch
 
     elements = int(task["bytes"]) // 4
@@ -170,10 +330,7 @@ def bandwidth(task: dict[str, Any]) -> dict[str, Any]:
     return {"bytes_per_second": moved / best, "bytes_moved": moved, "best_seconds": best, "threads": torch.get_num_threads()}
 
 
-TASKS = {"prompt_logprobs": prompt_logprobs, "greedy": greedy, "throughput": throughput, "loglikelihood": loglikelihood}
-
-
-def engine(request: dict[str, Any]) -> Any:
+def engine(request: WorkerRequest) -> Any:
     from vllm import LLM
 
     settings = request["engine"]
@@ -183,31 +340,40 @@ def engine(request: dict[str, Any]) -> Any:
                tensor_parallel_size=int(settings.get("tensor_parallel", 1)))
 
 
-def serve(request: dict[str, Any]) -> dict[str, Any]:
+def serve(request: WorkerRequest) -> WorkerResponse:
     started = time.perf_counter()
     import torch
     import vllm
 
-    response: dict[str, Any] = {"protocol": PROTOCOL, "vllm_version": vllm.__version__, "torch_version": torch.__version__}
+    response: WorkerResponse = {"protocol": PROTOCOL, "vllm_version": vllm.__version__, "torch_version": torch.__version__}
     llm = None
     if any(task["kind"] != "bandwidth" for task in request["tasks"]):  # the engine only where a task needs it
         _phase[0] = "load"
         llm = engine(request)
         response["load_seconds"] = time.perf_counter() - started
         config = llm.llm_engine.model_config
-        response.update(dtype=str(config.dtype).removeprefix("torch."), quantization=config.quantization,
-                        device=_device(), threads=torch.get_num_threads())
+        response.update({"dtype": str(config.dtype).removeprefix("torch."), "quantization": config.quantization,
+                         "device": _device(), "threads": torch.get_num_threads()})
         _progress(request, phase="loaded", load_seconds=response["load_seconds"])
-    results = []
+    results: list[TaskResult] = []
     for task in request["tasks"]:
         task_started = time.perf_counter()
         _phase[0] = task["kind"]
+        answer: Answer
         if task["kind"] == "bandwidth":
             answer = bandwidth(task)
         elif task["kind"] == "probe":
             answer = probe(llm, task, request)
-        else:
-            answer = TASKS[task["kind"]](llm, task)
+        elif task["kind"] == "prompt_logprobs":
+            answer = prompt_logprobs(llm, task)
+        elif task["kind"] == "greedy":
+            answer = greedy(llm, task)
+        elif task["kind"] == "throughput":
+            answer = throughput(llm, task)
+        elif task["kind"] == "loglikelihood":
+            answer = loglikelihood(llm, task)
+        else:  # a kind this worker does not know: the reason names it
+            raise KeyError(_phase[0])
         results.append({"kind": task["kind"], "seconds": time.perf_counter() - task_started, **answer})
     response["results"] = results
     response["seconds"] = time.perf_counter() - started
