@@ -36,7 +36,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 from quantgate.core.errors import InputError
 
@@ -67,6 +67,15 @@ class Unit:
     options: tuple[Option, ...]  # one per candidate format
 
 
+class AllocationJSON(TypedDict):
+    """An allocation as a search trial records it (`Allocation.to_json`, read by `from_json`)."""
+
+    budget: int
+    bytes: int
+    cost: float
+    choice: dict[str, str]  # unit name -> format, in unit order
+
+
 @dataclass(frozen=True)
 class Allocation:
     choice: dict[str, str]  # unit name -> format, in unit order
@@ -81,7 +90,7 @@ class Allocation:
             found.setdefault(format_, []).append(name)
         return found
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> AllocationJSON:
         return {"budget": self.budget, "bytes": self.bytes, "cost": self.cost, "choice": dict(self.choice)}
 
     @classmethod

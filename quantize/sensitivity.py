@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from pydantic import Field, field_validator
 
@@ -32,6 +32,7 @@ from quantgate.core.artifacts import (
 )
 from quantgate.core.console import progress_bar
 from quantgate.core.errors import InputError, IntegrityError, ModelError, OutputExistsError
+from quantgate.core.hf_config import QuantizationArgs
 from quantgate.core.models import baseline_dtype, compute_dtype, resolve_model, tokenizer_hash, weights_sha256
 from quantgate.core.validation import Strict
 from quantgate.quantize.config import QuantizeConfig
@@ -39,6 +40,9 @@ from quantgate.quantize.fusion import layer_groups
 from quantgate.quantize.groups import effective_group_size
 from quantgate.quantize.llmcompressor_backend import linear_layers, prepare_model
 from quantgate.quantize.presets import get_preset
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 KIND = "sensitivity"
 SCHEMA_VERSION = 1
@@ -90,13 +94,74 @@ class SensitivityConfig(Strict):
         return QuantizeConfig._multiple_of_32(value)  # the quantize stage's rule, one place
 
 
+# --- sensitivity.json (docs/sensitivity.md): written and read as dicts, named field by field ------
+
+
+class GroupScore(TypedDict):
+    """One fused layer group and its predicted KL (nats per token) per format."""
+
+    name: str
+    block: int | None
+    role: str
+    layers: list[str]
+    parameters: int
+    group_sizes: list[int | None]
+    scores: dict[str, float]
+
+
+class BlockCheck(TypedDict):
+    block: int
+    proxy: float
+    measured_kl: float
+
+
+class FormatCheck(TypedDict):
+    spearman: float | None
+    p_value: float | None
+    blocks: list[BlockCheck]
+
+
+class Validation(TypedDict):
+    """The proxy's ranking of decoder blocks against the KL measured by quantizing each alone."""
+
+    method: str
+    rows: int
+    tokens: int
+    formats: dict[str, FormatCheck]
+    seconds: float
+
+
+class Seconds(TypedDict):
+    fisher: float
+    scores: float
+
+
+class SensitivityReport(TypedDict):
+    """sensitivity.json: every layer group's score per format, and the validation (None unless asked)."""
+
+    method: str
+    formula: str
+    unit: str
+    fisher: str
+    seed: int
+    quantizer: str
+    group_size: int
+    formats: list[str]
+    rows: int
+    tokens: int
+    totals: dict[str, float]
+    groups: list[GroupScore]
+    seconds: Seconds
+    validation: Validation | None
+
+
 @dataclass(frozen=True)
 class Sensitivity:
     """A sensitivity artifact on disk: its manifest and `sensitivity.json` (the report)."""
 
     path: Path
     manifest: dict[str, Any]
-    report: dict[str, Any]
+    report: SensitivityReport
     reused: bool = False
 
     def scores(self, fmt: str) -> dict[str, float]:
@@ -215,7 +280,7 @@ def load_model(model_dir: Path, dtype: Any) -> Any:
 # --- the proxy ------------------------------------------------------------------------------------
 
 
-def score(model: Any, input_ids: Any, attention_mask: Any, cfg: SensitivityConfig) -> dict[str, Any]:
+def score(model: Any, input_ids: Any, attention_mask: Any, cfg: SensitivityConfig) -> SensitivityReport:
     """The report (`sensitivity.json` without validation): every layer group's score per format."""
     stopwatch = Stopwatch()
     layers = linear_layers(model, list(cfg.ignore))
@@ -225,7 +290,7 @@ def score(model: Any, input_ids: Any, attention_mask: Any, cfg: SensitivityConfi
     fisher, tokens = fisher_diagonal(model, input_ids, attention_mask, names, variant=cfg.fisher, seed=cfg.seed)
     fisher_seconds = stopwatch.seconds
     weights = {name: model.get_submodule(name).weight.detach() for name in names}
-    groups: list[dict[str, Any]] = []
+    groups: list[GroupScore] = []
     for group in layer_groups(names):
         scores = {fmt: sum(layer_score(weights[name], fisher[name], fmt, cfg.group_size) for name in group.layers)
                   for fmt in cfg.formats}
@@ -247,7 +312,7 @@ def score(model: Any, input_ids: Any, attention_mask: Any, cfg: SensitivityConfi
 
 
 def fisher_diagonal(model: Any, input_ids: Any, attention_mask: Any, layers: list[str], *,
-                    variant: FisherVariant, seed: int) -> tuple[dict[str, Any], int]:
+                    variant: FisherVariant, seed: int) -> tuple[dict[str, Tensor], int]:
     """The diagonal Fisher of each layer's weight, per scored token, and the tokens scored.
 
     One backward a row: the squared gradient of the row's summed log-likelihood. With sampled
@@ -302,10 +367,10 @@ def _row_log_likelihood(model: Any, ids: Any, mask: Any, *, variant: FisherVaria
     return picked[scored].sum(), int(scored.sum())
 
 
-def weight_args(fmt: str, in_features: int, group_size: int) -> dict[str, Any] | None:
+def weight_args(fmt: str, in_features: int, group_size: int) -> QuantizationArgs | None:
     """The compressed-tensors QuantizationArgs (as a dict) `fmt` gives a weight of this input width,
     with the group-size fallback of quantize.groups; None where the layer stays unquantized."""
-    args = dict(get_preset(fmt).weights)
+    args = QuantizationArgs(**get_preset(fmt).weights)
     if args.get("strategy") == "group":
         size = effective_group_size(in_features, group_size)
         if size is None:
@@ -314,7 +379,7 @@ def weight_args(fmt: str, in_features: int, group_size: int) -> dict[str, Any] |
     return args
 
 
-def fake_quantize_weight(weight: Any, args: dict[str, Any]) -> Any:
+def fake_quantize_weight(weight: Any, args: QuantizationArgs) -> Any:
     """Round-to-nearest quantize-dequantize of a [out, in] weight as llmcompressor's RTN does it.
 
     The min/max reduction is written here (the statistics of llmcompressor's `memoryless_minmax`
@@ -355,7 +420,7 @@ def layer_score(weight: Any, fisher: Any, fmt: str, group_size: int) -> float:
 # --- the validation -------------------------------------------------------------------------------
 
 
-def block_totals(report: dict[str, Any], fmt: str) -> dict[int, float]:
+def block_totals(report: SensitivityReport, fmt: str) -> dict[int, float]:
     """The proxy summed over each decoder block's groups (groups outside a block left out)."""
     totals: dict[int, float] = {}
     for group in report["groups"]:
@@ -380,14 +445,14 @@ def kl_per_token(base_log_probs: Any, log_probs: Any) -> Any:
     return (base_log_probs.exp() * (base_log_probs - log_probs)).sum(dim=-1)
 
 
-def validate(model: Any, input_ids: Any, attention_mask: Any, report: dict[str, Any]) -> dict[str, Any]:
+def validate(model: Any, input_ids: Any, attention_mask: Any, report: SensitivityReport) -> Validation:
     """Measure, for each decoder block and format, the mean per-token KL(baseline || quantized) of
     round-to-nearest quantizing that block's scored layers alone on the given rows, and Spearman's
     rank correlation between it and the proxy summed over the block."""
     stopwatch = Stopwatch()
     blocks = _block_layers(report)
     baseline = _baseline_pass(model, input_ids, attention_mask, {index: module for index, (module, _) in blocks.items()})
-    formats: dict[str, Any] = {}
+    formats: dict[str, FormatCheck] = {}
     with progress_bar() as bar:
         task = bar.add_task("sensitivity: KL of each block quantized alone", total=len(report["formats"]) * len(blocks))
         measured_by_format = {fmt: {index: _block_kl(model, baseline=baseline, block=index, layers=blocks[index][1], fmt=fmt,
@@ -406,7 +471,7 @@ def validate(model: Any, input_ids: Any, attention_mask: Any, report: dict[str, 
             "seconds": round(stopwatch.seconds, 3)}
 
 
-def _block_layers(report: dict[str, Any]) -> dict[int, tuple[str, list[str]]]:
+def _block_layers(report: SensitivityReport) -> dict[int, tuple[str, list[str]]]:
     """Block index -> (the block's module name, its scored layers), from the report's groups."""
     blocks: dict[int, tuple[str, list[str]]] = {}
     for group in report["groups"]:
