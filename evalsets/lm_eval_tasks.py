@@ -31,6 +31,7 @@ from quantgate.evalsets.config import GoldenItem, Kind, LmEvalPrompt
 from quantgate.evalsets.loglikelihood import SharedContextScorer
 from quantgate.evalsets.results import ItemRecord, LmEvalProvenance, SampleCounts
 from quantgate.evalsets.sets import GoldenSet
+from quantgate.evalsets.worker_messages import GreedyTask, LoglikelihoodTask, WorkerResult
 from quantgate.quantize.measure.bounds import kv_bytes_per_sequence, model_from_checkpoint
 
 TASK_FILE = "task.yaml"
@@ -118,6 +119,28 @@ LmEvalRun = TypedDict(
         "configs": dict[str, object],  # lm-eval's own task config as it ran: kept, never read here
     },
 )
+
+
+class ServedEngine(TypedDict):
+    """What a worker run reported of the engine (its response's fields), and the settings it ran under."""
+
+    vllm_version: str | None
+    torch_version: str | None
+    dtype: str | None
+    quantization: str | None
+    device: str | None
+    threads: int | None
+    load_seconds: float | None
+    engine_settings: dict[str, str]
+
+
+class ServedModelInfo(TypedDict):
+    """ServedLM's model info: what lm-eval keeps in its results' `config` (record.json lm_eval.config)."""
+
+    served_by: str
+    engine: dict[str, str]
+    served: ServedEngine | dict[str, str]  # {} before the first worker run
+    max_length: int
 
 
 def _metric(name: str, aggregation: str) -> MetricEntry:
@@ -250,7 +273,7 @@ def hf_model(model: Any, tokenizer: Any, batch_size: int, shared_context: bool =
                     logging.getLogger(__name__).warning("log-likelihoods through HFLM's own loop: %s", self.scorer_unusable)
             return None if self.scorer_unusable else self.scorer
 
-        def get_model_info(self) -> dict[str, Any]:
+        def get_model_info(self) -> dict[str, object]:  # lm-eval's own model info (passed on untouched), and one key
             # which loop computed the log-likelihoods (their numbers agree to 1e-4 nats)
             scorer = "shared-context" if self.scorer_unusable == "" else f"hflm ({self.scorer_unusable or 'not used'})"
             return {**super().get_model_info(), "loglikelihood_scorer": scorer}
@@ -306,7 +329,7 @@ def served_model(model_dir: Path, env: serving.ServingEnv, batch_size: int) -> A
             except OSError:  # no generation_config.json: the tokenizer's eos alone
                 eos = None
             self.stop_ids = {self.tokenizer.eos_token_id, *(eos if isinstance(eos, list) else [eos])} - {None}
-            self.served: dict[str, Any] = {}  # what the last worker run reported of the engine
+            self.served: ServedEngine | dict[str, str] = {}  # what the last worker run reported of the engine
             self.settings: dict[str, str] = {}  # the engine settings (environment variables) each worker run gets
 
         @property
@@ -339,7 +362,8 @@ def served_model(model_dir: Path, env: serving.ServingEnv, batch_size: int) -> A
                 return []
             pairs = scored_pairs([(context, continuation) for _, context, continuation in requests], self.max_length)
             longest = max(len(context) + len(continuation) for context, continuation in pairs)
-            answers = self._serve([{"kind": "loglikelihood", "requests": pairs}], longest + 1)[0]["answers"]
+            task: LoglikelihoodTask = {"kind": "loglikelihood", "requests": pairs}
+            answers = self._serve([task], longest + 1)[0]["answers"]
             results = [(float(total), bool(greedy)) for total, greedy in answers]
             for (request, _, _), result in zip(requests, results, strict=True):
                 self.cache_hook.add_partial("loglikelihood", request, result)
@@ -367,8 +391,8 @@ def served_model(model_dir: Path, env: serving.ServingEnv, batch_size: int) -> A
                     raise InputError(f"a task asks for {new_tokens} new tokens; the model has {self.max_length} positions")
                 work.append((self._generation_prompt(context, self.max_length - new_tokens), new_tokens, until))
             budgets = sorted({new_tokens for _, new_tokens, _ in work})  # one greedy task per token budget
-            tasks = [{"kind": "greedy", "max_tokens": budget, "prompts": [ids for ids, n, _ in work if n == budget]}
-                     for budget in budgets]
+            tasks: list[GreedyTask] = [{"kind": "greedy", "max_tokens": budget, "prompts": [ids for ids, n, _ in work if n == budget]}
+                                       for budget in budgets]
             answered = self._serve(tasks, max(len(ids) + n for ids, n, _ in work))
             continuations = {budget: iter(result["continuations"]) for budget, result in zip(budgets, answered, strict=True)}
             texts = []
@@ -386,9 +410,9 @@ def served_model(model_dir: Path, env: serving.ServingEnv, batch_size: int) -> A
             special = {"add_special_tokens": False} if has_bos_prefix(context, self.tokenizer.bos_token) else {}
             return cast(list[int], self.tokenizer.encode(context, **special)[-room:])
 
-        def _serve(self, tasks: list[dict[str, Any]], longest: int) -> list[dict[str, Any]]:
+        def _serve(self, tasks: list[LoglikelihoodTask] | list[GreedyTask], longest: int) -> list[WorkerResult]:
             request = {"model": str(self.model_dir), "engine": engine_settings(self.model_dir, longest), "tasks": tasks}
-            prompts = sum(len(task.get("requests", task.get("prompts", []))) for task in tasks)
+            prompts = sum(len(task["requests"] if task["kind"] == "loglikelihood" else task["prompts"]) for task in tasks)
             work = Path(tempfile.mkdtemp(prefix="quantgate-vllm-eval-"))
             try:
                 response = serving.run(self.env, request, work, timeout=ENGINE_START_S + prompts * longest / MIN_TOKENS_PER_S,
@@ -397,12 +421,14 @@ def served_model(model_dir: Path, env: serving.ServingEnv, batch_size: int) -> A
                 raise serving.WorkerFailed(f"{self.env.label} on {self.model_dir}: {failure.reason} (log: {failure.log})",
                                            failure.log, failure.phase) from failure
             shutil.rmtree(work, ignore_errors=True)
-            self.served = {key: response.value.get(key) for key in ("vllm_version", "torch_version", "dtype", "quantization",
-                                                                    "device", "threads", "load_seconds")}
-            self.served["engine_settings"] = dict(self.settings)
+            value = response.value
+            self.served = {"vllm_version": value.get("vllm_version"), "torch_version": value.get("torch_version"),
+                           "dtype": value.get("dtype"), "quantization": value.get("quantization"), "device": value.get("device"),
+                           "threads": value.get("threads"), "load_seconds": value.get("load_seconds"),
+                           "engine_settings": dict(self.settings)}
             return list(response.value["results"])  # the tasks' answers, in their order
 
-        def get_model_info(self) -> dict[str, Any]:
+        def get_model_info(self) -> ServedModelInfo:
             return {"served_by": self.env.label, "engine": self.env.identity(), "served": self.served,
                     "max_length": self.max_length}
 
