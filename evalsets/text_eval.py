@@ -18,6 +18,8 @@ from typing import Any
 
 from quantgate.core.errors import IntegrityError, ModelError
 from quantgate.evalsets import agreement
+from quantgate.evalsets.config import GoldenItem
+from quantgate.evalsets.results import ExactCheck, ItemRecord, TextDetails
 
 EXACT_SEED = 0
 
@@ -45,9 +47,9 @@ class BaselineSide:
 
 @dataclass
 class TextRun:
-    items: list[dict[str, Any]]
+    items: list[ItemRecord]
     metrics: dict[str, float]
-    details: dict[str, Any]
+    details: TextDetails
     tensors: dict[str, Any] = field(default_factory=dict)  # this model's cache, for topk.safetensors
     # with a baseline, per scored position (the order of token_ids; item spans by item_tokens):
     # "kl": KL(baseline || this), "top_prob_change": q(t) - p(t) for the baseline's top token t;
@@ -130,7 +132,7 @@ HEAD_TOLERANCE = 1e-3
 def evaluate_text(
     model: Any,
     tokenizer: Any,
-    items: list[dict[str, Any]],
+    items: list[GoldenItem],
     *,
     max_tokens: int,
     top_k: int,
@@ -233,9 +235,9 @@ def evaluate_text(
     finally:
         capture.close()
 
-    records = []
+    records: list[ItemRecord] = []
     for index, item in enumerate(items):
-        record = {
+        record: ItemRecord = {
             "index": index,
             "id": item["id"],
             "tokens": item_tokens[index],
@@ -244,7 +246,7 @@ def evaluate_text(
             "nll": nll[index],
         }
         if baseline is not None:
-            record.update(kl_sum=kl_sum[index], top1_matches=top1[index], top_prob_change_sum=change_sum[index])
+            record.update({"kl_sum": kl_sum[index], "top1_matches": top1[index], "top_prob_change_sum": change_sum[index]})
         records.append(record)
     total_nll = sum(nll)
     total_bytes = sum(record["bytes"] for record in records)
@@ -253,7 +255,7 @@ def evaluate_text(
         "bits_per_byte": agreement.bits_per_byte(total_nll, total_bytes),
         "residual_mass_mean": float(topk_residual.mean()),
     }
-    details: dict[str, Any] = {
+    details: TextDetails = {
         "items": len(items),
         "tokens": total,
         "bytes": total_bytes,
@@ -277,11 +279,11 @@ def evaluate_text(
             **agreement.token_quantiles({key: values.numpy() for key, values in token_values.items()}),
             baseline_residual_mass_mean=float(baseline.topk_residual.mean()),
         )
-        details.update(
-            agreement_mode="exact" if baseline.exact else "top-k",
-            baseline_top_k=int(baseline.topk_ids.shape[-1]),
-            baseline_cache_sha256=baseline.sha256,
-        )
+        details.update({
+            "agreement_mode": "exact" if baseline.exact else "top-k",
+            "baseline_top_k": int(baseline.topk_ids.shape[-1]),
+            "baseline_cache_sha256": baseline.sha256,
+        })
         if not baseline.exact:
             details["exact_check"] = _exact_summary(checks["exact"], checks["estimate"], checks["bound"])
     tensors = {
@@ -329,7 +331,7 @@ def _compare(baseline: BaselineSide, span: slice, logprobs: Any, checks: dict[st
     return agreement.kl_from_topk(*cached, logprobs)
 
 
-def _exact_summary(exact_kl: list[float], estimate_kl: list[float], bounds: list[float]) -> dict[str, Any]:
+def _exact_summary(exact_kl: list[float], estimate_kl: list[float], bounds: list[float]) -> ExactCheck:
     if not exact_kl:
         return {"positions": 0}
     shortfall = [exact - estimate for exact, estimate in zip(exact_kl, estimate_kl, strict=True)]

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from quantgate import calibration, evalsets
 from quantgate.calibration import CalibrationSet
@@ -77,7 +77,7 @@ def item_records(results: EvaluationResults) -> dict[str, Records]:
                 stop = start + int(item["tokens"])
                 item["token_values"] = {name: array[start:stop] for name, array in values.items()}
                 start = stop
-        records[spec] = items
+        records[spec] = cast(Records, items)  # evalsets.ItemRecord: per-item records, as Records holds them
     return records
 
 

@@ -23,7 +23,7 @@ from typing import Any, TypedDict
 
 from quantgate.core.artifacts import read_json, write_json
 from quantgate.serving.environment import ServingEnv, ServingError
-from quantgate.serving.worker import Progress, WorkerResponse
+from quantgate.serving.worker import Progress, RequestBody, TaskResult, WorkerResponse
 
 WORKER = Path(__file__).with_name("worker.py")
 PROTOCOL = 1
@@ -94,10 +94,9 @@ class Response:
     log: Path
     isolated: bool = False  # run inside a loopback-only network namespace
 
-    def result(self, kind: str) -> dict[str, Any]:
-        """The result of the task of `kind` (serving.worker.TaskResult), as the dict it is on the
-        wire: what its callers read of it depends on the kind."""
-        return dict(next(result for result in self.value["results"] if result["kind"] == kind))
+    def result(self, kind: str) -> TaskResult:
+        """The result of the task of `kind`: what its callers read of it depends on the kind."""
+        return next(result for result in self.value["results"] if result["kind"] == kind)
 
 
 @functools.cache
@@ -115,7 +114,7 @@ def loopback_prefix() -> tuple[str, ...]:
     return prefix if probe.returncode == 0 else ()
 
 
-def run(env: ServingEnv, request: dict[str, Any], work: Path, timeout: float, *, settings: dict[str, str] | None = None,
+def run(env: ServingEnv, request: RequestBody, work: Path, timeout: float, *, settings: dict[str, str] | None = None,
         probe: ProbeLimit | None = None) -> Response:
     """Run one request in the serving environment; the response, or WorkerFailed with vLLM's reason.
     `settings`: engine settings (environment variables) the worker runs under; `probe`: the limits

@@ -89,7 +89,7 @@ class ThroughputTask(TypedDict):
 
 class LoglikelihoodTask(TypedDict):
     kind: Literal["loglikelihood"]
-    requests: list[tuple[list[int], list[int]]]  # [context, continuation] token ids
+    requests: list[list[list[int]]]  # [context, continuation] token ids, as JSON arrays
 
 
 class BandwidthTask(TypedDict):
@@ -101,11 +101,16 @@ class BandwidthTask(TypedDict):
 Task = ProbeTask | PromptLogprobsTask | GreedyTask | ThroughputTask | LoglikelihoodTask | BandwidthTask
 
 
-class _Request(TypedDict):
-    protocol: int
+class RequestBody(TypedDict):
+    """What a caller asks of the worker (quantgate.serving.launch.run adds the rest)."""
+
     model: str
     engine: EngineSettings
     tasks: list[Task]
+
+
+class _Request(RequestBody):
+    protocol: int
 
 
 class WorkerRequest(_Request, total=False):
