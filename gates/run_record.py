@@ -13,7 +13,6 @@ from pydantic import JsonValue
 
 from quantgate.core.records import Record, RecordPart
 from quantgate.core.rundir import RUN_KIND
-from quantgate.gates.samplesize import GatePowerJSON
 from quantgate.gates.verdict_record import ClassVerdict, Number, OpenPart, PolicyIdentity, Sparse, Status, VerdictRecord
 
 RUN_SCHEMA_VERSION = 1
@@ -37,6 +36,26 @@ class PlotAxes(RecordPart):
     x: str
     y: str | None
     higher_is_better: bool
+
+
+class PlannedPower(RecordPart):
+    """One gate's planned power at its ceiling (gates.samplesize.GatePower.as_dict)."""
+
+    split: str
+    set: str
+    gate: str
+    precision: str
+    ceiling: int
+    planned: bool
+    items: int | None
+    power: Number | None
+    target: Number
+    effect: Number
+    limit: Number
+    unit: str
+    discordance: Number | None
+    source: str
+    decidable: bool | None
 
 
 class RunStage(RecordPart):
@@ -81,7 +100,7 @@ class RunRecord(Sparse, Record):
     policy: RunPolicy
     confidence: Number
     looks: dict[str, list[int]]
-    planned_power: list[GatePowerJSON]
+    planned_power: list[PlannedPower]
     plot: PlotAxes
     ledger: str
     stages: list[RunStage]

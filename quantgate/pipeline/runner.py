@@ -50,7 +50,7 @@ from quantgate.gates.policy import LoadedPolicy, Outcome, mixed_precision_class,
 from quantgate.gates.report import build as build_report
 from quantgate.gates.report import data_key as report_key
 from quantgate.gates.report import write as write_report
-from quantgate.gates.run_record import PlotAxes, RunPlan, RunPolicy, RunRecord, RunStage, RunVerdict
+from quantgate.gates.run_record import PlannedPower, PlotAxes, RunPlan, RunPolicy, RunRecord, RunStage, RunVerdict
 from quantgate.gates.stage import item_records, overlap_summary, record_verdict, verdict_record
 from quantgate.gates.verdict import (
     GateResult,
@@ -898,7 +898,7 @@ class _Run:
             confidence=plan.policy.policy.statistics.confidence,
             looks=plan.looks_json,
             # each gate's planned power at its ceiling (gates.samplesize; docs/gates.md, "Planned ceilings")
-            planned_power=[power.as_dict() for power in plan.powers],
+            planned_power=[PlannedPower(**power.as_dict()) for power in plan.powers],
             plot=PlotAxes.model_validate(dict(plan.plot_metric)),
             ledger=str(self.pipeline.ledger),
             stages=[RunStage(**vars(stage)) for stage in self.log.stages],
