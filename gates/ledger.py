@@ -17,23 +17,28 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from pydantic import JsonValue, ValidationError
+
 from quantgate.core.artifacts import atomic_file, canonical_json, sha256_bytes
 from quantgate.core.errors import InputError, QuantgateError
 from quantgate.core.models import weight_hashes
 from quantgate.gates import signing
+from quantgate.gates.ledger_record import SERVING_KIND as SERVING_KIND
+from quantgate.gates.ledger_record import LedgerRecord
+
+# A ledger line as parsed, before its fields are checked: what the chain hashes.
+Line = dict[str, JsonValue]
 
 GENESIS = "0" * 64
 SCHEMA_VERSION = 1
 
-
-SERVING_KIND = "serving"  # a serving record's `kind` (gates/attest.py)
 
 
 class LedgerTampered(QuantgateError):
     exit_code = 1
 
 
-def record_hash(record: dict[str, Any]) -> str:
+def record_hash(record: Line) -> str:
     """sha256 of the record's canonical JSON without its own `record_hash` field."""
     return sha256_bytes(canonical_json({k: v for k, v in record.items() if k != "record_hash"}).encode("utf-8"))
 
@@ -42,7 +47,7 @@ def record_hash(record: dict[str, Any]) -> str:
 MAX_LINE = 16 * 1024 * 1024
 
 
-def read(ledger: Path) -> list[dict[str, Any]]:
+def read(ledger: Path) -> list[LedgerRecord]:
     """Every record, after checking the whole chain; LedgerTampered names the first bad line.
     Any bytes are read without a traceback: a line that is not UTF-8, not JSON (or nested too
     deeply, or longer than MAX_LINE), not an object, or whose fields have the wrong types is
@@ -50,7 +55,8 @@ def read(ledger: Path) -> list[dict[str, Any]]:
     ledger = Path(ledger)
     if not ledger.exists():
         return []
-    records, previous = [], GENESIS
+    records: list[LedgerRecord] = []
+    previous = GENESIS
     try:
         with open(ledger, "rb") as stream:
             for number, line in enumerate(iter(lambda: stream.readline(MAX_LINE + 1), b""), start=1):
@@ -59,15 +65,14 @@ def read(ledger: Path) -> list[dict[str, Any]]:
                     raise LedgerTampered(f"ledger {ledger} tampered: line {number} does not follow line {number - 1}")
                 if record.get("record_hash") != _hash_or_none(record):
                     raise LedgerTampered(f"ledger {ledger} tampered: line {number} was edited")
-                _check_fields(ledger, number, record)
-                records.append(record)
-                previous = record["record_hash"]
+                records.append(_checked(ledger, number, record))
+                previous = str(record["record_hash"])
     except OSError as error:
         raise InputError(f"ledger {ledger}: cannot read it ({error.strerror or error})") from error
     return records
 
 
-def _parse(ledger: Path, number: int, line: bytes) -> dict[str, Any]:
+def _parse(ledger: Path, number: int, line: bytes) -> Line:
     if len(line) > MAX_LINE:
         raise LedgerTampered(f"ledger {ledger} tampered: line {number} is longer than {MAX_LINE} bytes")
     try:
@@ -80,10 +85,11 @@ def _parse(ledger: Path, number: int, line: bytes) -> dict[str, Any]:
         raise LedgerTampered(f"ledger {ledger} tampered: line {number} is not JSON") from error
     if not isinstance(record, dict):
         raise LedgerTampered(f"ledger {ledger} tampered: line {number} is not a JSON object")
-    return record
+    parsed: Line = record
+    return parsed
 
 
-def _hash_or_none(record: dict[str, Any]) -> str | None:
+def _hash_or_none(record: Line) -> str | None:
     try:
         return record_hash(record)
     except (ValueError, RecursionError):  # nothing the writer wrote: it hashes what it writes
@@ -119,7 +125,7 @@ def _signature_ok(signature: Any) -> bool:
         _is(signature.get(key), str) for key in ("bundle", "key_sha256", "claims_sha256", "file")))
 
 
-def _field_problem(record: dict[str, Any]) -> str | None:
+def _field_problem(record: Line) -> str | None:
     """The first field `verify` reads whose type is wrong, or None."""
     checks = [
         ("time", _is(record.get("time"), str)),
@@ -134,29 +140,35 @@ def _field_problem(record: dict[str, Any]) -> str | None:
     return next((name for name, ok in checks if not ok), None)
 
 
-def _check_fields(ledger: Path, number: int, record: dict[str, Any]) -> None:
+def _checked(ledger: Path, number: int, record: Line) -> LedgerRecord:
+    """The line as a record: the fields verify checks first, in its order; then every field a
+    reader of the ledger reads, typed (LedgerRecord)."""
     problem = _field_problem(record)
-    if problem is not None:
-        raise LedgerTampered(f"ledger {ledger} tampered: line {number} has a malformed {problem!r} field")
+    if problem is None:
+        try:
+            return LedgerRecord.model_validate(record)
+        except ValidationError as error:
+            problem = str(error.errors()[0]["loc"][0])
+    raise LedgerTampered(f"ledger {ledger} tampered: line {number} has a malformed {problem!r} field")
 
 
-def append(ledger: Path, entry: dict[str, Any]) -> dict[str, Any]:
+def append(ledger: Path, entry: LedgerRecord) -> LedgerRecord:
     """Chain `entry` onto the ledger and write the whole file anew atomically (temp + rename)."""
     ledger = Path(ledger)
     records = read(ledger)  # refuses to extend a tampered ledger
-    record = {
-        **entry,
+    record: Line = {
+        **entry.to_json(),
         "schema_version": SCHEMA_VERSION,
-        "time": entry.get("time") or datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "time": entry.time or datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "quantgate_version": metadata.version("quantgate"),
-        "prev_hash": records[-1]["record_hash"] if records else GENESIS,
+        "prev_hash": records[-1].record_hash if records else GENESIS,
     }
     record["record_hash"] = record_hash(record)
     existing = ledger.read_bytes() if ledger.exists() else b""
     with atomic_file(ledger, durable=True) as stream:
         stream.write(existing)
         stream.write((json.dumps(record, sort_keys=True, ensure_ascii=False) + "\n").encode("utf-8"))
-    return record
+    return LedgerRecord.model_validate(record)
 
 
 class Status(str, Enum):
@@ -175,7 +187,7 @@ class Status(str, Enum):
 class Verification:
     status: Status
     reason: str
-    record: dict[str, Any] | None = None
+    record: LedgerRecord | None = None
 
     @property
     def deployable(self) -> bool:
@@ -198,53 +210,66 @@ def verify_checkpoint(checkpoint: Path, ledger: Path, public_key: Path | None = 
     except LedgerTampered as error:
         return Verification(Status.tampered, str(error))
     weights = weight_hashes(checkpoint)
-    matching = [record for record in records if (record.get("checkpoint") or {}).get("weights") == weights]
+    matching = [record for record in records if record.weights == weights]
     # serving records (quantgate serving check --run) add evidence to the verdict before them; they judge nothing alone
-    attested = [record for record in matching if record.get("kind") == SERVING_KIND]
-    matching = [record for record in matching if record.get("kind") != SERVING_KIND]
+    attested = [record for record in matching if record.kind == SERVING_KIND]
+    matching = [record for record in matching if record.kind != SERVING_KIND]
     # a search trial's verdict was reached on the search split, the items the search selected on:
     # it approves nothing; the held-out gate of the chosen trial does (docs/search.md)
-    trials = [record for record in matching if record.get("split") == "search" and record.get("verdict") == "approved"]
+    trials = [record for record in matching if record.split == "search" and record.verdict == "approved"]
     matching = [record for record in matching if record not in trials]
     if trials and not matching:
-        return Verification(Status.blocked, f"a search trial judged on the search split only ({trials[-1]['verdict']} "
-                            f"{trials[-1]['time']}): only its held-out gate can approve it", trials[-1])
+        return Verification(Status.blocked, f"a search trial judged on the search split only ({trials[-1].verdict} "
+                            f"{trials[-1].time}): only its held-out gate can approve it", trials[-1])
     if matching:
         record = matching[-1]
-        if record.get("verdict") in ("approved", "pending"):
-            later = [entry for entry in attested if records.index(entry) > records.index(record)]
+        if record.verdict in ("approved", "pending"):
+            later = [entry for entry in attested if _index(records, entry) > _index(records, record)]
             return _by_class(Path(checkpoint), record, later, key, device_class)
-        reasons = "; ".join(record.get("reasons") or []) or "no reason recorded"
-        return Verification(Status.blocked, f"blocked {record['time']}: {reasons}", record)
+        reasons = "; ".join(record.reasons or []) or "no reason recorded"
+        return Verification(Status.blocked, f"blocked {record.time}: {reasons}", record)
     resolved = str(Path(checkpoint).resolve())
-    same_place = [record for record in records if (record.get("checkpoint") or {}).get("path") == resolved]
+    same_place = [record for record in records if record.checkpoint_path == resolved]
     if same_place:
-        approved = same_place[-1]["checkpoint"].get("weights", {})
+        approved = same_place[-1].weights or {}
         changed = sorted(name for name in set(weights) | set(approved) if weights.get(name) != approved.get(name))
-        return Verification(Status.changed, f"{', '.join(changed)} changed since the verdict of {same_place[-1]['time']}", same_place[-1])
+        return Verification(Status.changed, f"{', '.join(changed)} changed since the verdict of {same_place[-1].time}", same_place[-1])
     return Verification(Status.unknown, "no verdict in the ledger for these weights")
 
 
-def class_evidence(record: dict[str, Any], attested: list[dict[str, Any]]) -> dict[str, tuple[str, str, dict[str, Any]]]:
+def _index(records: list[LedgerRecord], record: LedgerRecord) -> int:
+    """Where `record` (the object itself) is in the ledger: records of equal fields are distinct lines."""
+    return next(index for index, entry in enumerate(records) if entry is record)
+
+
+# (status, why, the record that says so)
+Evidence = tuple[str, str, LedgerRecord]
+
+
+def class_evidence(record: LedgerRecord, attested: list[LedgerRecord]) -> dict[str, Evidence]:
     """Per device class the newest serving evidence on a verdict: (status, why, the record that
     says so): the run's own serve (the verdict's `classes`), then each serving record after it that
     attests this very verdict under the same policy; others are not evidence about it."""
-    evidence = {name: (str(entry.get("status")), str(entry.get("reason")), record) for name, entry in (record.get("classes") or {}).items()}
-    policy = {key: (record.get("policy") or {}).get(key) for key in ("name", "version", "sha256")}
+    evidence = {name: (str(entry.status), str(entry.reason), record) for name, entry in (record.classes or {}).items()}
+    policy = _policy_identity(record)
     for entry in attested:
-        same_policy = {key: (entry.get("policy") or {}).get(key) for key in policy} == policy
-        if entry.get("attests") == record.get("verdict_sha256") and same_policy and entry.get("device_class"):
-            reasons = "; ".join(entry.get("reasons") or []) if entry.get("serving_status") != "approved" else "served as gated"
-            evidence[str(entry["device_class"])] = (str(entry.get("serving_status")), f"{reasons} (attested {entry['time']})", entry)
+        if entry.attests == record.verdict_sha256 and _policy_identity(entry) == policy and entry.device_class:
+            reasons = "; ".join(entry.reasons or []) if entry.serving_status != "approved" else "served as gated"
+            evidence[entry.device_class] = (str(entry.serving_status), f"{reasons} (attested {entry.time})", entry)
     return evidence
 
 
-def _by_class(checkpoint: Path, record: dict[str, Any], attested: list[dict[str, Any]], key: signing.Key | None,
+def _policy_identity(record: LedgerRecord) -> tuple[str | None, str | None, str | None]:
+    policy = record.policy
+    return (policy.name, policy.version, policy.sha256) if policy is not None else (None, None, None)
+
+
+def _by_class(checkpoint: Path, record: LedgerRecord, attested: list[LedgerRecord], key: signing.Key | None,
               device_class: str | None) -> Verification:
     """A verdict whose quality passed: approved where a class (`device_class`, or any) served it as
     gated, blocked where that class's engine disagrees, else pending with what is missing."""
     evidence = class_evidence(record, attested)
-    if not evidence and record.get("verdict") == "approved":
+    if not evidence and record.verdict == "approved":
         return _approved(checkpoint, record, key)  # a policy that gates no serving
     wanted = {device_class: evidence[device_class]} if device_class in evidence else {} if device_class else evidence
     approved = [(name, found) for name, found in wanted.items() if found[0] == "approved"]
@@ -253,23 +278,24 @@ def _by_class(checkpoint: Path, record: dict[str, Any], attested: list[dict[str,
         found = _approved(checkpoint, source, key)
         blocked = [other for other, entry in evidence.items() if entry[0] == "blocked"]
         also = f"; blocked on {', '.join(blocked)}" if blocked else ""
-        return Verification(found.status, f"quality passed {record['time']}; served as gated on {name}{also}; {found.reason}", source)
+        return Verification(found.status, f"quality passed {record.time}; served as gated on {name}{also}; {found.reason}", source)
     if device_class and device_class in evidence and evidence[device_class][0] == "blocked":
         return Verification(Status.blocked, f"blocked on {device_class}: {evidence[device_class][1]}", evidence[device_class][2])
     missing = "; ".join(f"{name}: {status}: {why}" for name, (status, why, _) in evidence.items()) or \
-        "; ".join(record.get("reasons") or []) or "no serving evidence"
+        "; ".join(record.reasons or []) or "no serving evidence"
     where = f"no serving evidence from {device_class}; " if device_class and device_class not in evidence else ""
-    nexts = [entry["next"] for entry in (record.get("classes") or {}).values() if entry.get("next")]
-    return Verification(Status.pending, f"quality passed {record['time']}, serving pending: {where}{missing}"
+    nexts = [entry.next for entry in (record.classes or {}).values() if entry.next]
+    return Verification(Status.pending, f"quality passed {record.time}, serving pending: {where}{missing}"
                         + (f"; serve it where it will run: {nexts[0]}" if nexts else ""), record)
 
 
-def _approved(checkpoint: Path, record: dict[str, Any], key: signing.Key | None) -> Verification:
+def _approved(checkpoint: Path, record: LedgerRecord, key: signing.Key | None) -> Verification:
     """An approval (a verdict, or a serving record that completes a pending one) as it verifies."""
-    policy = record["policy"]
-    narrowed = (f" narrowed to {', '.join(policy['narrowed_to'])} (not gated: {', '.join(policy.get('dropped') or [])})"
-                if policy.get("narrowed_to") is not None else "")
-    approval = f"approved {record['time']} under policy {policy['name']}@{policy['version']}{narrowed}"
+    policy = record.policy
+    assert policy is not None  # an approval names its policy (read checks it)
+    narrowed = (f" narrowed to {', '.join(policy.narrowed_to)} (not gated: {', '.join(policy.dropped or [])})"
+                if policy.narrowed_to is not None else "")
+    approval = f"approved {record.time} under policy {policy.name}@{policy.version}{narrowed}"
     if key is None:
         return Verification(Status.approved, f"{approval}; {signing.describe(record)}", record)
     check = signing.check(checkpoint, record, key)

@@ -18,7 +18,7 @@ from quantgate.core.rundir import BASELINE, RUN_KIND, RunDir
 from quantgate.core.stagecache import stored_value
 from quantgate.evalsets.results import ResultsManifest
 from quantgate.evalsets.serve_record import ServeRecord
-from quantgate.gates.report_model import HELD_OUT, TRIAL, RunRecords
+from quantgate.gates.report_model import HELD_OUT, TRIAL, EvalSet, MetricEntry, Policy, RunRecords
 from quantgate.gates.verdict_record import read_gates
 from quantgate.quantize.measure.record import MeasurementRecord
 from quantgate.quantize.measure.stage import stage_measurement
@@ -125,16 +125,16 @@ def _looks(run: dict[str, Any], sequential: dict[str, dict[str, Any] | None]) ->
     return looks
 
 
-def _evalsets(baseline_results: ResultsManifest | None, looks: dict[str, list[int]]) -> list[dict[str, Any]]:
+def _evalsets(baseline_results: ResultsManifest | None, looks: dict[str, list[int]]) -> list[EvalSet]:
     """The baseline's results: each set at its first look (`items`); `looks` as the run planned them."""
-    return [{"spec": spec, "items": entry.items, "limit": entry.limit, "sha256": entry.sha256,
-             "size": _set_size(spec), "looks": list(looks.get(spec) or [])}
+    return [EvalSet(spec=spec, items=entry.items, limit=entry.limit, sha256=entry.sha256, size=_set_size(spec),
+                    looks=list(looks.get(spec) or []))
             for spec, entry in (baseline_results.sets.items() if baseline_results is not None else ())]
 
 
-def _metrics(results: ResultsManifest | None, verdict: dict[str, Any] | None, columns: list[str]) -> dict[str, dict[str, Any]]:
+def _metrics(results: ResultsManifest | None, verdict: dict[str, Any] | None, columns: list[str]) -> dict[str, MetricEntry]:
     """Per metric column the row's value, and where a gate judged it, its difference or value with the interval."""
-    metrics: dict[str, dict[str, Any]] = {}
+    metrics: dict[str, MetricEntry] = {}
     for column in columns:
         gate_id = GateId.parse(column)
         facts = METRICS.get(gate_id.check)  # None: a metric newer than this table (a value, not a change)
@@ -143,14 +143,14 @@ def _metrics(results: ResultsManifest | None, verdict: dict[str, Any] | None, co
         gate = (verdict or {}).get("metrics", {}).get(column)
         if verdict is None and results is not None and value is None and facts is not None:
             value = facts.baseline_value  # the baseline against itself (agreement metrics)
-        entry: dict[str, Any] = {"value": value}
-        if gate is not None:
-            if facts is not None and facts.is_change:
-                entry.update(difference=gate["estimate"], low=gate["low"], high=gate["high"], unit=gate["unit"])
-            else:
-                entry.update(value=gate["estimate"], low=gate["low"], high=gate["high"], unit=gate["unit"])
-            entry["outcome"] = gate["outcome"]
-        metrics[column] = entry
+        if gate is None:
+            metrics[column] = MetricEntry(value=value)
+        elif facts is not None and facts.is_change:
+            metrics[column] = MetricEntry(value=value, difference=gate["estimate"], low=gate["low"], high=gate["high"], unit=gate["unit"],
+                                          outcome=gate["outcome"])
+        else:
+            metrics[column] = MetricEntry(value=gate["estimate"], low=gate["low"], high=gate["high"], unit=gate["unit"],
+                                          outcome=gate["outcome"])
     return metrics
 
 
@@ -158,7 +158,7 @@ def _row(name: str, measurement: MeasurementRecord | None, measured: dict[str, A
          verdict: dict[str, Any] | None, columns: list[str], sequential: dict[str, Any] | None = None) -> dict[str, Any]:
     """`measurement`: the measurement in the measure stage's value `measured` (whose bounds the row shows)."""
     metrics = _metrics(results, verdict, columns)
-    kl = next((entry["value"] for column, entry in metrics.items() if GateId.parse(column).check == "kl_divergence"), None)
+    kl = next((entry.value for column, entry in metrics.items() if GateId.parse(column).check == "kl_divergence"), None)
     if kl is None and results is not None:
         kl = next((entry.metrics["kl_divergence"] for entry in results.sets.values() if "kl_divergence" in entry.metrics), None)
     return {
@@ -206,15 +206,16 @@ def _sequential(verdict: dict[str, Any], artifact: dict[str, Any] | None) -> dic
             "not_evaluated": dict(verdict.get("not_evaluated") or {}), "trace": artifact.get("trace") or []}
 
 
-def _policy(run: dict[str, Any], verdicts: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def _policy(run: dict[str, Any], verdicts: dict[str, dict[str, Any]]) -> Policy:
     """The run's policy identity, narrowed (`narrowed_to`, `dropped`) where the run's record or
     any verdict says so."""
-    policy = {key: run["policy"][key] for key in ("name", "version", "sha256")}
-    sources = [run["policy"], *(verdict.get("policy") or {} for verdict in verdicts.values())]
+    identity = run["policy"]
+    sources = [identity, *(verdict.get("policy") or {} for verdict in verdicts.values())]
     narrowed = next((source for source in sources if source.get("narrowed_to") is not None), None)
-    if narrowed is not None:
-        policy.update(narrowed_to=list(narrowed["narrowed_to"]), dropped=list(narrowed.get("dropped") or []))
-    return policy
+    if narrowed is None:
+        return Policy(name=identity["name"], version=identity["version"], sha256=identity["sha256"])
+    return Policy(name=identity["name"], version=identity["version"], sha256=identity["sha256"],
+                  narrowed_to=list(narrowed["narrowed_to"]), dropped=list(narrowed.get("dropped") or []))
 
 
 def _search_record(layout: RunDir, run: dict[str, Any]) -> dict[str, Any] | None:

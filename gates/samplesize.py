@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import NormalDist
-from typing import Any
+from typing import TypedDict
 
 from quantgate import evalsets
 from quantgate.core.errors import InputError, did_you_mean
@@ -35,6 +35,7 @@ from quantgate.gates.policy import PRECISION_CLASSES, LoadedPolicy, MetricGate, 
 from quantgate.gates.sequential import critical_value, look_confidence, schedule
 from quantgate.gates.stage import item_records, valid_metrics
 from quantgate.gates.verdict import Records, gate_records, metric_gate
+from quantgate.gates.verdict_record import Number, PolicyIdentity
 
 DEFAULT_POWER = 0.8
 # The default effect: this share of a bound's distance from "no change" (0 for a change, the
@@ -207,6 +208,56 @@ def _any_precision(gate: MetricGate) -> str:
 # ---- the plan -------------------------------------------------------------------------------
 
 
+class GatePlanJSON(TypedDict):
+    """A gate's plan as `quantgate plan --json` prints it (GatePlan.as_dict)."""
+
+    gate: str
+    precision: str
+    unit: str
+    limit: Number
+    effect: Number
+    effect_from: str
+    sd: Number | None
+    sd_from: str
+    items: int | None
+    looks: list[int]
+    look_confidence: Number
+    look: int | None
+    set_size: int
+    min_items: int
+    zero_loss_floor: int | None
+    floor_warning: str | None
+
+
+class PlanJSON(TypedDict):
+    """A policy's plan as `quantgate plan --json` prints it (Plan.as_dict)."""
+
+    policy: dict[str, object]  # the policy's identity (PolicyIdentity.to_json)
+    power: Number
+    gates: list[GatePlanJSON]
+
+
+class GatePowerJSON(TypedDict):
+    """One gate's planned power as run.json and the report record it (GatePower.as_dict)."""
+
+    split: str
+    set: str
+    gate: str
+    precision: str
+    ceiling: int
+    planned: bool
+    items: int | None
+    power: Number | None
+    target: Number
+    effect: Number
+    limit: Number
+    unit: str
+    discordance: Number | None
+    source: str
+    decidable: bool | None
+
+
+
 @dataclass(frozen=True)
 class GatePlan:
     gate: str  # "arc-easy acc"
@@ -237,8 +288,11 @@ class GatePlan:
         return (f"the first look ({self.looks[0]} items) is below the zero-loss floor of {floor} items and min_items is "
                 f"{self.min_items}: set min_items to at least {floor}")
 
-    def as_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "floor_warning": self.floor_warning}
+    def as_dict(self) -> GatePlanJSON:
+        return GatePlanJSON(gate=self.gate, precision=self.precision, unit=self.unit, limit=self.limit, effect=self.effect,
+                            effect_from=self.effect_from, sd=self.sd, sd_from=self.sd_from, items=self.items, looks=list(self.looks),
+                            look_confidence=self.look_confidence, look=self.look, set_size=self.set_size, min_items=self.min_items,
+                            zero_loss_floor=self.zero_loss_floor, floor_warning=self.floor_warning)
 
     def describe(self) -> str:
         """One line: what the gate needs, and where that falls."""
@@ -317,13 +371,13 @@ def _spread(metric: Metric, inputs: GateInputs) -> tuple[float | None, str]:
 
 @dataclass(frozen=True)
 class Plan:
-    policy: dict[str, Any]  # the policy's identity
+    policy: PolicyIdentity  # the policy's identity
     label: str
     power: float
     gates: list[GatePlan]
 
-    def as_dict(self) -> dict[str, Any]:
-        return {"policy": self.policy, "power": self.power, "gates": [gate.as_dict() for gate in self.gates]}
+    def as_dict(self) -> PlanJSON:
+        return PlanJSON(policy=self.policy.to_json(), power=self.power, gates=[gate.as_dict() for gate in self.gates])
 
     def lines(self) -> list[str]:
         return [f"plan under {self.label}: items for a decisive verdict with power {self.power:g}, the confidence split "
@@ -383,7 +437,7 @@ def plan(policy_spec: str | Path, *, precision: str | None = None, effects: Sequ
                              f"({', '.join(policy.policy.metrics)}) for both models")
     gates = plan_policy(policy, sizes, precision=precision, effects=parsed, discordance=discordance, spreads=spreads,
                         power=power)
-    return Plan(policy=policy.identity, label=policy.label, power=power, gates=gates)
+    return Plan(policy=PolicyIdentity(**policy.identity), label=policy.label, power=power, gates=gates)
 
 
 # ---- planned ceilings and the power of a ceiling ---------------------------------------------
@@ -446,8 +500,11 @@ class GatePower:
         """Whether the ceiling gives the target power; None where it cannot be said."""
         return None if self.items is None else self.items <= self.ceiling
 
-    def as_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "decidable": self.decidable}
+    def as_dict(self) -> GatePowerJSON:
+        return GatePowerJSON(split=self.split, set=self.set, gate=self.gate, precision=self.precision, ceiling=self.ceiling,
+                             planned=self.planned, items=self.items, power=self.power, target=self.target, effect=self.effect,
+                             limit=self.limit, unit=self.unit, discordance=self.discordance, source=self.source,
+                             decidable=self.decidable)
 
     def warning(self) -> str:
         """The line preflight prints for a gate its ceiling cannot decide at the target power."""

@@ -35,9 +35,12 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from pydantic import JsonValue
+
 from quantgate.core.artifacts import atomic_file, remove_temporaries, sha256_bytes, sha256_json
 from quantgate.core.errors import InputError
 from quantgate.core.models import is_weight_file
+from quantgate.gates.ledger_record import LedgerRecord, Signature
 
 SIGNATURE_FILE = "model.sig"  # model-signing's default name for a signature
 CLAIMS_FIELD = "quantgate_approval"  # the statement's predicate field that carries the approval
@@ -176,21 +179,27 @@ def load_public_key(path: Path, option: str = "--public-key") -> Key:
     return Key(Path(path), sha256_bytes(public), public)
 
 
-def _normal(value: Any) -> Any:
-    """`value` as the ledger's JSON gives it back (what a reader of the ledger hashes)."""
-    return json.loads(json.dumps(value, sort_keys=True, ensure_ascii=False))
+# The claims of a ledger record (`claims`) and the approval a signature carries (`summary`): JSON
+# that is hashed whole, or compared field by field with a record's (`_differing`).
+Claims = dict[str, JsonValue]
 
 
-def claims(record: dict[str, Any]) -> dict[str, Any]:
+def _normal(record: LedgerRecord) -> Claims:
+    """The record as the ledger's JSON gives it back (what a reader of the ledger hashes)."""
+    normal: Claims = json.loads(json.dumps(record.to_json(), sort_keys=True, ensure_ascii=False))
+    return normal
+
+
+def claims(record: LedgerRecord) -> Claims:
     """What a signature binds of a ledger record: all of it but the ledger's own fields."""
     return {key: value for key, value in _normal(record).items() if key not in LEDGER_FIELDS}
 
 
-def claims_sha256(record: dict[str, Any]) -> str:
+def claims_sha256(record: LedgerRecord) -> str:
     return sha256_json(claims(record))
 
 
-def _json_safe(value: Any) -> Any:
+def _json_safe(value: JsonValue) -> JsonValue:
     """A value a protobuf Struct holds: a non-finite number as its name (NaN has no JSON form)."""
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)
@@ -201,17 +210,19 @@ def _json_safe(value: Any) -> Any:
     return value
 
 
-def summary(record: dict[str, Any]) -> dict[str, Any]:
+def summary(record: LedgerRecord) -> Claims:
     """The approval as the signed statement carries it, for a reader of model.sig alone."""
     normal = claims(record)
-    found = {field: normal[field] for field in SUMMARY_FIELDS if field in normal}
-    found["weights"] = (normal.get("checkpoint") or {}).get("weights")
-    return {**_json_safe(found), "claims_sha256": sha256_json(normal)}
+    found: Claims = {field: normal[field] for field in SUMMARY_FIELDS if field in normal}
+    found["weights"] = None if record.weights is None else dict(record.weights)
+    safe = _json_safe(found)
+    assert isinstance(safe, dict)
+    return {**safe, "claims_sha256": sha256_json(normal)}
 
 
-def _signature_entry(text: str, key: Key, record: dict[str, Any]) -> dict[str, Any]:
-    return {"format": FORMAT, "file": SIGNATURE_FILE, "bundle": text, "bundle_sha256": sha256_bytes(text.encode("utf-8")),
-            "key_sha256": key.fingerprint, "claims_sha256": claims_sha256(record)}
+def _signature_entry(text: str, key: Key, record: LedgerRecord) -> Signature:
+    return Signature(format=FORMAT, file=SIGNATURE_FILE, bundle=text, bundle_sha256=sha256_bytes(text.encode("utf-8")),
+                     key_sha256=key.fingerprint, claims_sha256=claims_sha256(record))
 
 
 def _hash_checkpoint(ms: Any, checkpoint: Path) -> Any:
@@ -223,7 +234,7 @@ def _hash_checkpoint(ms: Any, checkpoint: Path) -> Any:
         raise InputError(f"cannot sign checkpoint {checkpoint}: {error}") from error
 
 
-def sign(checkpoint: Path, record: dict[str, Any], key: Key) -> dict[str, Any]:
+def sign(checkpoint: Path, record: LedgerRecord, key: Key) -> Signature:
     """Sign the approval `record` (as it will be appended, `time` included) over the checkpoint's
     files: writes `<checkpoint>/model.sig` and returns the record's `signature` entry. The files
     signed must hold the weights the record approves (their sha256s are compared, not hashed twice)."""
@@ -233,7 +244,7 @@ def sign(checkpoint: Path, record: dict[str, Any], key: Key) -> dict[str, Any]:
     manifest = _hash_checkpoint(ms, checkpoint)
     hashed = {descriptor.identifier: descriptor.digest.digest_hex for descriptor in manifest.resource_descriptors()}
     weights = {name: digest for name, digest in hashed.items() if is_weight_file(name)}
-    if weights != (record.get("checkpoint") or {}).get("weights"):
+    if weights != record.weights:
         raise InputError(f"checkpoint {checkpoint}: its weight files are not the ones the verdict approved; refusing to sign")
     payload = ms.statement.Payload(manifest)
     # the format's room for extensions: a v1.0 verifier ignores predicate fields it does not know
@@ -253,17 +264,17 @@ def write_signature(checkpoint: Path, text: str) -> None:
         stream.write(text.encode("utf-8"))
 
 
-def restore(checkpoint: Path, record: dict[str, Any], key: Key) -> bool:
+def restore(checkpoint: Path, record: LedgerRecord, key: Key) -> bool:
     """If `record` is signed by `key` and its signature still holds for the checkpoint's files,
     make sure `<checkpoint>/model.sig` is that signature (a checkpoint made again, byte for byte,
     lost it) and return True; False when the record cannot stand for these files."""
-    signature = record.get("signature")
-    if not record.get("signed") or not isinstance(signature, dict) or signature.get("key_sha256") != key.fingerprint:
+    signature = record.signature
+    if not record.signed or signature is None or signature.key_sha256 != key.fingerprint:
         return False
     if check(checkpoint, record, key).problem is not None:
         return False
     target = Path(checkpoint) / SIGNATURE_FILE
-    text = signature["bundle"]
+    text = signature.bundle
     if not target.is_file() or target.read_bytes() != text.encode("utf-8"):
         write_signature(checkpoint, text)
     return True
@@ -285,11 +296,11 @@ def withdraw(checkpoint: Path) -> bool:
     return bool(ours)
 
 
-def describe(record: dict[str, Any]) -> str:
+def describe(record: LedgerRecord) -> str:
     """How an approval is signed, for `verify` without a key."""
-    signature = record.get("signature")
-    if record.get("signed") and isinstance(signature, dict):
-        return f"signed (key sha256 {str(signature.get('key_sha256'))[:16]}...; check it with --public-key)"
+    signature = record.signature
+    if record.signed and signature is not None:
+        return f"signed (key sha256 {signature.key_sha256[:16]}...; check it with --public-key)"
     return "unsigned (no signing key was given when it was recorded)"
 
 
@@ -299,21 +310,21 @@ def _bundle(ms: Any, text: Any) -> Any:
     return ms.sigstore_pb.Signature(ms.bundle_pb.Bundle.from_json(text))
 
 
-def _differing(record: dict[str, Any], signed: dict[str, Any]) -> list[str]:
+def _differing(record: LedgerRecord, signed: dict[str, object]) -> list[str]:
     """The summary fields where the record and its signed approval disagree."""
     mine = summary(record)
     return [field for field in (*SUMMARY_FIELDS, "weights") if mine.get(field) != signed.get(field)]
 
 
-def check(checkpoint: Path, record: dict[str, Any], key: Key) -> Check:
+def check(checkpoint: Path, record: LedgerRecord, key: Key) -> Check:
     """Does this approved record carry a signature by `key` over its own claims, and do the
     checkpoint's files match the files it signed? The first problem found, in that order."""
-    signature = record.get("signature")
-    if not record.get("signed") or not isinstance(signature, dict):
+    signature = record.signature
+    if not record.signed or signature is None:
         return Check(Problem.unsigned, "approved without a signature (no signing key was given when it was recorded)")
     ms = _library()
     try:
-        bundle = _bundle(ms, signature.get("bundle"))
+        bundle = _bundle(ms, signature.bundle)
         hint = bundle.bundle.verification_material.public_key.hint
     except Exception:  # any bytes a rewriter put there: whatever the parser raises, it is no bundle
         return Check(Problem.rewritten, "the record's signature is not a model-signing bundle: the ledger was rewritten")
@@ -323,15 +334,14 @@ def check(checkpoint: Path, record: dict[str, Any], key: Key) -> Check:
     with tempfile.TemporaryDirectory(prefix="quantgate-verify-") as scratch:
         public = Path(scratch) / "key.pub"  # the public half as checked (the key given may be the private one)
         public.write_bytes(key.public_pem)
-        problem = _check_statement(ms, bundle, public, record, key)
+        problem = _check_statement(ms, bundle, public, record, signature, key)
         if problem is not None:
             return problem
-        return _check_files(ms, Path(checkpoint), signature["bundle"], public, key)
+        return _check_files(ms, Path(checkpoint), signature.bundle, public, key)
 
 
-def _check_statement(ms: Any, bundle: Any, public: Path, record: dict[str, Any], key: Key) -> Check | None:
+def _check_statement(ms: Any, bundle: Any, public: Path, record: LedgerRecord, signature: Signature, key: Key) -> Check | None:
     """The signature over the statement, and the statement's approval against the record."""
-    signature = record["signature"]
     # cryptography comes with model-signing (its key signer is built on it)
     from cryptography.exceptions import InvalidSignature
 
@@ -345,7 +355,7 @@ def _check_statement(ms: Any, bundle: Any, public: Path, record: dict[str, Any],
         return Check(Problem.rewritten, f"its signature holds no model-signing statement ({type(error).__name__}: "
                      f"{str(error).splitlines()[0] if str(error) else 'malformed'}): the ledger was rewritten")
     if not isinstance(signed, dict) or signed.get("claims_sha256") != claims_sha256(record) \
-            or signature.get("claims_sha256") != signed.get("claims_sha256") or signature.get("key_sha256") != key.fingerprint:
+            or signature.claims_sha256 != signed.get("claims_sha256") or signature.key_sha256 != key.fingerprint:
         fields = _differing(record, signed) if isinstance(signed, dict) else []
         named = f" ({', '.join(fields)} differ)" if fields else ""
         return Check(Problem.rewritten, f"the record is not the approval its signature carries{named}: the ledger was "

@@ -12,7 +12,7 @@ from typing import Any, cast
 
 from quantgate import calibration, evalsets
 from quantgate.calibration import CalibrationSet
-from quantgate.core.artifacts import MANIFEST, read_json, sha256_file, sha256_json, sibling_lock
+from quantgate.core.artifacts import MANIFEST, read_json, sha256_file, sibling_lock
 from quantgate.core.errors import InputError
 from quantgate.core.ids import SetRef
 from quantgate.core.metrics import GATEABLE
@@ -23,8 +23,18 @@ from quantgate.evalsets.served import load_record
 from quantgate.evalsets.sets import all_names, scored_metrics
 from quantgate.gates import ledger as ledger_module
 from quantgate.gates import signing
+from quantgate.gates.ledger_record import LedgerRecord
 from quantgate.gates.policy import PRECISION_CLASSES, LoadedPolicy, load_policy, precision_class
 from quantgate.gates.verdict import Records, ServingEvidence, Verdict, judge, tails
+from quantgate.gates.verdict_record import (
+    BaselineRef,
+    CheckpointRef,
+    EvalSetRef,
+    MetricSummary,
+    OverlapSummary,
+    PolicyIdentity,
+    VerdictRecord,
+)
 from quantgate.quantize.measure.accounting import measure
 from quantgate.quantize.presets import get_preset
 
@@ -97,52 +107,51 @@ def golden_texts(goldens: list[GoldenSet]) -> list[str]:
     return texts
 
 
-def overlap_summary(calibration_set: CalibrationSet, goldens: list[GoldenSet]) -> dict[str, Any]:
+def overlap_summary(calibration_set: CalibrationSet, goldens: list[GoldenSet]) -> OverlapSummary:
     result = calibration.ngram_overlap(calibration_set.texts(), golden_texts(goldens))
-    return {"n": result.n, "candidate_ngrams": result.candidate_ngrams, "shared_ngrams": result.shared_ngrams,
-            "share": result.share, "against": [golden.spec for golden in goldens]}
+    return OverlapSummary(n=result.n, candidate_ngrams=result.candidate_ngrams, shared_ngrams=result.shared_ngrams,
+                          share=result.share, against=[golden.spec for golden in goldens])
 
 
 def verdict_record(fmt: str, verdict: Verdict, *, precision: str, policy: LoadedPolicy, checkpoint: Path | None,
                    baseline_results: EvaluationResults, candidate_results: EvaluationResults | None,
-                   weights: dict[str, str] | None = None) -> dict[str, Any]:
+                   weights: dict[str, str] | None = None) -> VerdictRecord:
     """A verdict as written to verdicts/<format>.json and (with the checkpoint's weights) the ledger.
     `weights`: the weight files' sha256s where the caller already holds them verified."""
     sets = baseline_results.manifest.sets
-    return {
-        "kind": "verdict",
-        "format": fmt,
-        "precision": precision,
-        "checkpoint": None if checkpoint is None else {
-            "path": str(Path(checkpoint).resolve()), "format": fmt, "weights": weights or weight_hashes(checkpoint)},
-        "baseline": {"model": baseline_results.manifest.model.path,
-                     "weights_sha256": baseline_results.manifest.model.weights_sha256},
-        "policy": policy.identity,
-        "evalsets": [_evalset(spec, entry) for spec, entry in sorted(sets.items())],
-        "metrics": {gate.gate: {"outcome": gate.outcome.value, "estimate": gate.estimate, "low": gate.low,
-                                "high": gate.high, "limit": gate.limit, "unit": gate.unit} for gate in verdict.gates},
-        "gates": [gate.as_dict() for gate in verdict.gates],
+    return VerdictRecord(
+        kind="verdict",
+        format=fmt,
+        precision=precision,
+        checkpoint=None if checkpoint is None else CheckpointRef(
+            path=str(Path(checkpoint).resolve()), format=fmt, weights=weights or weight_hashes(checkpoint)),
+        baseline=BaselineRef(model=baseline_results.manifest.model.path, weights_sha256=baseline_results.manifest.model.weights_sha256),
+        policy=PolicyIdentity(**policy.identity),
+        evalsets=[_evalset(spec, entry) for spec, entry in sorted(sets.items())],
+        metrics={gate.gate: MetricSummary(outcome=gate.outcome, estimate=gate.estimate, low=gate.low, high=gate.high, limit=gate.limit,
+                                          unit=gate.unit) for gate in verdict.gates},
+        gates=[gate.record() for gate in verdict.gates],
         # approved, pending (quality passed, serving evidence that approves it missing) or blocked
-        "verdict": verdict.status,
-        "quality": "passed" if verdict.quality_passed else "blocked",
-        "reasons": verdict.reasons,
-        "results": None if candidate_results is None else str(Path(candidate_results.path).resolve()),
-    }
+        verdict=verdict.status,
+        quality="passed" if verdict.quality_passed else "blocked",
+        reasons=verdict.reasons,
+        results=None if candidate_results is None else str(Path(candidate_results.path).resolve()),
+    )
 
 
-def _evalset(spec: str, entry: SetResults) -> dict[str, Any]:
+def _evalset(spec: str, entry: SetResults) -> EvalSetRef:
     """A verdict's record of one golden set the candidate was evaluated on."""
     ref = SetRef.parse(spec)
-    return {"name": ref.name, "version": ref.tag, "sha256": entry.sha256, "limit": entry.limit, "items": entry.items}
+    return EvalSetRef(name=ref.name, version=ref.tag, sha256=entry.sha256, limit=entry.limit, items=entry.items)
 
 
-def ledger_entry(record: dict[str, Any]) -> dict[str, Any]:
+def ledger_entry(record: VerdictRecord) -> LedgerRecord:
     """The ledger's copy of a verdict, with the verdict's own hash: a rerun that reaches the
     same verdict on the same bytes finds it there and appends nothing."""
-    return {**record, "verdict_sha256": sha256_json(record)}
+    return LedgerRecord.of_verdict(record)
 
 
-def record_verdict(ledger: Path, record: dict[str, Any], signing_key: Path | None = None) -> bool:
+def record_verdict(ledger: Path, record: VerdictRecord, signing_key: Path | None = None) -> bool:
     """Append the verdict to the ledger unless the ledger holds it already; True if appended.
 
     With `signing_key` (a PEM private key, checked first: a bad one is an InputError), an
@@ -160,41 +169,40 @@ def record_verdict(ledger: Path, record: dict[str, Any], signing_key: Path | Non
         return _record_verdict(ledger, record, key)
 
 
-def _record_verdict(ledger: Path, record: dict[str, Any], key: signing.Key | None) -> bool:
+def _record_verdict(ledger: Path, record: VerdictRecord, key: signing.Key | None) -> bool:
     entry = ledger_entry(record)
     try:
         existing = ledger_module.read(ledger)
     except ledger_module.LedgerTampered as error:
         raise InputError(f"{error}; refusing to append to it (restore it, or name another ledger)") from error
-    same = [old for old in existing if old.get("verdict_sha256") == entry["verdict_sha256"]]
+    same = [old for old in existing if old.verdict_sha256 == entry.verdict_sha256]
     # a search trial's approval (on the search split) deploys nothing: it is not signed either
-    signer = key if record.get("verdict") == "approved" and record.get("split") != "search" else None
+    signer = key if record.verdict == "approved" and record.split != "search" else None
+    checkpoint = record.checkpoint.path if record.checkpoint is not None else None
     if signer is None:
         if same:
             return False
-        entry["signed"] = False
-        if record.get("verdict") != "approved" and (record.get("checkpoint") or {}).get("path"):
-            signing.withdraw(Path(record["checkpoint"]["path"]))  # its newest verdict is a block now
+        entry = entry.with_fields(signed=False)
+        if record.verdict != "approved" and checkpoint:
+            signing.withdraw(Path(checkpoint))  # its newest verdict is a block now
     else:
-        checkpoint = (record.get("checkpoint") or {}).get("path")
         if checkpoint is None:
             raise InputError("cannot sign a verdict that names no checkpoint")
         if same and _superseded(existing, same[-1]):
             return False  # as without a key: the ledger holds this verdict, and a later one on these weights decides
         if any(signing.restore(Path(checkpoint), old, signer) for old in reversed(same)):
             return False
-        entry["time"] = datetime.now(timezone.utc).isoformat(timespec="seconds")  # signed with the rest
-        entry["signed"] = True
-        entry["signature"] = signing.sign(Path(checkpoint), entry, signer)
+        # the time is signed with the rest
+        entry = entry.with_fields(time=datetime.now(timezone.utc).isoformat(timespec="seconds"), signed=True)
+        entry = entry.with_fields(signature=signing.sign(Path(checkpoint), entry, signer))
     ledger_module.append(ledger, entry)
     return True
 
 
-def _superseded(existing: list[dict[str, Any]], old: dict[str, Any]) -> bool:
+def _superseded(existing: list[LedgerRecord], old: LedgerRecord) -> bool:
     """Whether a record after `old` judges the same weights (the newest record decides)."""
-    weights = (old.get("checkpoint") or {}).get("weights")
     later = existing[next(index for index, record in enumerate(existing) if record is old) + 1:]
-    return any((record.get("checkpoint") or {}).get("weights") == weights for record in later)
+    return any(record.weights == old.weights for record in later)
 
 
 def _checkpoint_manifest(checkpoint: Path | None) -> dict[str, Any] | None:
@@ -218,7 +226,7 @@ def _check_serve_records(served: ServeRecord | None, reference: ServeRecord | No
 def gate_results(baseline: Path, candidate: Path, policy_spec: str | Path, *, checkpoint: Path | None = None,
                  calibration_dir: Path | None = None, precision: str | None = None, ledger: Path | None = None,
                  narrow_to: list[str] | None = None, served: Path | None = None, served_baseline: Path | None = None,
-                 signing_key: Path | None = None) -> dict[str, Any]:
+                 signing_key: Path | None = None) -> VerdictRecord:
     """The verdict record (as the pipeline writes it); appended to `ledger` when given, an
     approval signed with `signing_key` when given (record_verdict). The
     results are judged as they are (one look at the items they hold: a fixed-size test). A
@@ -266,7 +274,7 @@ def gate_results(baseline: Path, candidate: Path, policy_spec: str | Path, *, ch
                     measurement=measurement, smoke=(manifest or {}).get("smoke"), overlap=overlap, serving=serving)
     record = verdict_record(fmt, verdict, precision=precision, policy=policy, checkpoint=checkpoint,
                             baseline_results=baseline_results, candidate_results=candidate_results)
-    record["tails"] = tails(candidate_items, policy.policy.statistics)
+    record = record.with_fields(tails=tails(candidate_items, policy.policy.statistics))
     if ledger is not None:
         if checkpoint is None:
             raise InputError("--ledger needs the checkpoint (--checkpoint): a ledger record names the weights it approves")

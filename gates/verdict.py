@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 
@@ -21,7 +21,7 @@ from quantgate.evalsets.served import FAILED
 from quantgate.gates import stats
 from quantgate.gates.policy import LoadedPolicy, MetricGate, Outcome, Statistics
 from quantgate.gates.sequential import decide_at_look, detectable_regression
-from quantgate.gates.verdict_record import GateRecord, read_gates
+from quantgate.gates.verdict_record import GateRecord, OverlapSummary, SmokeCheck, Status, read_gates
 from quantgate.quantize.measure.record import MeasurementRecord
 
 Records = list[dict[str, Any]]  # per-item records of one set (docs/evaluate.md, items.json)
@@ -107,7 +107,7 @@ class Verdict:
     quality_passed: bool = False  # every gate but the serving ones passed, every metric gate of the policy among them
 
     @property
-    def serving(self) -> str | None:
+    def serving(self) -> Status | None:
         """This class's serving status: approved, blocked or pending; None where the policy gates no serving."""
         serving = [gate for gate in self.gates if GateId.parse(gate.gate).scope == SERVING]
         if not serving:
@@ -117,7 +117,7 @@ class Verdict:
         return BLOCKED if any(gate.outcome is Outcome.failed for gate in serving) else PENDING
 
     @property
-    def status(self) -> str:
+    def status(self) -> Status:
         if self.approved:
             return APPROVED
         return PENDING if self.quality_passed and self.serving in (PENDING, BLOCKED) else BLOCKED
@@ -129,7 +129,9 @@ class Verdict:
         return [gate.reason for gate in sorted(blocking, key=lambda gate: gate.outcome is Outcome.not_evaluated)]
 
 
-APPROVED, PENDING, BLOCKED = "approved", "pending", "blocked"
+APPROVED: Final = "approved"
+PENDING: Final = "pending"
+BLOCKED: Final = "blocked"
 
 
 def passes_here(record: Mapping[str, Any]) -> bool:
@@ -417,7 +419,7 @@ def non_finite(items_by_set: dict[str, Records]) -> str | None:
     return None
 
 
-def _finite_logits(smoke: dict[str, Any] | None, candidate_items: dict[str, Records] | None) -> GateResult:
+def _finite_logits(smoke: SmokeCheck | None, candidate_items: dict[str, Records] | None) -> GateResult:
     problem = non_finite(candidate_items) if candidate_items is not None else None
     if problem is not None:
         reason = f"integrity: NaN or Inf in the evaluation: {problem}"
@@ -433,7 +435,7 @@ def _finite_logits(smoke: dict[str, Any] | None, candidate_items: dict[str, Reco
     return _single(INTEGRITY, "finite_logits", False, value=0.0, limit=1.0, unit="", reason=reason)
 
 
-def integrity_gates(policy: LoadedPolicy, smoke: dict[str, Any] | None, overlap: dict[str, Any] | None,
+def integrity_gates(policy: LoadedPolicy, smoke: SmokeCheck | None, overlap: OverlapSummary | None,
                     candidate_items: dict[str, Records] | None = None) -> list[GateResult]:
     """The checkpoint loads and its logits are finite (the quantize stage's smoke check where it
     ran, and every number of the candidate's evaluation), and its calibration set shares few
@@ -443,12 +445,12 @@ def integrity_gates(policy: LoadedPolicy, smoke: dict[str, Any] | None, overlap:
     if rules.require_finite_logits:
         results.append(_finite_logits(smoke, candidate_items))
     if overlap is not None:
-        share = overlap["share"]
+        share = overlap.share
         ok = share <= rules.max_calibration_overlap
         results.append(_single(
             INTEGRITY, "calibration_overlap", ok, value=share, limit=rules.max_calibration_overlap, unit="",
-            reason=f"integrity: {overlap['shared_ngrams']} of the calibration set's {overlap['candidate_ngrams']} "
-            f"{overlap['n']}-grams occur in the golden sets ({share:.2%}, "
+            reason=f"integrity: {overlap.shared_ngrams} of the calibration set's {overlap.candidate_ngrams} "
+            f"{overlap.n}-grams occur in the golden sets ({share:.2%}, "
             f"{'within' if ok else 'exceeds'} {rules.max_calibration_overlap:.2%})"))
     return results
 
@@ -632,8 +634,8 @@ def _serving_check(check: str, measured: Agreement, floor: float, margin: float,
 
 
 def judge(baseline_items: dict[str, Records], candidate_items: dict[str, Records] | None, policy: LoadedPolicy,
-          precision: str, *, measurement: MeasurementRecord | None = None, smoke: dict[str, Any] | None = None,
-          overlap: dict[str, Any] | None = None, metric_gates: list[GateResult] | None = None,
+          precision: str, *, measurement: MeasurementRecord | None = None, smoke: SmokeCheck | None = None,
+          overlap: OverlapSummary | None = None, metric_gates: list[GateResult] | None = None,
           allocation: dict[str, int] | None = None, serving: ServingEvidence | None = None) -> Verdict:
     """Every gate of the policy: integrity, size (when the candidate was measured), serving (where
     the policy gates it; with no `serving` evidence its gate blocks: not checked), then the metrics against the baseline: `metric_gates` where sequential evaluation decided

@@ -51,7 +51,7 @@ def pending_run(quant_model: Path, serving_env: serving.ServingEnv, tmp_path_fac
 
 def test_a_format_whose_serves_never_answered_is_pending_with_the_command_that_attests_it(pending_run) -> None:
     run, result = pending_run
-    verdict = result.verdicts[SERVED_FORMAT]
+    verdict = result.verdicts[SERVED_FORMAT].to_json()
     assert verdict["verdict"] == "pending" and verdict["quality"] == "passed"
     ((device_class, entry),) = verdict["classes"].items() if verdict.get("classes") else (("unknown", {}),)
     assert entry.get("status") == "pending" and entry["next"] == f"quantgate serving check {run / 'checkpoints' / SERVED_FORMAT} --run {run}"
@@ -76,10 +76,10 @@ def test_an_attestation_from_another_machine_completes_the_verdict_and_verify_ho
     assert result.code == 0, result.out + result.err
     assert f"{SERVED_FORMAT} on {device.local_class()}: serving approved" in result.out
     records = ledger.read(run / "ledger.jsonl")
-    assert [record.get("kind", "verdict") for record in records] == ["verdict", "serving"]
-    attestation = records[-1]
+    assert [record.kind or "verdict" for record in records] == ["verdict", "serving"]
+    attestation = records[-1].to_json()
     assert attestation["serving_status"] == "approved" and attestation["device_class"] == device.local_class()
-    assert attestation["attests"] == records[0]["verdict_sha256"] and attestation["prev_hash"] == records[0]["record_hash"]
+    assert attestation["attests"] == records[0].verdict_sha256 and attestation["prev_hash"] == records[0].record_hash
     found = ledger.verify_checkpoint(checkpoint, run / "ledger.jsonl")
     assert found.deployable and f"served as gated on {device.local_class()}" in found.reason
     verified = cli("verify", str(checkpoint), "--ledger", str(run / "ledger.jsonl"))

@@ -131,15 +131,19 @@ APPENDER = """
 import sys, time
 from pathlib import Path
 from quantgate.gates.stage import record_verdict
+from quantgate.gates.verdict_record import VerdictRecord
 ledger, start, name = Path(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
 time.sleep(max(0.0, start - time.time()))
 for number in range(8):
-    record = {"format": f"{name}-{number}", "verdict": "blocked", "reasons": ["a test"], "checkpoint": None, "policy": None}
+    record = VerdictRecord.from_json({"kind": "verdict", "format": f"{name}-{number}", "precision": "8bit", "checkpoint": None,
+                                      "baseline": {"model": "/m", "weights_sha256": "0" * 64},
+                                      "policy": {"name": "p", "version": "v1", "sha256": "1" * 64}, "evalsets": [], "metrics": {},
+                                      "gates": [], "verdict": "blocked", "reasons": ["a test"]}, "a test's verdict")
     record_verdict(ledger, record)  # takes the ledger's lock (quantgate.core.artifacts.sibling_lock)
 """
 
 
-def append_at_once(ledger: Path) -> list[dict[str, Any]]:
+def append_at_once(ledger: Path) -> list[ledger_module.LedgerRecord]:
     start = time.time() + 1.5
     processes = [subprocess.Popen([sys.executable, "-c", APPENDER, str(ledger), str(start), f"run{index}"]) for index in range(4)]
     try:
@@ -154,7 +158,7 @@ def test_runs_sharing_a_ledger_append_to_it_one_at_a_time_and_lose_no_record(tmp
     """Two runs with different run directories (or `quantgate gate` in CI) may name one ledger; an
     append rewrites the whole file, so record_verdict appends under the ledger's lock."""
     records = append_at_once(tmp_path / "ledger.jsonl")
-    assert sorted(record["format"] for record in records) == sorted(f"run{i}-{n}" for i in range(4) for n in range(8))
+    assert sorted(str(record.format) for record in records) == sorted(f"run{i}-{n}" for i in range(4) for n in range(8))
 
 
 # ---- two outs, one home --------------------------------------------------------------------------
@@ -291,5 +295,5 @@ def test_a_changed_stage_artifact_is_made_again_never_trusted(reference, quant_m
     ledger = (out / "ledger.jsonl").read_bytes()
     rerun = pipeline.run(from_mapping(small_plan(quant_model, root)), show_progress=False)
     assert rerun.redone == ["evaluate baseline", "measure fp8-e4m3", "evaluate fp8-e4m3", "gate fp8-e4m3"]
-    assert rerun.verdicts["fp8-e4m3"]["verdict"] == "approved" and comparable(out) == expected
+    assert rerun.verdicts["fp8-e4m3"].verdict == "approved" and comparable(out) == expected
     assert read_json(verdict)[VALUE_SHA256] and (out / "ledger.jsonl").read_bytes() == ledger  # the same verdict: not appended again

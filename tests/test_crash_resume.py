@@ -54,7 +54,7 @@ def assert_whole(out: Path, home: Path) -> None:
     for path in out.rglob("*.json"):
         json.loads(path.read_text())
     records = ledger_module.read(out / "ledger.jsonl")
-    assert len({record["verdict_sha256"] for record in records}) == len(records)
+    assert len({record.verdict_sha256 for record in records}) == len(records)
 
 
 class Crash:

@@ -308,12 +308,15 @@ def _ledger_with(tmp_path: Path, verdict: dict, *serving_records: dict) -> tuple
     weights = weight_hashes(checkpoint)
     path = tmp_path / "ledger.jsonl"
     policy = {"name": "p", "version": "v1", "sha256": "abc"}
-    first = ledger.append(path, {"kind": "verdict", "format": "gptq-int4", "policy": policy, "reasons": [],
+    from quantgate.gates.ledger_record import LedgerRecord
+
+    first = ledger.append(path, LedgerRecord.model_validate({"kind": "verdict", "format": "gptq-int4", "policy": policy, "reasons": [],
                                  "checkpoint": {"path": str(checkpoint), "format": "gptq-int4", "weights": weights},
-                                 "verdict_sha256": "v1-sha", **verdict})
+                                 "verdict_sha256": "v1-sha", **verdict}))
     for record in serving_records:
-        ledger.append(path, {"kind": "serving", "format": "gptq-int4", "verdict": None, "policy": policy, "attests": "v1-sha",
-                             "checkpoint": first["checkpoint"], "reasons": ["why"], "signed": False, **record})
+        ledger.append(path, LedgerRecord.model_validate({
+            "kind": "serving", "format": "gptq-int4", "verdict": None, "policy": policy, "attests": "v1-sha",
+            "checkpoint": first.to_json()["checkpoint"], "reasons": ["why"], "signed": False, **record}))
     return checkpoint, path
 
 

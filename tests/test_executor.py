@@ -121,7 +121,7 @@ def use_executor(patch: pytest.MonkeyPatch, executor: Any) -> None:
 
 
 def outcomes(result: pipeline.RunResult) -> dict[str, tuple[str, list[str]]]:
-    return {fmt: (entry["verdict"], entry["reasons"]) for fmt, entry in result.verdicts.items()}
+    return {fmt: (entry.verdict, entry.reasons) for fmt, entry in result.verdicts.items()}
 
 
 def ledger_formats(out: Path) -> list[str]:

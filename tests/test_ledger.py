@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from quantgate.core.models import weight_hashes
 from quantgate.gates import ledger
 from quantgate.gates.ledger import LedgerTampered, Status, verify_checkpoint
+from quantgate.gates.ledger_record import LedgerRecord
 
 
 def fake_checkpoint(path: Path, content: bytes = b"weights") -> Path:
@@ -32,19 +33,24 @@ def verdict(checkpoint: Path, outcome: str, reasons: list[str] | None = None) ->
     }
 
 
+def entry(checkpoint: Path, outcome: str, reasons: list[str] | None = None) -> LedgerRecord:
+    """The verdict as the ledger's record of it."""
+    return LedgerRecord.model_validate(verdict(checkpoint, outcome, reasons))
+
+
 def test_records_chain_and_read_back(tmp_path: Path) -> None:
     checkpoint = fake_checkpoint(tmp_path / "ckpt")
     book = tmp_path / "ledger.jsonl"
-    first = ledger.append(book, verdict(checkpoint, "blocked", ["arc-easy acc -2.0 points exceeds -1.0"]))
-    second = ledger.append(book, verdict(checkpoint, "approved"))
-    assert first["prev_hash"] == ledger.GENESIS and second["prev_hash"] == first["record_hash"]
-    assert [record["verdict"] for record in ledger.read(book)] == ["blocked", "approved"]
+    first = ledger.append(book, entry(checkpoint, "blocked", ["arc-easy acc -2.0 points exceeds -1.0"]))
+    second = ledger.append(book, entry(checkpoint, "approved"))
+    assert first.prev_hash == ledger.GENESIS and second.prev_hash == first.record_hash
+    assert [record.verdict for record in ledger.read(book)] == ["blocked", "approved"]
 
 
 def test_approved_checkpoint_verifies(tmp_path: Path) -> None:
     checkpoint = fake_checkpoint(tmp_path / "ckpt")
     book = tmp_path / "ledger.jsonl"
-    ledger.append(book, verdict(checkpoint, "approved"))
+    ledger.append(book, entry(checkpoint, "approved"))
     result = verify_checkpoint(checkpoint, book)
     assert result.deployable and result.status is Status.approved
 
@@ -52,7 +58,7 @@ def test_approved_checkpoint_verifies(tmp_path: Path) -> None:
 def test_blocked_checkpoint_does_not_verify_and_says_why(tmp_path: Path) -> None:
     checkpoint = fake_checkpoint(tmp_path / "ckpt")
     book = tmp_path / "ledger.jsonl"
-    ledger.append(book, verdict(checkpoint, "blocked", ["hellaswag acc_norm -2.4 points exceeds -1.0"]))
+    ledger.append(book, entry(checkpoint, "blocked", ["hellaswag acc_norm -2.4 points exceeds -1.0"]))
     result = verify_checkpoint(checkpoint, book)
     assert result.status is Status.blocked and "hellaswag acc_norm" in result.reason
 
@@ -60,7 +66,7 @@ def test_blocked_checkpoint_does_not_verify_and_says_why(tmp_path: Path) -> None
 def test_changed_checkpoint_does_not_verify(tmp_path: Path) -> None:
     checkpoint = fake_checkpoint(tmp_path / "ckpt")
     book = tmp_path / "ledger.jsonl"
-    ledger.append(book, verdict(checkpoint, "approved"))
+    ledger.append(book, entry(checkpoint, "approved"))
     (checkpoint / "model.safetensors").write_bytes(b"weights, edited")
     result = verify_checkpoint(checkpoint, book)
     assert result.status is Status.changed and "model.safetensors" in result.reason
@@ -68,7 +74,7 @@ def test_changed_checkpoint_does_not_verify(tmp_path: Path) -> None:
 
 def test_unknown_checkpoint_does_not_verify(tmp_path: Path) -> None:
     book = tmp_path / "ledger.jsonl"
-    ledger.append(book, verdict(fake_checkpoint(tmp_path / "a"), "approved"))
+    ledger.append(book, entry(fake_checkpoint(tmp_path / "a"), "approved"))
     assert verify_checkpoint(fake_checkpoint(tmp_path / "b", b"other"), book).status is Status.unknown
 
 
@@ -76,8 +82,8 @@ def test_unknown_checkpoint_does_not_verify(tmp_path: Path) -> None:
 def test_edited_ledger_is_detected(tmp_path: Path, edit: str) -> None:
     checkpoint = fake_checkpoint(tmp_path / "ckpt")
     book = tmp_path / "ledger.jsonl"
-    ledger.append(book, verdict(checkpoint, "blocked", ["too slow"]))
-    ledger.append(book, verdict(fake_checkpoint(tmp_path / "other", b"x"), "approved"))
+    ledger.append(book, entry(checkpoint, "blocked", ["too slow"]))
+    ledger.append(book, entry(fake_checkpoint(tmp_path / "other", b"x"), "approved"))
     lines = book.read_text().splitlines()
     if edit == "flip-verdict":
         record = json.loads(lines[0])
@@ -95,13 +101,13 @@ def test_edited_ledger_is_detected(tmp_path: Path, edit: str) -> None:
     result = verify_checkpoint(checkpoint, book)
     assert result.status is Status.tampered and not result.deployable
     with pytest.raises(LedgerTampered):
-        ledger.append(book, verdict(checkpoint, "approved"))  # never extend a broken chain
+        ledger.append(book, entry(checkpoint, "approved"))  # never extend a broken chain
 
 
 def test_verify_command_exit_codes(cli, tmp_path: Path) -> None:
     checkpoint = fake_checkpoint(tmp_path / "ckpt")
     book = tmp_path / "ledger.jsonl"
-    ledger.append(book, verdict(checkpoint, "approved"))
+    ledger.append(book, entry(checkpoint, "approved"))
     ok = cli("verify", checkpoint, "--ledger", book)
     assert ok.code == 0 and "approved" in ok.out
     (checkpoint / "model.safetensors").write_bytes(b"changed")

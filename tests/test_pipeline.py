@@ -44,7 +44,7 @@ def test_run_gates_every_format_and_writes_ledger_and_report(tiny_run) -> None:
     assert set(result.verdicts) == set(FORMATS)
     for fmt in FORMATS:
         record = read_json(out / "verdicts" / f"{fmt}.json")["value"]
-        assert record["verdict"] == result.verdicts[fmt]["verdict"]
+        assert record["verdict"] == result.verdicts[fmt].verdict
         gates = {gate["gate"]: gate for gate in record["gates"]}
         # metric gates with intervals, the size gate and the integrity gates, each with a reason
         assert {"wiki-text@v1 kl_divergence", "wiki-text@v1 top1_agreement", "lambada@v1 acc", "size bits_per_weight",
@@ -74,8 +74,8 @@ def test_finished_run_started_again_does_nothing_and_prints_the_same_verdicts(ti
     again = pipeline.run(from_mapping(plan_mapping(quant_model, root)), show_progress=False)
     assert again.redone == []
     assert {stage.status for stage in again.stages} == {"reused"}
-    assert {fmt: v["verdict"] for fmt, v in again.verdicts.items()} == {fmt: v["verdict"] for fmt, v in first.verdicts.items()}
-    assert [v["reasons"] for v in again.verdicts.values()] == [v["reasons"] for v in first.verdicts.values()]
+    assert {fmt: v.verdict for fmt, v in again.verdicts.items()} == {fmt: v.verdict for fmt, v in first.verdicts.items()}
+    assert [v.reasons for v in again.verdicts.values()] == [v.reasons for v in first.verdicts.values()]
     assert (root / "run" / "ledger.jsonl").read_bytes() == ledger_before  # no duplicate records
 
 
@@ -109,8 +109,8 @@ def test_policy_edit_changes_the_verdict_of_a_run(tiny_run, quant_model: Path, t
     # the looks are judged again (the policy's bounds decide when they stop) from cached
     # evaluations; nothing upstream of them is redone
     assert rerun.redone == ["evaluate fp8-e4m3", "gate fp8-e4m3", "evaluate gptq-int4", "gate gptq-int4", "report"]
-    assert rerun.verdicts["gptq-int4"]["verdict"] == "blocked" and rerun.exit_code == 1
-    (reason,) = [r for r in rerun.verdicts["gptq-int4"]["reasons"] if r.startswith("wiki-text kl_divergence")]
+    assert rerun.verdicts["gptq-int4"].verdict == "blocked" and rerun.exit_code == 1
+    (reason,) = [r for r in rerun.verdicts["gptq-int4"].reasons if r.startswith("wiki-text kl_divergence")]
     assert reason.startswith("wiki-text kl_divergence 0.") and reason.endswith("exceeds 0.0000")
     # the ledger keeps both verdicts, each under its own policy hash
     policies = [json.loads(line)["policy"]["sha256"] for line in (root / "run" / "ledger.jsonl").read_text().splitlines()]
@@ -194,7 +194,7 @@ def test_a_format_that_fails_its_checks_is_blocked_and_stays_blocked(quant_model
     mapping = plan_mapping(quant_model, tmp_path, formats=["gptq-int4"])
     result = pipeline.run(from_mapping(mapping), show_progress=False)
     assert result.exit_code == 1 and calls == ["gptq-int4"]
-    (reason,) = result.verdicts["gptq-int4"]["reasons"]
+    (reason,) = result.verdicts["gptq-int4"].reasons
     assert reason.startswith("integrity: the quantized checkpoint produces NaN or Inf logits")
     assert not (tmp_path / "run" / "checkpoints" / "gptq-int4").exists()
     again = pipeline.run(from_mapping(mapping), show_progress=False)
@@ -383,8 +383,8 @@ def test_looks_stop_each_set_when_its_gates_are_decided_and_record_the_items(qua
     assert any(gate["gate"] == "lambada@v1 acc" and gate["items"] == 8 for fmt in FORMATS
                for gate in read_json(out / "verdicts" / f"{fmt}.json")["value"]["gates"])
     again = pipeline.run(from_mapping(mapping), show_progress=False)
-    assert again.redone == [] and {fmt: v["verdict"] for fmt, v in again.verdicts.items()} == {
-        fmt: v["verdict"] for fmt, v in result.verdicts.items()}
+    assert again.redone == [] and {fmt: v.verdict for fmt, v in again.verdicts.items()} == {
+        fmt: v.verdict for fmt, v in result.verdicts.items()}
 
 
 def test_a_plan_can_narrow_the_policy_and_every_verdict_says_so(quant_model: Path, tmp_path: Path) -> None:

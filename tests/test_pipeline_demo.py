@@ -39,7 +39,7 @@ metrics:
 """)
     plan = from_mapping({**plan.plan.model_dump(mode="json"), "policy": str(policy)})
     result = pipeline.run(plan, show_progress=False)
-    record = result.verdicts["fp8-e4m3"]
+    record = result.verdicts["fp8-e4m3"].to_json()
     gates = {gate["gate"]: gate for gate in record["gates"]}
     assert gates["size unexplained_bytes"]["outcome"] == "pass", gates["size unexplained_bytes"]["reason"]
     assert gates["size bits_per_weight"]["outcome"] == "pass"

@@ -56,12 +56,12 @@ def searched(quant_model: Path, tmp_path_factory: pytest.TempPathFactory):
 def test_trials_are_gated_candidates_and_the_chosen_one_is_gated_on_held_out_items(searched) -> None:
     out, result, _ = searched
     record = read_json(out / "search.json")
-    assert result.verdicts["gptq-int4"]["verdict"] == "blocked"  # why a search is wanted
+    assert result.verdicts["gptq-int4"].verdict == "blocked"  # why a search is wanted
     trials = record["trials"]
     assert 1 <= len(trials) <= 3 and record["chosen"] in {trial["name"] for trial in trials}
     for trial in trials:
         verdict = read_json(out / "verdicts" / f"{trial['name']}.json")["value"]
-        assert verdict["split"] == "search" and verdict["verdict"] == trial["verdict"] == result.verdicts[trial["name"]]["verdict"]
+        assert verdict["split"] == "search" and verdict["verdict"] == trial["verdict"] == result.verdicts[trial["name"]].verdict
         assert verdict["precision"] == ("4bit" if "gptq-int4" in trial["groups_by_format"] else "8bit")
         gates = {gate["gate"]: gate for gate in verdict["gates"]}
         assert gates["size allocation_bytes"]["outcome"] == "pass"  # measured to the byte against the allocation
@@ -92,7 +92,7 @@ def test_the_ledger_approves_a_trial_only_through_its_held_out_gate(searched) ->
 def test_a_second_run_reuses_every_trial(searched) -> None:
     out, first, again = searched
     assert again.redone == []
-    assert {name: v["verdict"] for name, v in again.verdicts.items()} == {name: v["verdict"] for name, v in first.verdicts.items()}
+    assert {name: v.verdict for name, v in again.verdicts.items()} == {name: v.verdict for name, v in first.verdicts.items()}
     report = read_json(out / "report" / "report.json")
     assert report  # the report is written after the search
 

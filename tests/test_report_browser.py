@@ -107,7 +107,7 @@ def test_a_runs_report_renders_in_chromium(quant_model: Path, tmp_path: Path) ->
     result = pipeline.run(from_mapping(plan_mapping(quant_model, tmp_path)), show_progress=False)
     page = result.report / "report.html"
     dom = chromium(tmp_path, "--dump-dom", page.as_uri()).stdout
-    verdicts = [entry["verdict"] for entry in result.verdicts.values()]
+    verdicts = [entry.verdict for entry in result.verdicts.values()]
     assert dom.count('<tr class="baseline">') == 1
     assert dom.count('<tr class="approved">') == verdicts.count("approved")
     assert dom.count('<tr class="blocked">') == verdicts.count("blocked")

@@ -25,6 +25,7 @@ from quantgate.core.errors import InputError
 from quantgate.core.models import weight_hashes
 from quantgate.gates import ledger, signing
 from quantgate.gates.stage import record_verdict
+from quantgate.gates.verdict_record import VerdictRecord
 from tests.helpers import plan_mapping
 
 
@@ -55,8 +56,8 @@ def checkpoint(path: Path, weights: bytes = b"quantized weights") -> Path:
     return path
 
 
-def verdict(ckpt: Path, outcome: str = "approved", policy_version: str = "v2", kl: float = 0.012) -> dict[str, Any]:
-    return {
+def verdict(ckpt: Path, outcome: str = "approved", policy_version: str = "v2", kl: float = 0.012) -> VerdictRecord:
+    return VerdictRecord.from_json({
         "kind": "verdict",
         "format": "gptq-int4",
         "precision": "4bit",
@@ -67,7 +68,9 @@ def verdict(ckpt: Path, outcome: str = "approved", policy_version: str = "v2", k
                                                    "unit": "nats"}},
         "verdict": outcome,
         "reasons": [] if outcome == "approved" else ["wiki-text kl_divergence 0.3 above 0.15"],
-    }
+        "baseline": {"model": "/m", "weights_sha256": "c" * 64},
+        "gates": [],
+    }, "a test's verdict")
 
 
 def rewrite(book: Path, edit) -> None:
@@ -93,8 +96,9 @@ def test_a_signed_approval_verifies_with_quantgate_and_with_model_signing_alone(
     ckpt, book = checkpoint(tmp_path / "gptq-int4"), tmp_path / "ledger.jsonl"
     assert record_verdict(book, verdict(ckpt), keys["private"])
     (record,) = ledger.read(book)
-    assert record["signed"] is True and record["signature"]["key_sha256"] == signing.load_public_key(keys["public"]).fingerprint
-    assert (ckpt / "model.sig").read_text() == record["signature"]["bundle"]
+    assert record.signed is True and record.signature is not None
+    assert record.signature.key_sha256 == signing.load_public_key(keys["public"]).fingerprint
+    assert (ckpt / "model.sig").read_text() == record.signature.bundle
 
     ok = cli("verify", ckpt, "--ledger", book, "--public-key", keys["public"])
     assert ok.code == 0 and ": approved: approved " in ok.out and "signed by" in ok.out, ok.out + ok.err
@@ -227,7 +231,7 @@ def test_a_mangled_signature_is_refused_never_a_traceback(cli, keys, tmp_path: P
 def test_an_unsigned_approval_is_refused_when_a_key_is_asked(cli, keys, tmp_path: Path) -> None:
     ckpt, book = checkpoint(tmp_path / "gptq-int4"), tmp_path / "ledger.jsonl"
     assert record_verdict(book, verdict(ckpt))
-    assert ledger.read(book)[0]["signed"] is False and not (ckpt / "model.sig").exists()
+    assert ledger.read(book)[0].signed is False and not (ckpt / "model.sig").exists()
     plain = cli("verify", ckpt, "--ledger", book)
     assert plain.code == 0 and "unsigned" in plain.out
     refused = cli("verify", ckpt, "--ledger", book, "--public-key", keys["public"])
@@ -241,13 +245,14 @@ def test_an_unsigned_approval_is_refused_when_a_key_is_asked(cli, keys, tmp_path
     signed = ledger.read(book)[-1]
     (ckpt / "model.sig").unlink()
     assert not record_verdict(book, verdict(ckpt), keys["private"])
-    assert (ckpt / "model.sig").read_text() == signed["signature"]["bundle"] and len(ledger.read(book)) == 2
+    assert signed.signature is not None
+    assert (ckpt / "model.sig").read_text() == signed.signature.bundle and len(ledger.read(book)) == 2
 
 
 def test_a_blocked_verdict_is_not_signed_and_is_refused(cli, keys, tmp_path: Path) -> None:
     ckpt, book = checkpoint(tmp_path / "gptq-int4"), tmp_path / "ledger.jsonl"
     record_verdict(book, verdict(ckpt, "blocked"), keys["private"])
-    assert ledger.read(book)[0]["signed"] is False and not (ckpt / "model.sig").exists()
+    assert ledger.read(book)[0].signed is False and not (ckpt / "model.sig").exists()
     refused = cli("verify", ckpt, "--ledger", book, "--public-key", keys["public"])
     assert refused.code == 1 and ": blocked: blocked " in refused.out and "kl_divergence 0.3" in refused.out
 
@@ -277,10 +282,10 @@ def test_a_newer_block_takes_the_signature_out_of_the_checkpoint(cli, keys, tmp_
 def test_a_search_trial_approval_is_not_signed(keys, tmp_path: Path) -> None:
     """A trial approved on the search split deploys nothing (docs/search.md): nothing to sign."""
     ckpt, book = checkpoint(tmp_path / "search-1"), tmp_path / "ledger.jsonl"
-    record_verdict(book, {**verdict(ckpt), "split": "search"}, keys["private"])
-    assert ledger.read(book)[0]["signed"] is False and not (ckpt / "model.sig").exists()
-    record_verdict(book, {**verdict(ckpt), "format": "search-1@held-out", "split": "held-out"}, keys["private"])
-    assert ledger.read(book)[1]["signed"] is True and (ckpt / "model.sig").exists()
+    record_verdict(book, verdict(ckpt).with_fields(split="search"), keys["private"])
+    assert ledger.read(book)[0].signed is False and not (ckpt / "model.sig").exists()
+    record_verdict(book, verdict(ckpt).with_fields(format="search-1@held-out", split="held-out"), keys["private"])
+    assert ledger.read(book)[1].signed is True and (ckpt / "model.sig").exists()
 
 
 def other_keys(directory: Path) -> dict[str, Path]:
@@ -365,7 +370,7 @@ def test_a_run_signs_its_approvals_and_refuses_a_bad_key_before_any_work(quant_m
     ckpt = tmp_path / "run" / "checkpoints" / "fp8-e4m3"
     assert (ckpt / signing.SIGNATURE_FILE).is_file()
     [record] = ledger.read(tmp_path / "run" / "ledger.jsonl")
-    assert record["verdict"] == "approved" and record["signed"] is True
+    assert record.verdict == "approved" and record.signed is True
     verified = cli("verify", str(ckpt), "--ledger", str(tmp_path / "run" / "ledger.jsonl"), "--public-key", str(keys["public"]))
     assert verified.code == 0, verified.out
     other = cli("verify", str(ckpt), "--ledger", str(tmp_path / "run" / "ledger.jsonl"), "--public-key", str(keys["other_public"]))

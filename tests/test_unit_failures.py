@@ -57,13 +57,13 @@ def test_a_serve_that_hangs_or_dies_leaves_its_format_pending_and_the_run_finish
     assert result.exit_code == 1
     assert [unit.split(" failed:")[0] for unit in result.failed_units] == ["serve baseline", "serve fp8-e4m3"]
     assert all(fragment in unit for unit in result.failed_units)
-    verdict = result.verdicts["fp8-e4m3"]
+    verdict = result.verdicts["fp8-e4m3"].to_json()
     serving = [gate for gate in verdict["gates"] if gate["gate"].startswith("serving")]
     assert [gate["decided_by"] for gate in serving] == ["pending"] and fragment in serving[0]["reason"]
     # quality passed; serving is missing evidence, never a block
     assert verdict["quality"] == "passed" and verdict["verdict"] == "pending"
     assert (run / "report" / "report.html").is_file() and read_json(run / "run.json")["status"] == "finished"
-    assert [record["format"] for record in ledger.read(run / "ledger.jsonl")] == ["fp8-e4m3"]
+    assert [record.format for record in ledger.read(run / "ledger.jsonl")] == ["fp8-e4m3"]
     assert not (run / "serve" / "fp8-e4m3.json").exists()  # nothing cached: the next run serves it again
 
 
@@ -92,10 +92,10 @@ def test_a_quantization_that_raises_and_an_evaluation_out_of_memory_do_not_end_t
     run = tmp_path / "run"
     assert result.exit_code == 1
     assert [unit.split(":")[0] for unit in result.failed_units] == ["quantize gptq-int4 failed", "evaluate fp8-e4m3 failed"]
-    (quantize_reason,) = result.verdicts["gptq-int4"]["reasons"]
+    (quantize_reason,) = result.verdicts["gptq-int4"].reasons
     assert "quantize gptq-int4 failed: RuntimeError: a kernel the library could not find" in quantize_reason
-    assert "MemoryError: out of memory evaluating lambada" in result.verdicts["fp8-e4m3"]["reasons"][0]
-    assert all(verdict["verdict"] == "blocked" for verdict in result.verdicts.values())
+    assert "MemoryError: out of memory evaluating lambada" in result.verdicts["fp8-e4m3"].reasons[0]
+    assert all(verdict.verdict == "blocked" for verdict in result.verdicts.values())
     log = (run / "logs" / "quantize-gptq-int4.log").read_text()
     assert "Traceback" in log and "a kernel the library could not find" in log
     assert (run / "logs" / "evaluate-fp8-e4m3.log").is_file() and (run / "report" / "report.html").is_file()

@@ -10,7 +10,6 @@ from quantgate.cli.options import print_json
 from quantgate.gates.ledger import verify_checkpoint
 from quantgate.gates.signing import SIGNATURE_FILE
 from quantgate.gates.stage import gate_results
-from quantgate.gates.verdict_record import read_gates
 
 # This module's commands; quantgate.cli.app.COMMANDS names each, so `quantgate --help` need not import it.
 commands = typer.Typer(add_completion=False)
@@ -68,17 +67,17 @@ def gate_command(
                           precision=precision, ledger=ledger_path, narrow_to=narrow_policy or None, served=served,
                           served_baseline=served_baseline, signing_key=signing_key)
     if as_json:
-        print_json(record)
+        print_json(record.to_json())
     else:  # plain lines, one a gate, so a CI log can be searched
-        typer.echo(f"{record['verdict']} {record['format']} ({record['precision']} thresholds) "
-                   f"under {record['policy']['name']}@{record['policy']['version']}"
-                   + (f" narrowed to {', '.join(record['policy']['narrowed_to'])}" if record["policy"].get("narrowed_to") else ""))
-        for gate in read_gates(record["gates"], "the verdict"):
+        typer.echo(f"{record.verdict} {record.format} ({record.precision} thresholds) "
+                   f"under {record.policy.name}@{record.policy.version}"
+                   + (f" narrowed to {', '.join(record.policy.narrowed_to)}" if record.policy.narrowed_to else ""))
+        for gate in record.gates:
             mark = {"pass": "pass", "fail": "FAIL", "not evaluated": "SKIPPED"}.get(gate.outcome.value, "UNDECIDED")
             typer.echo(f"  {mark}  {gate.reason}")
-        signature = Path(record["checkpoint"]["path"]) / SIGNATURE_FILE if record.get("checkpoint") else None
-        if signing_key is not None and record["verdict"] == "approved" and signature is not None and signature.is_file():
+        signature = Path(record.checkpoint.path) / SIGNATURE_FILE if record.checkpoint else None
+        if signing_key is not None and record.verdict == "approved" and signature is not None and signature.is_file():
             typer.echo(f"signed: {signature} (and the ledger's record)")
-        elif signing_key is not None and record["verdict"] == "approved":
+        elif signing_key is not None and record.verdict == "approved":
             typer.echo("not signed: a later verdict on these weights in the ledger decides (quantgate verify says which)")
-    raise typer.Exit(0 if record["verdict"] == "approved" else 1)
+    raise typer.Exit(0 if record.verdict == "approved" else 1)

@@ -127,12 +127,13 @@ def check_command(
 def _attest(checkpoint: str, run: Path, out: Path, *, baseline: Path | None, ledger: Path | None, signing_key: Path | None,
             overwrite: bool) -> None:
     with atomic_directory(out, overwrite=overwrite) as staging:
-        record = attest(resolve_model(checkpoint), run, staging, baseline=baseline, ledger=ledger, signing_key=signing_key)
-    typer.echo(f"{record['format']} on {record['device_class']}: serving {record['serving_status']}"
-               + ("" if record["serving_status"] == "approved" else f" ({'; '.join(record['reasons'][:2])})"))
-    typer.echo(f"ledger {record['ledger']}: serving record appended ({'signed' if record['signed'] else 'unsigned'}); "
-               f"`quantgate verify {checkpoint} --ledger {record['ledger']}` says whether it is deployable now")
-    if record["serving_status"] != "approved":
+        attested = attest(resolve_model(checkpoint), run, staging, baseline=baseline, ledger=ledger, signing_key=signing_key)
+    record = attested.record
+    typer.echo(f"{record.format} on {record.device_class}: serving {record.serving_status}"
+               + ("" if record.serving_status == "approved" else f" ({'; '.join((record.reasons or [])[:2])})"))
+    typer.echo(f"ledger {attested.ledger}: serving record appended ({'signed' if record.signed else 'unsigned'}); "
+               f"`quantgate verify {checkpoint} --ledger {attested.ledger}` says whether it is deployable now")
+    if record.serving_status != "approved":
         raise typer.Exit(1)
 
 

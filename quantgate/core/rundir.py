@@ -30,8 +30,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Final
 
-RUN_KIND = "quantgate-run"  # run.json's "kind"
+RUN_KIND: Final = "quantgate-run"  # run.json's "kind"
 BASELINE = "baseline"  # the name of the baseline's measure/ and results/ entries
 
 

@@ -21,7 +21,7 @@ from quantgate.evalsets.evaluate import model_identity
 from quantgate.evalsets.results import ModelIdentity
 from quantgate.evalsets.served import ServeCheckConfig
 from quantgate.gates.policy import PRECISION_CLASSES, LoadedPolicy, mixed_precision_class, precision_class
-from quantgate.gates.samplesize import Discordance, GatePower, gate_powers
+from quantgate.gates.samplesize import Discordance, GatePower, GatePowerJSON, gate_powers
 from quantgate.gates.sequential import schedule
 from quantgate.gates.signing import load_signing_key
 from quantgate.gates.stage import load_gate_policy
@@ -76,7 +76,7 @@ class ResolvedPlan:
     powers: tuple[GatePower, ...] = ()
 
     @property
-    def planned_power(self) -> list[dict[str, Any]]:
+    def planned_power(self) -> list[GatePowerJSON]:
         """Each gate's planned power, as run.json and the report record it: per split, set, metric
         and precision class, the ceiling, the items it needs for power 0.8 at half its margin, the
         power its ceiling gives there, and the discordance assumed with its source."""

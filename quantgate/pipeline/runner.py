@@ -40,6 +40,7 @@ from quantgate.core.errors import InputError, IntegrityError
 from quantgate.core.headers import read_checkpoint
 from quantgate.core.ids import SERVING, GateId
 from quantgate.core.models import weight_file_hashes
+from quantgate.core.records import RecordPart
 from quantgate.core.rundir import BASELINE, RUN_KIND, RunDir
 from quantgate.core.stagecache import Cached, StageCache, stored_value
 from quantgate.evalsets.evaluate import cache_root, model_identity
@@ -49,6 +50,7 @@ from quantgate.gates.policy import LoadedPolicy, Outcome, mixed_precision_class,
 from quantgate.gates.report import build as build_report
 from quantgate.gates.report import data_key as report_key
 from quantgate.gates.report import write as write_report
+from quantgate.gates.run_record import PlannedPower, PlotAxes, RunPlan, RunPolicy, RunRecord, RunStage, RunVerdict
 from quantgate.gates.stage import item_records, overlap_summary, record_verdict, verdict_record
 from quantgate.gates.verdict import (
     GateResult,
@@ -64,7 +66,18 @@ from quantgate.gates.verdict import (
     size_gates,
     tails,
 )
-from quantgate.gates.verdict_record import read_gates
+from quantgate.gates.verdict_record import (
+    AsServedRecord,
+    ClassVerdict,
+    GateRecord,
+    Number,
+    OverlapSummary,
+    SequentialSummary,
+    SplitItems,
+    TraceEntry,
+    VerdictRecord,
+    read_part,
+)
 from quantgate.pipeline import executor as executors
 from quantgate.pipeline import keys, units
 from quantgate.pipeline.executor import Executor, TaskLost
@@ -120,7 +133,7 @@ def _make_out(out: Path) -> bool:
 @dataclass
 class RunResult:
     out: Path
-    verdicts: dict[str, dict[str, Any]]  # format -> verdict record
+    verdicts: dict[str, VerdictRecord]  # format -> verdict record
     stages: list[StageStatus] = field(default_factory=list)
     report: Path | None = None
     seconds: float = 0.0
@@ -130,7 +143,7 @@ class RunResult:
     def all_approved(self) -> bool:
         """Every format approved, and a search's held-out gate where there is one; a search
         trial's own verdict (on the search split) approves nothing, so it does not count."""
-        return all(entry["verdict"] == "approved" for entry in self.verdicts.values() if entry.get("split") != "search")
+        return all(entry.verdict == "approved" for entry in self.verdicts.values() if entry.split != "search")
 
     @property
     def exit_code(self) -> int:
@@ -168,7 +181,7 @@ def _unit_error(error: BaseException) -> bool:
 
 @dataclass(frozen=True)
 class _Overlap:
-    summary: dict[str, Any]
+    summary: OverlapSummary
     key: str
 
 
@@ -200,25 +213,38 @@ class _Baseline:
     served: _Served | None = None
 
 
+class SequentialStage(RecordPart):
+    """The sequential stage's value (quantgate.pipeline.units.sequential): the looks' gates, the
+    items evaluated per set, every gate at every look, what stopped them, the split's looks."""
+
+    gates: list[GateRecord]
+    depths: dict[str, int]
+    trace: list[TraceEntry]
+    blocked_by: str | None
+    looks: dict[str, list[int]]
+    offsets: dict[str, int] = {}
+    error_control: str
+    confidence: Number
+
+
 @dataclass(frozen=True)
 class _Evidence:
     """What a candidate's looks decided (the sequential stage's value and key), and the results
     they leave: the candidate's and the baseline's on the same items (None: nothing evaluated)."""
 
-    value: dict[str, Any]
+    value: SequentialStage
     key: str
     results: evalsets.EvaluationResults | None
     baseline: evalsets.EvaluationResults | None
 
 
-def sequential_summary(value: dict[str, Any]) -> dict[str, Any]:
+def sequential_summary(value: SequentialStage) -> SequentialSummary:
     """A verdict's record of its looks: the planned looks and the items evaluated per set, the
     error control, what stopped them, and the sets not evaluated, with why."""
-    not_run = {spec: f"not evaluated: the candidate was blocked first by {value['blocked_by']}"
-               for spec, items in value["depths"].items() if not items and value.get("blocked_by")}
-    return {"looks": value["looks"], "items": value["depths"], "error_control": value["error_control"],
-            "confidence": value["confidence"], "blocked_by": value["blocked_by"], "not_evaluated": not_run,
-            "trace": value["trace"]}
+    not_run = {spec: f"not evaluated: the candidate was blocked first by {value.blocked_by}"
+               for spec, items in value.depths.items() if not items and value.blocked_by}
+    return SequentialSummary(looks=value.looks, items=value.depths, error_control=value.error_control, confidence=value.confidence,
+                             blocked_by=value.blocked_by, not_evaluated=not_run, trace=value.trace)
 
 
 @dataclass(frozen=True)
@@ -391,7 +417,7 @@ class _Run:
             raise UnitFailed(kind, label, reason) from error
 
     def chain(self) -> RunResult:
-        write_json(self.dir.run_file, self.manifest(status="running"))
+        self.manifest(status="running").write(self.dir.run_file)
         if self.executor.concurrent and len(self.plan.plan.formats) > 1:
             calibration_set, overlap, baseline, verdicts = self.side_by_side()
         else:
@@ -402,11 +428,11 @@ class _Run:
         if self.plan.plan.search is not None:
             verdicts.update(self.search(calibration_set, baseline, overlap, verdicts))
         units.forget()  # the models this process kept for the run
-        write_json(self.dir.run_file, self.manifest(status="finished", verdicts=verdicts))
+        self.manifest(status="finished", verdicts=verdicts).write(self.dir.run_file)
         self.report()
         result = RunResult(self.dir.root, verdicts, self.log.stages, self.dir.report, seconds=time.perf_counter() - self.started,
                            failed_units=list(self.failed_units))
-        write_json(self.dir.run_file, self.manifest(status="finished", verdicts=verdicts, seconds=result.seconds))
+        self.manifest(status="finished", verdicts=verdicts, seconds=result.seconds).write(self.dir.run_file)
         return result
 
     # ---- once a run -------------------------------------------------------------------------
@@ -423,8 +449,8 @@ class _Run:
         key = keys.overlap_key(self.plan, calibration_set.fingerprint)
         summary = self.cache.json(kind="overlap", label="overlap of calibration and golden sets", path=self.dir.overlap, key=key,
                                   produce=lambda: self.call("overlap", "overlap", partial(overlap_summary, calibration_set,
-                                                                                    list(self.plan.goldens.values()))))
-        return _Overlap(summary, key)
+                                                                                    list(self.plan.goldens.values()))).model_dump(mode="json"))
+        return _Overlap(read_part(OverlapSummary, summary, f"{self.dir.overlap}: value"), key)
 
     def baseline(self) -> _Baseline:
         results = self.baseline_results()
@@ -468,7 +494,7 @@ class _Run:
 
     # ---- per format -------------------------------------------------------------------------
 
-    def side_by_side(self) -> tuple[calibration.CalibrationSet, _Overlap, _Baseline, dict[str, dict[str, Any]]]:
+    def side_by_side(self) -> tuple[calibration.CalibrationSet, _Overlap, _Baseline, dict[str, VerdictRecord]]:
         """Under a concurrent executor, what does not wait for anything runs at once: the baseline
         (its first looks, then every look a format can ask for) beside the calibration set, each
         format's quantization and measurement as soon as the calibration set is made, each
@@ -523,7 +549,7 @@ class _Run:
         served: what its gate needs."""
         return self.examine(self.quantize(fmt, calibration_set), overlap, baseline)
 
-    def judge(self, candidate: _Candidate, baseline: _Baseline, overlap: _Overlap) -> dict[str, Any]:
+    def judge(self, candidate: _Candidate, baseline: _Baseline, overlap: _Overlap) -> VerdictRecord:
         """A quantized checkpoint (a format's or a search trial's), measured, evaluated on its
         split and gated: its verdict record."""
         return self.conclude(self.examine(candidate, overlap, lose=False), baseline, overlap)
@@ -548,7 +574,7 @@ class _Run:
             return _Prepared(candidate, lost=str(lost))
         except UnitFailed as failed:  # no verdict on this candidate this run; the run goes on
             return _Prepared(candidate, lost=failed.reason)
-        if evidence.value.get("blocked_by") and self.plan.serve_cfg is not None:  # blocked by quality: no serve changes that
+        if evidence.value.blocked_by and self.plan.serve_cfg is not None:  # blocked by quality: no serve changes that
             begun = self.cache.begin(f"serve {name}")
             self.cache.finish("serve", f"serve {name}", "skipped", begun, "blocked by its quality gates")
             return _Prepared(candidate, measured, measure_key, evidence, None)
@@ -559,7 +585,7 @@ class _Run:
             return _Prepared(candidate, measured, measure_key, evidence, self.serve(candidate.fmt, candidate.checkpoint, trial))
         return _Prepared(candidate, measured, measure_key, evidence, self.serve(name, candidate.checkpoint, evidence.results))
 
-    def conclude(self, prepared: _Prepared, baseline: _Baseline, overlap: _Overlap) -> dict[str, Any]:
+    def conclude(self, prepared: _Prepared, baseline: _Baseline, overlap: _Overlap) -> VerdictRecord:
         """The verdict on a prepared candidate: its gates (and the ledger), or blocked for what
         stopped it before them."""
         if prepared.evidence is None or prepared.measured is None:
@@ -577,7 +603,7 @@ class _Run:
         serves"). None for a search trial (its held-out gate is the one a user deploys), a
         candidate its quality blocked, or one with no set the engine evaluates."""
         plan = self.plan
-        if served is None or evidence.results is None or evidence.value.get("blocked_by") or plan.serving_env is None:
+        if served is None or evidence.results is None or evidence.value.blocked_by or plan.serving_env is None:
             return []
         if candidate.split is not None and candidate.split.name != "held-out":
             return []
@@ -655,7 +681,7 @@ class _Run:
         self.log.end(lost.kind, label, "failed", 0.0, str(lost))
         return Cached(None, {"failed": str(lost), "lost": str(lost)})
 
-    def blocked(self, candidate: _Candidate, baseline: _Baseline, lost: str | None = None) -> dict[str, Any]:
+    def blocked(self, candidate: _Candidate, baseline: _Baseline, lost: str | None = None) -> VerdictRecord:
         """The verdict on a checkpoint that failed its own checks (nothing to measure or deploy),
         or one whose task the cluster lost for good."""
         fmt, failure = candidate.name, lost or candidate.quantized.failed or ""
@@ -663,11 +689,13 @@ class _Run:
             begun = self.cache.begin(f"{kind} {fmt}")
             self.cache.finish(kind, f"{kind} {fmt}", "skipped", begun, "no checkpoint")
         verdict = lost_verdict(failure) if lost else blocked_verdict(failure)
-        return self.cache.json(
-            kind="gate", label=f"gate {fmt}", path=self.dir.verdict(fmt), key=keys.blocked_gate_key(self.plan, candidate.quantize_key, failure),
+        path = self.dir.verdict(fmt)
+        value = self.cache.json(
+            kind="gate", label=f"gate {fmt}", path=path, key=keys.blocked_gate_key(self.plan, candidate.quantize_key, failure),
             produce=lambda: _with_split(verdict_record(fmt, verdict, precision=candidate.precision, policy=self.plan.policy,
                                                        checkpoint=None, baseline_results=baseline.results, candidate_results=None),
-                                        candidate))
+                                        candidate).to_json())
+        return VerdictRecord.from_json(value, f"{path}: value")
 
     def measure(self, candidate: _Candidate) -> tuple[MeasurementRecord, str]:
         """The checkpoint's byte accounting (its decode bounds are stored beside it, for the
@@ -702,9 +730,10 @@ class _Run:
             path.unlink(missing_ok=True)
             for damaged in (self.dir.results(name), self.dir.paired_baseline(name)):
                 shutil.rmtree(damaged, ignore_errors=True)  # never read again as they are
-        value = self.cache.json(kind="evaluate", label=label, path=path, key=key,
-                                produce=lambda: self.call("evaluate", label, partial(units.sequential, plan, self.dir, unit, candidate.split)))
-        if not any(value["depths"].values()):
+        value = read_part(SequentialStage, self.cache.json(
+            kind="evaluate", label=label, path=path, key=key,
+            produce=lambda: self.call("evaluate", label, partial(units.sequential, plan, self.dir, unit, candidate.split))), f"{path}: value")
+        if not any(value.depths.values()):
             return _Evidence(value, key, None, None)
         if published is None or not published:  # just made: loaded (and verified) once, here
             published = (evalsets.load_results(self.dir.results(name)), evalsets.load_results(self.dir.paired_baseline(name)))
@@ -729,7 +758,7 @@ class _Run:
 
     def gate(self, candidate: _Candidate, *, measured: MeasurementRecord, measure_key: str, evidence: _Evidence,
              baseline: _Baseline, overlap: _Overlap, served: _Served | None = None,
-             as_served: list[_AsServed] | None = None) -> dict[str, Any]:
+             as_served: list[_AsServed] | None = None) -> VerdictRecord:
         """The verdict record, appended to the ledger unless the ledger holds it already."""
         plan, fmt = self.plan, candidate.name
         # the policy's serving gates judge every candidate, a search's trials included: a trial vLLM
@@ -746,10 +775,9 @@ class _Run:
                             as_served=[[entry.numerics.which, sha256_file(entry.results.path / MANIFEST) if entry.results else FAILED]
                                        for entry in as_served or []])
 
-        def verdict() -> dict[str, Any]:
+        def verdict() -> VerdictRecord:
             manifest = candidate.manifest
-            metric_gates = [GateResult.from_record(gate) for gate in
-                            read_gates(evidence.value["gates"], f"{self.dir.sequential(candidate.name)}: value")]
+            metric_gates = [GateResult.from_record(gate) for gate in evidence.value.gates]
             candidate_items = item_records(evidence.results) if evidence.results else None
             serving = ServingEvidence(served.record if served else None, reference.record if reference else None) \
                 if gates_serving else None
@@ -764,24 +792,28 @@ class _Run:
             summary = sequential_summary(evidence.value)
             gated_as_served = [as_served_record(entry, baseline=evidence.baseline, policy=plan.policy, precision=candidate.precision)
                                for entry in as_served or []]
-            served_part: dict[str, Any] = {"serving": served.record.summary().to_json(),
-                           "classes": serving_classes(judged, served.record, record, self.dir.root, gated_as_served)} if served else {}
+            record = record.with_fields(sequential=summary, not_evaluated=summary.not_evaluated,
+                                        tails=tails(candidate_items or {}, plan.policy.policy.statistics))
+            if served:
+                record = record.with_fields(serving=served.record.summary(),
+                                            classes=serving_classes(judged, served.record, record, self.dir.root, gated_as_served))
             if gated_as_served:
-                served_part["as_served"] = gated_as_served
-            return _with_split({**record, "sequential": summary, "not_evaluated": summary["not_evaluated"],
-                                "tails": tails(candidate_items or {}, plan.policy.policy.statistics), **served_part}, candidate)
+                record = record.with_fields(as_served=gated_as_served)
+            return _with_split(record, candidate)
 
-        record = self.cache.json(kind="gate", label=f"gate {fmt}", path=self.dir.verdict(fmt), key=key, produce=verdict)
+        path = self.dir.verdict(fmt)
+        record = VerdictRecord.from_json(self.cache.json(kind="gate", label=f"gate {fmt}", path=path, key=key,
+                                                         produce=lambda: verdict().to_json()), f"{path}: value")
         # the driver is this run's only writer; another run may share the ledger (record_verdict holds its lock)
         appended = record_verdict(self.pipeline.ledger, record, self.plan.signing_key)
-        self.log.amend(f"gate {fmt}", f"{record['verdict']}; ledger {'appended' if appended else 'already holds this verdict'}",
+        self.log.amend(f"gate {fmt}", f"{record.verdict}; ledger {'appended' if appended else 'already holds this verdict'}",
                        done=appended)
         return record
 
     # ---- the mixed-precision search ---------------------------------------------------------
 
     def search(self, calibration_set: calibration.CalibrationSet, baseline: _Baseline, overlap: _Overlap,
-               uniform: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+               uniform: dict[str, VerdictRecord]) -> dict[str, VerdictRecord]:
         """The search (quantgate.pipeline.search): its record in search.json; the verdicts of its
         trials and of the held-out gate, by name."""
         plan, search = self.plan, self.plan.plan.search
@@ -791,25 +823,32 @@ class _Run:
         unmeasured = [name for name in search.formats if not self.dir.measure(name).is_file()]
         if unmeasured:  # its checkpoint failed its own checks, or its task was lost on a cluster
             raise TaskLost("measure", f"measure {unmeasured[0]}", f"the search mixes {unmeasured[0]}, which this run did not measure "
-                           f"({uniform[unmeasured[0]]['reasons'][0] if uniform.get(unmeasured[0], {}).get('reasons') else 'no checkpoint'})")
+                           f"({uniform[unmeasured[0]].reasons[0] if unmeasured[0] in uniform and uniform[unmeasured[0]].reasons else 'no checkpoint'})")
         measurements = {name: stage_measurement(stored_value(self.dir.measure(name)), str(self.dir.measure(name)))
                         for name in (BASELINE, *search.formats)}
         measurements[quantize.UNQUANTIZED] = measurements.pop(BASELINE)
         space = build_space(search.formats, measurements, {fmt: scores.scores(fmt) for fmt in search.formats})
         made: dict[str, _Candidate] = {}
 
-        def trial(name: str, allocation: Allocation) -> dict[str, Any]:
+        judged: dict[str, VerdictRecord] = {}
+
+        # quantgate.pipeline.search decides on the verdicts' JSON; the records themselves are kept here
+        def trial(name: str, allocation: Allocation) -> VerdictRecord:
             made[name] = self.quantize_trial(name, mixed_config(plan, space, allocation), calibration_set,
                                              space.trial_layers(allocation))
-            return self.judge(made[name], baseline, overlap)
+            judged[name] = self.judge(made[name], baseline, overlap)
+            return judged[name]
 
-        def held_out(name: str) -> dict[str, Any]:
-            return self.judge(replace(made[name], split=plan.holdout), baseline, overlap)
+        def held_out(name: str) -> VerdictRecord:
+            judged[f"{name}@held-out"] = self.judge(replace(made[name], split=plan.holdout), baseline, overlap)
+            return judged[f"{name}@held-out"]
 
-        record = run_search(plan, space, Trials(trial, held_out, uniform))
+        record = run_search(plan, space, Trials(lambda name, allocation: trial(name, allocation).to_json(),
+                                                lambda name: held_out(name).to_json(),
+                                                {fmt: verdict.to_json() for fmt, verdict in uniform.items()}))
         write_json(self.dir.search_file, {key: value for key, value in record.items() if key != "verdicts"})
         stderr.print(f"search: {record['conclusion']}", highlight=False, soft_wrap=True)
-        return dict(record["verdicts"])
+        return {name: judged[name] for name in record["verdicts"]}
 
     def sensitivity(self, calibration_set: calibration.CalibrationSet) -> sensitivity.Sensitivity:
         plan, search = self.plan, self.plan.plan.search
@@ -842,57 +881,56 @@ class _Run:
 
     # ---- run.json ---------------------------------------------------------------------------
 
-    def manifest(self, status: str, verdicts: dict[str, dict[str, Any]] | None = None, seconds: float | None = None) -> dict[str, Any]:
+    def manifest(self, status: str, verdicts: dict[str, VerdictRecord] | None = None, seconds: float | None = None) -> RunRecord:
         plan, loaded = self.plan, self.pipeline.loaded
-        return {
-            "kind": RUN_KIND,
-            "schema_version": 1,
-            "status": status,
-            "plan": plan.plan.model_dump(mode="json"),
-            "plan_file": str(loaded.path) if loaded.path else None,
-            "plan_sha256": loaded.sha256,
-            "model": str(plan.model_dir),
-            "formats": list(plan.plan.formats),
-            "sets": plan.set_specs,
-            "hardware": list(plan.hardware),
-            "policy": plan.policy.identity | {"path": str(plan.policy.path)},
-            "confidence": plan.policy.policy.statistics.confidence,
-            "looks": plan.looks_json,
+        return RunRecord(
+            kind=RUN_KIND,
+            schema_version=1,
+            status=status,
+            plan=RunPlan.model_validate(plan.plan.model_dump(mode="json")),
+            plan_file=str(loaded.path) if loaded.path else None,
+            plan_sha256=loaded.sha256,
+            model=str(plan.model_dir),
+            formats=list(plan.plan.formats),
+            sets=plan.set_specs,
+            hardware=list(plan.hardware),
+            policy=RunPolicy(**plan.policy.identity, path=str(plan.policy.path)),
+            confidence=plan.policy.policy.statistics.confidence,
+            looks=plan.looks_json,
             # each gate's planned power at its ceiling (gates.samplesize; docs/gates.md, "Planned ceilings")
-            "planned_power": plan.planned_power,
-            "plot": dict(plan.plot_metric),
-            "ledger": str(self.pipeline.ledger),
-            "stages": [vars(stage) for stage in self.log.stages],
-            "verdicts": {fmt: {"verdict": entry["verdict"], "reasons": entry["reasons"], "classes": entry.get("classes") or {}}
-                         for fmt, entry in (verdicts or {}).items()},
-            "failed_units": list(self.failed_units),
-            "seconds": seconds,
-            "quantgate_version": plan.version,
-        }
+            planned_power=[PlannedPower(**power.as_dict()) for power in plan.powers],
+            plot=PlotAxes.model_validate(dict(plan.plot_metric)),
+            ledger=str(self.pipeline.ledger),
+            stages=[RunStage(**vars(stage)) for stage in self.log.stages],
+            verdicts={fmt: RunVerdict.of(entry) for fmt, entry in (verdicts or {}).items()},
+            failed_units=list(self.failed_units),
+            seconds=seconds,
+            quantgate_version=plan.version,
+        )
 
 
 def as_served_record(made: _AsServed, *, baseline: evalsets.EvaluationResults | None, policy: LoadedPolicy,
-                     precision: str) -> dict[str, Any]:
+                     precision: str) -> AsServedRecord:
     """What a device class serves, gated: the numerics (which, the settings, the schemes it
     computes, why they differ), the policy's metric gates on the served results, paired item by
     item with the baseline's, and `status`: passed, failed, or not evaluated (the unit failed)."""
     numerics, results, failure = made.numerics, made.results, made.failure
-    record: dict[str, Any] = {"numerics": numerics.which, "device_class": numerics.device_class, "settings": numerics.settings,
-                              "served_as": numerics.served_as, "because": numerics.why}
+    record = partial(AsServedRecord, numerics=numerics.which, device_class=numerics.device_class, settings=numerics.settings,
+                     served_as=numerics.served_as, because=numerics.why)
     if results is None or baseline is None:
-        return {**record, "status": "not evaluated", "reason": failure or "no baseline results to pair with"}
+        return record(status="not evaluated", reason=failure or "no baseline results to pair with")
     try:
         gates = served_quality_gates(item_records(baseline), item_records(results), policy, precision)
     except InputError as error:  # results that do not pair with the baseline's: no evidence, said so
-        return {**record, "status": "not evaluated", "reason": str(error), "results": str(results.path)}
+        return record(status="not evaluated", reason=str(error), results=str(results.path))
     failing = [gate for gate in gates if gate.outcome is not Outcome.passed]
     status = "failed" if failing else "passed" if gates else "not evaluated"
     reason = "; ".join(gate.reason for gate in (failing or gates)) or "the policy gates none of the sets the engine evaluated"
-    return {**record, "status": status, "reason": reason, "results": str(results.path), "gates": [gate.as_dict() for gate in gates]}
+    return record(status=status, reason=reason, results=str(results.path), gates=[gate.record() for gate in gates])
 
 
-def serving_classes(judged: Verdict, served: ServeRecord, record: dict[str, Any], run_dir: Path,
-                    as_served: list[dict[str, Any]] | None = None) -> dict[str, dict[str, Any]]:
+def serving_classes(judged: Verdict, served: ServeRecord, record: VerdictRecord, run_dir: Path,
+                    as_served: list[AsServedRecord] | None = None) -> dict[str, ClassVerdict]:
     """The verdict per device class, from this run's serve record: its status (approved, pending or
     blocked), why, and for a pending one the command that adds serving evidence from a machine
     of the class where it will serve (`quantgate serving check --run`, docs/serving.md); where the
@@ -902,12 +940,12 @@ def serving_classes(judged: Verdict, served: ServeRecord, record: dict[str, Any]
         return {}
     device_class = served.device_class or "unknown"
     reasons = [gate.reason for gate in judged.gates if GateId.parse(gate.gate).scope == SERVING and gate.outcome is not Outcome.passed]
-    entry: dict[str, Any] = {"status": status, "reason": reasons[0] if reasons else served.reason or "served as gated"}
-    checkpoint = (record.get("checkpoint") or {}).get("path")
-    if status != "approved" and checkpoint and record.get("quality") == "passed":
-        entry["next"] = f"quantgate serving check {checkpoint} --run {run_dir}"
+    entry = ClassVerdict(status=status, reason=reasons[0] if reasons else served.reason or "served as gated")
+    checkpoint = record.checkpoint.path if record.checkpoint is not None else None
+    if status != "approved" and checkpoint and record.quality == "passed":
+        entry = entry.model_copy(update={"next": f"quantgate serving check {checkpoint} --run {run_dir}"})
     if as_served:
-        entry["as_served"] = [{key: gated[key] for key in ("numerics", "settings", "served_as", "status", "reason")} for gated in as_served]
+        entry = entry.model_copy(update={"as_served": [gated.summary() for gated in as_served]})
     return {device_class: entry}
 
 
@@ -928,14 +966,15 @@ def _served_summary(record: ServeRecord) -> str:
     return "served: " + ", ".join(parts)
 
 
-def _with_split(record: dict[str, Any], candidate: _Candidate) -> dict[str, Any]:
+def _with_split(record: VerdictRecord, candidate: _Candidate) -> VerdictRecord:
     """A search trial's verdict says which split judged it (`search`: it approves nothing, the
     ledger's verify skips it; `held-out`: the search's answer) and which items, seeded and recorded."""
     split = candidate.split
     if split is None:
         return record
-    return {**record, "checkpoint_name": candidate.fmt, "split": split.name,
-            "split_items": {spec: {"offset": split.offsets.get(spec, 0), "ceiling": looks[-1]} for spec, looks in split.looks.items()}}
+    return record.with_fields(checkpoint_name=candidate.fmt, split=split.name,
+                              split_items={spec: SplitItems(offset=split.offsets.get(spec, 0), ceiling=looks[-1])
+                                           for spec, looks in split.looks.items()})
 
 
 def run(loaded: LoadedPlan, out: Path | None = None, show_progress: bool = True, verbose: bool = False) -> RunResult:
