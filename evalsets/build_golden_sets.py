@@ -258,7 +258,7 @@ def build(out_root: Path) -> dict[str, GoldenManifest]:
         fields, items = builder(root)
         with atomic_directory(out_root / name / VERSION, overwrite=True) as staging:
             # (mypy's extra checks want each optional key in a ** item: a built-in set has none of them)
-            whole: SetFields = {"name": name, "version": VERSION, "kind": kind.value, **fields, "rebuild": REBUILD}  # type: ignore[typeddict-item]
+            whole: SetFields = {"name": name, "version": VERSION, "kind": kind.value, **fields, "rebuild": REBUILD}  # type: ignore[typeddict-item]  # the template fields: any the manifest holds
             manifests[name] = write_set(staging, whole, items)
     return manifests
 

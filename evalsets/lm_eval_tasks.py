@@ -157,7 +157,7 @@ def task_config(golden: GoldenSet) -> TaskConfig:
         "dataset_kwargs": {"data_files": {"test": str(golden.data_path.resolve())}, "cache_dir": str(_datasets_cache())},
         "test_split": "test",
         # output_type and the templates (mypy's extra checks want every optional key in a ** item: the kind's come below)
-        **golden.manifest["prompt"]["lm_eval"],  # type: ignore[typeddict-item]
+        **golden.manifest["prompt"]["lm_eval"],  # type: ignore[typeddict-item]  # lm-eval takes every key the manifest gives
         "metadata": {"version": 1.0, "quantgate_evalset": golden.spec, "quantgate_sha256": golden.sha256},
     }
     if golden.kind is Kind.multiple_choice:

@@ -334,13 +334,13 @@ def check(checkpoint: Path, record: LedgerRecord, key: Key) -> Check:
     with tempfile.TemporaryDirectory(prefix="quantgate-verify-") as scratch:
         public = Path(scratch) / "key.pub"  # the public half as checked (the key given may be the private one)
         public.write_bytes(key.public_pem)
-        problem = _check_statement(ms, bundle, public, record, signature, key)
+        problem = _check_statement(ms, bundle, public, record, signature=signature, key=key)
         if problem is not None:
             return problem
         return _check_files(ms, Path(checkpoint), signature.bundle, public, key)
 
 
-def _check_statement(ms: Any, bundle: Any, public: Path, record: LedgerRecord, signature: Signature, key: Key) -> Check | None:
+def _check_statement(ms: Any, bundle: Any, public: Path, record: LedgerRecord, *, signature: Signature, key: Key) -> Check | None:
     """The signature over the statement, and the statement's approval against the record."""
     # cryptography comes with model-signing (its key signer is built on it)
     from cryptography.exceptions import InvalidSignature
