@@ -42,7 +42,7 @@ browser:
 	@command -v chromium >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null) \
 	  || echo "chromium could not be installed: the browser test will be skipped"
 
-# Lint (ruff: pyflakes, isort, pyupgrade, bugbear) and types (mypy, strict on every package;
+# Lint (ruff: pyflakes, isort, pyupgrade, bugbear) and types (mypy, strict on every package and the benchmarks;
 # pyproject.toml) before the tests; both come with the dev extra.
 test: $(STAMP) browser serving
 	$(VENV)/bin/ruff check .

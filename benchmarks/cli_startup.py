@@ -43,7 +43,8 @@ def time_help(command: list[str]) -> float:
 def heavy_modules_loaded() -> list[str]:
     probe = f"import json, sys\nimport quantgate.cli\nprint(json.dumps([m for m in {list(HEAVY)!r} if m in sys.modules]))"
     completed = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True)
-    return json.loads(completed.stdout)
+    loaded: list[str] = json.loads(completed.stdout)
+    return loaded
 
 
 def main() -> None:

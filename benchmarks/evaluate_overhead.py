@@ -28,6 +28,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -137,7 +138,7 @@ def demo_timing(model: str, checkpoints: list[Path], json_path: Path | None) -> 
     os.environ.update(HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1", QUANTGATE_HOME=str(work / "home"))
     limits = evalsets.demo_limits()
     cfg = evalsets.EvaluateConfig(evalsets=tuple(limits), limits=limits)
-    figures: dict[str, dict] = {}
+    figures: dict[str, dict[str, Any]] = {}
     started = time.perf_counter()
     baseline = None
     for path in models:

@@ -41,6 +41,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
+
+if TYPE_CHECKING:
+    from quantgate.core.hf_config import QuantizationArgs
+    from quantgate.quantize.config import QuantizeConfig
+    from quantgate.quantize.groups import GroupPlan
+    from quantgate.quantize.presets import Preset
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -48,6 +55,7 @@ sys.path.insert(0, str(ROOT))
 METHODS = ("gptq", "gptq-imatrix", "gptq-mse", "awq", "awq-g20", "awq-imatrix", "autoround", "rtn", "rtn-imatrix")
 DEFAULT_METHODS = ("gptq", "gptq-imatrix", "gptq-mse", "awq", "awq-g20", "autoround", "rtn-imatrix")
 EVALSET = "wiki-text@v1"
+ONESHOT_SECONDS: list[float] = []  # the child's oneshot call, timed by the patched backend
 IMATRIX_FALLBACK = "Falling back to uniform MSE"  # the observer's warning when it had no importance data
 
 
@@ -65,20 +73,23 @@ def _patch_recipe(method: str, autoround_iters: int) -> None:
 
     original = backend.build_recipe
 
-    def observer(preset, cfg, plan, storage_dtype="bfloat16"):
+    def observer(preset: Preset, cfg: QuantizeConfig, plan: GroupPlan | None, storage_dtype: str = "bfloat16",
+                 model: Any = None) -> list[Any]:
         if method == "gptq-mse":  # llmcompressor runs "mse" on weights as memoryless_mse
-            observer_args = {"observer": "mse", "observer_kwargs": {"maxshrink": 0.95, "grid": 20, "norm": 3.0}}
+            weights = {**preset.weights, "observer": "mse", "observer_kwargs": {"maxshrink": 0.95, "grid": 20, "norm": 3.0}}
         else:
-            observer_args = {"observer": "imatrix_mse"}
-        preset = replace(preset, weights={**preset.weights, **observer_args})
+            weights = {**preset.weights, "observer": "imatrix_mse"}
+        preset = replace(preset, weights=cast("QuantizationArgs", weights))  # the observer's own keys besides the scheme's
         if method == "rtn-imatrix":
             preset = replace(preset, algorithm=Algorithm.round_to_nearest)
-        return original(preset, cfg, plan, storage_dtype)
+        return original(preset, cfg, plan, storage_dtype, model)
 
-    def rtn(preset, cfg, plan, storage_dtype="bfloat16"):
-        return original(replace(preset, algorithm=Algorithm.round_to_nearest), cfg, plan, storage_dtype)
+    def rtn(preset: Preset, cfg: QuantizeConfig, plan: GroupPlan | None, storage_dtype: str = "bfloat16",
+                 model: Any = None) -> list[Any]:
+        return original(replace(preset, algorithm=Algorithm.round_to_nearest), cfg, plan, storage_dtype, model)
 
-    def autoround(preset, cfg, plan, storage_dtype="bfloat16"):
+    def autoround(preset: Preset, cfg: QuantizeConfig, plan: GroupPlan | None, storage_dtype: str = "bfloat16",
+                 model: Any = None) -> list[Any]:
         from llmcompressor.modifiers.autoround import AutoRoundModifier
 
         ignore = [*cfg.ignore, *(plan.unquantized if plan else [])]
@@ -103,17 +114,17 @@ def _patch_recipe(method: str, autoround_iters: int) -> None:
 
     quantize_in_place = backend.quantize_in_place
 
-    def timed(*args, **kwargs):
+    def timed(*args: Any, **kwargs: Any) -> Any:
         started = time.perf_counter()
         try:
             return quantize_in_place(*args, **kwargs)
         finally:
-            backend.oneshot_seconds = time.perf_counter() - started
+            ONESHOT_SECONDS.append(time.perf_counter() - started)
 
     backend.quantize_in_place = timed
 
 
-def quantize_config(method: str):
+def quantize_config(method: str) -> QuantizeConfig:
     from quantgate.quantize.config import QuantizeConfig
 
     if method.startswith("awq"):
@@ -123,13 +134,12 @@ def quantize_config(method: str):
 
 def child(method: str, model: str, calibration_dir: str, out: str, figures: str, autoround_iters: str) -> None:
     _patch_recipe(method, int(autoround_iters))
-    from quantgate.quantize import llmcompressor_backend as backend
     from quantgate.quantize import stage
 
     started = time.perf_counter()
     stage.run(quantize_config(method), model, calibration_dir, out, overwrite=True)
     Path(figures).write_text(json.dumps({"stage_seconds": time.perf_counter() - started,
-                                         "oneshot_seconds": backend.oneshot_seconds,
+                                         "oneshot_seconds": ONESHOT_SECONDS[-1],
                                          "peak_rss_bytes": peak_rss_bytes()}))
 
 
@@ -146,11 +156,11 @@ def peak_rss_bytes() -> int:
 
 
 def quantize_in_child(method: str, model: Path, calibration_dir: Path, work: Path, autoround_iters: int,
-                      resume: bool = False) -> dict:
+                      resume: bool = False) -> dict[str, Any]:
     checkpoint, figures, log = work / "checkpoints" / method, work / "figures" / f"{method}.json", work / "logs" / f"{method}.log"
     saved = figures.with_suffix(".result.json")  # the whole measurement, for --resume
     if resume and saved.is_file() and (checkpoint / "config.json").is_file():
-        result = json.loads(saved.read_text())
+        result: dict[str, Any] = json.loads(saved.read_text())
         if method != "autoround" or result.get("autoround_iters") == autoround_iters:
             return {**result, "resumed": True}
     for path in (figures, log):
@@ -178,16 +188,16 @@ def quantize_in_child(method: str, model: Path, calibration_dir: Path, work: Pat
 # ---- parent: calibration, baseline, quantize and evaluate each method -----------------------
 
 
-def evaluate(model_dir: Path, out: Path, items: int, baseline: Path | None = None) -> dict:
+def evaluate(model_dir: Path, out: Path, items: int, baseline: Path | None = None) -> dict[str, Any]:
     from quantgate.evalsets.config import EvaluateConfig
     from quantgate.evalsets.evaluate import Evaluator
 
     results = Evaluator(model_dir).run(EvaluateConfig(evalsets=(EVALSET,), limit=items), out,
                                        baseline_results=baseline, overwrite=True)
-    return results.record(EVALSET)["metrics"]
+    return cast(dict[str, Any], results.record(EVALSET)["metrics"])
 
 
-def bits(checkpoint: Path, baseline: Path) -> dict:
+def bits(checkpoint: Path, baseline: Path) -> dict[str, Any]:
     from quantgate.quantize.measure.accounting import measure
 
     data = measure(checkpoint, baseline).record()
@@ -196,7 +206,7 @@ def bits(checkpoint: Path, baseline: Path) -> dict:
             "bits_per_parameter": data.whole_model.bits_per_parameter.measured}
 
 
-def table(rows: list[dict]) -> str:
+def table(rows: list[dict[str, Any]]) -> str:
     header = (f"{'method':<13} {'KL (nats)':>10} {'top-1':>7} {'ppl chg':>8} {'quant s':>8} {'oneshot s':>9} "
               f"{'peak MB':>8} {'bits/w':>7} {'MB file':>8}")
     lines = [header, "-" * len(header)]

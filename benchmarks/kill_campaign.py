@@ -152,7 +152,7 @@ class Campaign:
                 records = ledger_module.read(ledger)
             except ledger_module.LedgerTampered as error:
                 return [*problems, f"{what}: ledger does not verify: {error}"]
-            hashes = [record["verdict_sha256"] for record in records]
+            hashes = [record.verdict_sha256 for record in records]
             if len(set(hashes)) != len(hashes):
                 problems.append(f"{what}: duplicate ledger records")
         if (out / "run.json").is_file() and json.loads((out / "run.json").read_text()).get("status") == "finished":

@@ -65,7 +65,7 @@ def build_checkpoint(root: Path) -> int:
             size = 0
         shards[-1][name] = (dtype, shape)
         size += nbytes
-    total, weight_map = 0, {}
+    total, weight_map = 0, dict[str, str]()
     for number, shard in enumerate(shards, start=1):
         name = f"model-{number:05d}-of-{len(shards):05d}.safetensors"
         total += write_header_only(root / name, shard, {"format": "pt"})

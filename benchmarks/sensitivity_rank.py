@@ -21,7 +21,10 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from quantgate.quantize.sensitivity import SensitivityReport, Validation
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -35,7 +38,7 @@ def timed(label: str, work: Any) -> tuple[Any, dict[str, float]]:
     return result, seconds
 
 
-def ranking(report: dict[str, Any], validation: dict[str, Any], fmt: str) -> dict[str, float | None]:
+def ranking(report: SensitivityReport, validation: Validation, fmt: str) -> dict[str, float | None]:
     """Spearman's rho of the report's block totals against the measured block KLs, and their ratio."""
     from quantgate.quantize import sensitivity
 

@@ -31,10 +31,10 @@ def rates(model: Path, cfg: ServeCheckConfig, env: serving.ServingEnv, repeats: 
     for _ in range(repeats):
         with tempfile.TemporaryDirectory(prefix="quantgate-serve-bench-") as work:
             record = check(model, None, cfg, env, Path(work))
-        if not record["served"]:
-            raise SystemExit(f"{model}: {record['reason']}")
-        for batch, entry in record["throughput"]["batches"].items():
-            per_batch.setdefault(batch, []).append({"tokens_per_s": entry["tokens_per_s"], "bound": entry["bound_tokens_per_s"]})
+        if not record.served or record.throughput is None:
+            raise SystemExit(f"{model}: {record.reason}")
+        for batch, entry in record.throughput.batches.items():
+            per_batch.setdefault(batch, []).append({"tokens_per_s": entry.tokens_per_s, "bound": entry.bound_tokens_per_s})
     return per_batch
 
 
