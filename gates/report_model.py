@@ -66,8 +66,8 @@ class Record(Document):
             return cls.model_validate(value, context={FROM_RECORDS: True})
         except ValidationError as error:
             problem = first_problem(error)
-            place = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in problem.path)
-            raise IntegrityError(f"{where}{place}: {problem.message}") from error
+            place = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in problem.path).lstrip(".")
+            raise IntegrityError(f"{where}: {place}: {problem.message}" if place else f"{where}: {problem.message}") from error
 
 
 # ---- a row's records ------------------------------------------------------------------------------

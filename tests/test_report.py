@@ -565,6 +565,21 @@ def test_build_refuses_a_damaged_record_of_a_run_in_one_line(tmp_path: Path) -> 
     _artifact(run_dir / "serve" / "baseline.json", {"served": True, "engine": {}, "status": "served"})  # schema_version 2's shape
     with pytest.raises(InputError, match=r"serve/baseline.json: value: no kind, not a serve record \(kind 'serve'\)$"):
         build(run_dir)
+    (run_dir / "serve" / "baseline.json").unlink()
+    # the measure stage's bounds and search.json, through the report's own model of them
+    bounds = {**stored["value"]["bounds"]["reference"], "batch1_ms": "fast"}
+    path.write_text(json.dumps({"key": "k", "value": {**stored["value"], "measurement": _measurement(620_000, 5.0, 5.5, 0.34),
+                                                      "bounds": {"reference": bounds}}}))
+    with pytest.raises(IntegrityError) as refused:
+        build(run_dir)
+    assert str(refused.value) == f"{path}: value: bounds.reference.batch1_ms: Input should be a valid number, unable to parse string as a number"
+    path.write_text(json.dumps({"key": "k", "value": {**stored["value"], "measurement": _measurement(620_000, 5.0, 5.5, 0.34)}}))
+    search = json.loads((run_dir / "search.json").read_text())
+    search["trials"][0]["name"] = 1
+    (run_dir / "search.json").write_text(json.dumps(search))
+    with pytest.raises(IntegrityError) as refused:
+        build(run_dir)
+    assert str(refused.value) == f"{run_dir / 'search.json'}: trials[0].name: Input should be a valid string"
 
 
 def test_build_refuses_a_run_directory_of_an_earlier_version_in_one_line(tmp_path: Path) -> None:
