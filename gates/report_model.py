@@ -13,11 +13,12 @@ figures) are made here only, so they are strict both ways."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, TypeVar
 
-from pydantic import ConfigDict, JsonValue, ValidationInfo, model_validator
+from pydantic import ConfigDict, JsonValue, ValidationError, ValidationInfo, model_validator
 
-from quantgate.core.validation import Strict
+from quantgate.core.errors import IntegrityError
+from quantgate.core.validation import Strict, first_problem
 
 SCHEMA_VERSION: Final = 2
 READABLE_VERSIONS = (2,)  # what `gates.report.read` accepts; version 1 (a plain dict) holds none of the view
@@ -27,11 +28,14 @@ FROM_RECORDS = "from_records"
 
 # A search row's role (its `search.role`): a trial, judged on the search split (its verdict
 # approves nothing), or the chosen trial's held-out gate (the search's result).
-TRIAL, HELD_OUT = "trial", "held-out"
+TRIAL: Final = "trial"
+HELD_OUT: Final = "held-out"
 SearchRole = Literal["trial", "held-out"]
 
 # A setting's value as an engine reads it ("1", 1, true).
 Scalar = str | int | float | bool | None
+
+R = TypeVar("R", bound="Record")
 
 
 class Document(Strict):
@@ -53,6 +57,17 @@ class Record(Document):
         if info.context and info.context.get(FROM_RECORDS) and isinstance(data, Mapping):
             return {key: value for key, value in data.items() if key in cls.model_fields}
         return data
+
+    @classmethod
+    def of_record(cls: type[R], value: object, where: str) -> R:
+        """What the report reads of a record's JSON `value` (read from `where`): the fields named
+        here, the rest left out; IntegrityError, one line naming the field, when one is damaged."""
+        try:
+            return cls.model_validate(value, context={FROM_RECORDS: True})
+        except ValidationError as error:
+            problem = first_problem(error)
+            place = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in problem.path).lstrip(".")
+            raise IntegrityError(f"{where}: {place}: {problem.message}" if place else f"{where}: {problem.message}") from error
 
 
 # ---- a row's records ------------------------------------------------------------------------------

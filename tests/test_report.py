@@ -38,6 +38,8 @@ from quantgate.gates.report import (
 )
 from quantgate.gates.report import read as read_report
 from quantgate.gates.report_model import RunRecords
+from quantgate.gates.run_record import RunRecord
+from quantgate.gates.verdict_record import VerdictRecord
 from quantgate.quantize.measure.accounting import measure as measure_checkpoint
 from tests.helpers import composed, sample, sample_records, sample_report, write_header_only
 
@@ -230,6 +232,31 @@ def _artifact(path: Path, value: dict[str, Any]) -> None:
     path.write_text(json.dumps({"key": "k", "value": value}))
 
 
+def _write_run(run_dir: Path, *, formats: list[str], policy: dict[str, Any], **fields: Any) -> None:
+    """run.json of a finished run of `formats` under `policy`, built through its class (RunRecord);
+    `fields` replace the record's own (the plan, the hardware, the plot, the looks)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    RunRecord.from_json({
+        "kind": RUN_KIND, "schema_version": 1, "status": "finished", "plan": {"model": "tiny"}, "plan_file": None, "plan_sha256": "0" * 64,
+        "model": "/m", "formats": formats, "sets": ["wiki-text@v1"], "hardware": [], "policy": {**policy, "path": "/p.yaml"},
+        "confidence": 0.95, "looks": {}, "planned_power": [], "plot": {"x": "bytes", "y": None, "higher_is_better": False},
+        "ledger": "/l", "stages": [], "verdicts": {}, "failed_units": [], "seconds": 1.0, "quantgate_version": "0.0.0", **fields,
+    }, "run.json").write(run_dir / "run.json")
+
+
+def _write_verdict(run_dir: Path, name: str, *, gates: list[dict[str, Any]], verdict: str, policy: dict[str, Any],
+                   **fields: Any) -> None:
+    """verdicts/<name>.json: a verdict with these gates (each in `metrics` too, as gates.stage
+    writes them), built through its class (VerdictRecord); `fields` add the pipeline's parts."""
+    summary = ("outcome", "estimate", "low", "high", "limit", "unit")
+    record = VerdictRecord.from_json({
+        "kind": "verdict", "format": name.split("@")[0], "precision": "8bit", "checkpoint": None,
+        "baseline": {"model": "/m", "weights_sha256": "0" * 64}, "policy": policy, "evalsets": [],
+        "metrics": {gate["gate"]: {key: gate[key] for key in summary} for gate in gates}, "gates": gates, "verdict": verdict,
+        "reasons": [gate["reason"] for gate in gates if gate["outcome"] != "pass"], **fields}, name)
+    _artifact(run_dir / "verdicts" / f"{name}.json", record.to_json())
+
+
 @functools.cache
 def _measurement_template() -> str:
     """A whole measurement record (a header-only checkpoint's), as JSON text: the report reads
@@ -267,18 +294,14 @@ def _results_manifest(sets: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
 
 def test_build_reads_the_narrowed_policy_looks_and_tails_of_a_run_directory(tmp_path: Path) -> None:
-    """A run directory as `quantgate run` leaves it (quantgate.core.rundir): a verdict with its
-    looks and tails, one written before verdicts recorded their looks (its sequential stage
-    read instead), and one that failed to quantize (a stale sequential stage ignored)."""
+    """A run directory as `quantgate run` leaves it (quantgate.core.rundir): verdicts with their
+    looks (one with its tails, one without), and one that failed to quantize (no looks)."""
     run_dir = tmp_path / "run"
     narrowed = {"narrowed_to": ["wiki-text"], "dropped": ["hellaswag"]}
     policy = {"name": "small-model", "version": "v2", "sha256": "ab" * 32, **narrowed}
     looks = {"wiki-text@v1": [25, 50]}
-    run_dir.mkdir()
-    (run_dir / "run.json").write_text(json.dumps({
-        "kind": RUN_KIND, "formats": ["fp8-e4m3", "awq-int4", "gptq-int4"], "plan": {"model": "tiny"}, "model": "/m",
-        "policy": {**policy, "path": "/p.yaml"}, "hardware": [], "plot": {"x": "bytes", "y": "wiki-text@v1 kl_divergence"},
-        "confidence": 0.95, "ledger": "/l", "looks": looks}))
+    _write_run(run_dir, formats=["fp8-e4m3", "awq-int4", "gptq-int4"], policy=policy, looks=looks,
+               plot={"x": "bytes", "y": "wiki-text@v1 kl_divergence", "higher_is_better": False})
     (run_dir / "results" / "baseline").mkdir(parents=True)
     (run_dir / "results" / "baseline" / "manifest.json").write_text(json.dumps(_results_manifest(
         {"wiki-text@v1": {"items": 25, "limit": 25, "sha256": "cd" * 32, "metrics": {"kl_divergence": 0.0}}})))
@@ -287,21 +310,12 @@ def test_build_reads_the_narrowed_policy_looks_and_tails_of_a_run_directory(tmp_
     tail = {"estimate": 0.03, "low": 0.02, "high": 0.04, "confidence": 0.95, "items": 50}
     sequential = {"looks": looks, "items": {"wiki-text@v1": 50}, "error_control": "bonferroni", "confidence": 0.95,
                   "blocked_by": None, "not_evaluated": {}, "trace": []}
-
-    def verdict(**changes: Any) -> dict[str, Any]:
-        return {"metrics": {gate["gate"]: gate}, "gates": [gate], "verdict": "approved", "reasons": [], "not_evaluated": {},
-                "policy": policy, "results": "/r", **changes}
-
-    _artifact(run_dir / "verdicts" / "fp8-e4m3.json", verdict(sequential=sequential, tails={"wiki-text@v1": {"kl_max": tail}}))
-    _artifact(run_dir / "verdicts" / "awq-int4.json", verdict())
-    _artifact(run_dir / "sequential" / "awq-int4.json", {"depths": {"wiki-text@v1": 50}, "looks": looks, "blocked_by": None,
-                                                          "error_control": "bonferroni", "confidence": 0.95, "gates": [], "trace": []})
+    for name, tails in (("fp8-e4m3", {"wiki-text@v1": {"kl_max": tail}}), ("awq-int4", {})):
+        _write_verdict(run_dir, name, gates=[gate], verdict="approved", policy=policy, results="/r", not_evaluated={},
+                       sequential=sequential, tails=tails)
     failed = {"gate": "integrity loads", "outcome": "fail", "estimate": 0.0, "low": 0.0, "high": 0.0, "limit": 1.0, "unit": "",
               "reason": "integrity: NaN logits"}
-    _artifact(run_dir / "verdicts" / "gptq-int4.json", {"metrics": {failed["gate"]: failed}, "gates": [failed], "verdict": "blocked",
-                                                         "reasons": [failed["reason"]], "policy": policy, "results": None})
-    _artifact(run_dir / "sequential" / "gptq-int4.json", {"depths": {"wiki-text@v1": 25}, "looks": looks, "blocked_by": None,
-                                                           "error_control": "bonferroni", "confidence": 0.95, "gates": [], "trace": []})
+    _write_verdict(run_dir, "gptq-int4", gates=[failed], verdict="blocked", policy=policy, results=None)
     built = build(run_dir)
     report = built.model_dump(mode="json")
     assert report["policy"] == policy
@@ -465,11 +479,9 @@ def _search_run(tmp_path: Path, plan_search: bool = True) -> Path:
     search did not choose, and the sensitivity."""
     run_dir = tmp_path / "run"
     policy = {"name": "tiny", "version": "v3", "sha256": "ab" * 32}
-    run_dir.mkdir(parents=True)
-    (run_dir / "run.json").write_text(json.dumps({
-        "kind": RUN_KIND, "formats": ["gptq-int4", "smoothquant-w8a8"], "plan": {"model": "tiny", "search": {} if plan_search else None},
-        "model": "/m", "policy": {**policy, "path": "/p.yaml"}, "hardware": ["reference"],
-        "plot": {"x": "bytes", "y": "wiki-text@v1 top1_agreement", "higher_is_better": True}, "looks": {"wiki-text@v1": [4]}}))
+    _write_run(run_dir, formats=["gptq-int4", "smoothquant-w8a8"], policy=policy, plan={"model": "tiny", "search": {} if plan_search else None},
+               hardware=["reference"], plot={"x": "bytes", "y": "wiki-text@v1 top1_agreement", "higher_is_better": True},
+               looks={"wiki-text@v1": [4]})
 
     def measure(name: str, size: int, b1: float) -> None:
         _artifact(run_dir / "measure" / f"{name}.json", {
@@ -480,9 +492,7 @@ def _search_run(tmp_path: Path, plan_search: bool = True) -> Path:
         gate = {"gate": "wiki-text@v1 top1_agreement", "outcome": "pass" if verdict == "approved" else "fail", "estimate": top1,
                 "low": top1 - 0.01, "high": top1 + 0.01, "limit": 0.9, "unit": "", "reason": f"top1 {top1}", "items": 4, "look": 1,
                 "looks": 1, "confidence": 0.95, "decided_by": "interval"}
-        _artifact(run_dir / "verdicts" / f"{name}.json", {
-            "metrics": {gate["gate"]: gate}, "gates": [gate], "verdict": verdict, "reasons": [] if verdict == "approved" else [gate["reason"]],
-            "not_evaluated": {}, "policy": policy, "results": "/r", **changes})
+        _write_verdict(run_dir, name, gates=[gate], verdict=verdict, policy=policy, not_evaluated={}, results="/r", **changes)
 
     measure("baseline", 1_800_000, 0.010)
     for name, size, b1, top1, outcome in (("gptq-int4", 620_000, 0.004, 0.85, "blocked"), ("smoothquant-w8a8", 1_000_000, 0.006, 0.99, "approved"),
@@ -492,7 +502,8 @@ def _search_run(tmp_path: Path, plan_search: bool = True) -> Path:
         trial = {"split": "search", "checkpoint_name": name, "split_items": {"wiki-text@v1": {"offset": 0, "ceiling": 4}}}
         verdict(name, outcome, top1, **(trial if name.startswith("search-") else {}))
     held = {"checkpoint_name": "search-2", "split": "held-out", "split_items": {"wiki-text@v1": {"offset": 4, "ceiling": 4}},
-            "sequential": {"looks": {"wiki-text@v1": [4]}, "items": {"wiki-text@v1": 4}, "not_evaluated": {}}}
+            "sequential": {"looks": {"wiki-text@v1": [4]}, "items": {"wiki-text@v1": 4}, "error_control": "bonferroni", "confidence": 0.95,
+                           "blocked_by": None, "not_evaluated": {}, "trace": []}}
     verdict("search-2@held-out", "approved", 0.93, **held)
     verdict("search-3@held-out", "approved", 0.99, **{**held, "checkpoint_name": "search-3"})  # another run's: not chosen here
     trials = [{"name": name, "budget_ratio": ratio, "ratio": ratio, "predicted_cost": cost, "groups_by_format": mix, "verdict": outcome,
@@ -554,6 +565,46 @@ def test_build_refuses_a_damaged_record_of_a_run_in_one_line(tmp_path: Path) -> 
     _artifact(run_dir / "serve" / "baseline.json", {"served": True, "engine": {}, "status": "served"})  # schema_version 2's shape
     with pytest.raises(InputError, match=r"serve/baseline.json: value: no kind, not a serve record \(kind 'serve'\)$"):
         build(run_dir)
+    (run_dir / "serve" / "baseline.json").unlink()
+    # the measure stage's bounds and search.json, through the report's own model of them
+    bounds = {**stored["value"]["bounds"]["reference"], "batch1_ms": "fast"}
+    path.write_text(json.dumps({"key": "k", "value": {**stored["value"], "measurement": _measurement(620_000, 5.0, 5.5, 0.34),
+                                                      "bounds": {"reference": bounds}}}))
+    with pytest.raises(IntegrityError) as refused:
+        build(run_dir)
+    assert str(refused.value) == f"{path}: value: bounds.reference.batch1_ms: Input should be a valid number, unable to parse string as a number"
+    path.write_text(json.dumps({"key": "k", "value": {**stored["value"], "measurement": _measurement(620_000, 5.0, 5.5, 0.34)}}))
+    search = json.loads((run_dir / "search.json").read_text())
+    search["trials"][0]["name"] = 1
+    (run_dir / "search.json").write_text(json.dumps(search))
+    with pytest.raises(IntegrityError) as refused:
+        build(run_dir)
+    assert str(refused.value) == f"{run_dir / 'search.json'}: trials[0].name: Input should be a valid string"
+
+
+def test_build_refuses_a_run_directory_of_an_earlier_version_in_one_line(tmp_path: Path) -> None:
+    """run.json and the verdicts are read through their classes (RunRecord, VerdictRecord): a run
+    directory an earlier 0.x quantgate wrote (run.json without its schema_version, a verdict without
+    its kind or its looks' record whole) is refused in one line, never read half (run it again)."""
+    from quantgate.core.errors import IntegrityError
+
+    run_dir = _search_run(tmp_path)
+    run_file, verdict_file = run_dir / "run.json", run_dir / "verdicts" / "search-2@held-out.json"
+    run, stored = json.loads(run_file.read_text()), json.loads(verdict_file.read_text())
+    run_file.write_text(json.dumps({key: value for key, value in run.items() if key != "schema_version"}))
+    with pytest.raises(InputError) as refused:
+        build(run_dir)
+    assert str(refused.value) == f"{run_file}: no schema_version; this quantgate reads 1"
+    run_file.write_text(json.dumps(run))
+    _artifact(verdict_file, {key: value for key, value in stored["value"].items() if key != "kind"})
+    with pytest.raises(InputError) as refused:
+        build(run_dir)
+    assert str(refused.value) == f"{verdict_file}: value: no kind, not a verdict record (kind 'verdict')"
+    looks = {key: value for key, value in stored["value"]["sequential"].items() if key != "trace"}
+    _artifact(verdict_file, {**stored["value"], "sequential": looks})
+    with pytest.raises(IntegrityError) as damaged:
+        build(run_dir)
+    assert str(damaged.value) == f"{verdict_file}: value: verdict record field sequential.trace: Field required"
 
 
 # ---- the document: escaping, report.json read back, its version ----------------------------------
