@@ -218,11 +218,18 @@ def candidates(out: Path, profile: str | None) -> list[Candidate]:
 
 def decode(candidate: Candidate, tokens: int, runs: int, env: ServingEnv, work: Path) -> DecodeRow:
     """The candidate served in a fresh vLLM worker, decode timed at batch 1 (load and throughput
-    only: no gated side), against its bound."""
-    from quantgate.evalsets.served import ServeCheckConfig, check
+    only: no gated side), against its bound; a worker that timed out or died is a row of its own
+    (`failed`), and the other checkpoints are still decoded."""
+    from quantgate.evalsets.served import FAILED, ServeCheckConfig, check
+    from quantgate.serving import ServingError
 
     cfg = ServeCheckConfig(batch_sizes=(1,), decode_tokens=tokens, runs=runs)
-    record = check(candidate.checkpoint, None, cfg, env, work)
+    try:
+        record = check(candidate.checkpoint, None, cfg, env, work)
+    except ServingError as error:
+        return {"name": candidate.name, "verdict": candidate.verdict, "checkpoint": str(candidate.checkpoint), "served": False,
+                "status": FAILED, "reason": str(error), "device_class": None, "device": None, "kernels": [], "tokens_per_s": None,
+                "ms_per_token": None, "bound_ms": candidate.bound_ms, "measured_over_bound": None}
     entry = record.throughput.batches.get("1") if record.served and record.throughput is not None else None
     rate = entry.tokens_per_s if entry is not None else None
     ms = 1000.0 / rate if rate else None

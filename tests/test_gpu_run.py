@@ -20,9 +20,12 @@ import torch
 
 from quantgate import evalsets, quantize
 from quantgate.core.errors import InputError
+from quantgate.evalsets import served as served_module
+from quantgate.evalsets.serve_record import ServeRecord
+from quantgate.evalsets.served import ServeCheckConfig
 from quantgate.gates.report import write
 from quantgate.pipeline.plan import load_plan
-from quantgate.serving import device
+from quantgate.serving import ServingEnv, ServingError, device
 from quantgate.serving.environment import PYTHON_ENV, STAMP, default_root
 from tests.helpers import sample
 
@@ -138,6 +141,65 @@ def test_what_is_decoded_is_every_approved_or_pending_row_and_the_baseline(tmp_p
     bounds = {row.format: row.bounds["h200"].batch1_ms for row in rows}
     assert all(candidate.bound_ms == bounds[name] for name, candidate in found.items())
     assert all(candidate.bound_ms is None for candidate in gpu_run.candidates(tmp_path, None))
+
+
+def _record(name: str, status: str, tokens_per_s: float | None = None) -> ServeRecord:
+    """A serve record as a decode would give it: served at `tokens_per_s` on an H200, else pending."""
+    served = status == "served"
+    record: dict[str, object] = {"served": served, "status": status, "engine": {"engine": "vllm", "version": "0.33.0", "torch": "2.13.0"},
+                                 "checkpoint": name, "device_class": "cuda-sm90"}
+    if served:
+        batch = {"tokens_per_s": tokens_per_s, "seconds": [1.0], "first_token_seconds": [0.1], "median_seconds": 1.0,
+                 "generated_tokens": 64, "bound_tokens_per_s": 1000.0}
+        record.update(device="cuda", kernels=["CutlassFP8ScaledMMLinearKernel for CompressedTensorsW8A8Fp8"],
+                      throughput={"batches": {"1": batch}, "bandwidth_bytes_per_s": 1e10, "tensor_bytes": 1, "decode_tokens": 64, "bound": "-"})
+    else:
+        record["reason"] = "no usable path here"
+    return ServeRecord.model_validate(record, strict=False)
+
+
+def test_the_run_decodes_each_row_and_writes_measured_against_bound(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """Steps 3 to 5 with the GPU, vLLM and `quantgate run` stood in for: the plan handed to the run
+    is one quantgate runs, each row is decoded in turn (a worker that dies is a row, not the end),
+    and the JSON holds ms per token against the H200 bound."""
+    out = tmp_path / "gpu-out"
+    gpu = gpu_run.Gpu("NVIDIA H200", "9.0", "cuda-sm90", "h200", "2.13.0+cu130")
+    env = ServingEnv(Path("/vllm/bin/python"), "vllm", "0.33.0", "2.13.0+cu130", None)
+    monkeypatch.setattr(gpu_run, "find_gpu", lambda: gpu)
+    monkeypatch.setattr(gpu_run, "find_engine", lambda setup: env)
+    handed: list[list[str]] = []
+
+    def quantgate_run(command: list[str]) -> subprocess.CompletedProcess[str]:
+        handed.append(command)
+        assert load_plan(command[command.index("run") + 1]).plan.evaluation.device == "cuda"
+        report = sample("approved")
+        write(report.model_copy(update={"model_path": str(tmp_path / "baseline")}), out / "report")
+        return subprocess.CompletedProcess(command, 1)  # a format blocked: a result, not a failure
+
+    monkeypatch.setattr(gpu_run.subprocess, "run", quantgate_run)
+    records = {"baseline": _record("baseline", "served", 200.0), "fp8-e4m3": _record("fp8-e4m3", "served", 250.0),
+               "smoothquant-w8a8": _record("smoothquant-w8a8", "pending")}
+
+    def check(checkpoint: Path, results: object, cfg: ServeCheckConfig, env_: ServingEnv, work: Path) -> ServeRecord:
+        assert cfg.batch_sizes == (1,) and cfg.decode_tokens == 32 and cfg.runs == 2 and env_ is env and results is None
+        if checkpoint.name == "search-2":
+            raise ServingError("the worker died (exit status 9)")
+        return records[checkpoint.name]
+
+    monkeypatch.setattr(served_module, "check", check)
+    assert gpu_run.main(["--out", str(out), "--tokens", "32", "--runs", "2"]) == 0
+    assert handed == [[sys.executable, "-m", "quantgate.cli", "run", handed[0][4], "--out", str(out.absolute())]]
+    document = json.loads((out / "gpu-run.json").read_text())
+    assert document["profile"] == "h200" and document["gpu"]["device_class"] == "cuda-sm90" and document["engine"] == env.identity()
+    rows = {row["name"]: row for row in document["rows"]}
+    assert list(rows) == ["baseline", "fp8-e4m3", "smoothquant-w8a8", "search-2@held-out"]
+    fp8 = rows["fp8-e4m3"]
+    assert fp8["ms_per_token"] == pytest.approx(4.0) and fp8["measured_over_bound"] == pytest.approx(4.0 / fp8["bound_ms"])
+    assert rows["smoothquant-w8a8"]["ms_per_token"] is None and rows["smoothquant-w8a8"]["reason"] == "no usable path here"
+    assert rows["search-2@held-out"]["status"] == "failed" and "worker died" in rows["search-2@held-out"]["reason"]
+    printed = capsys.readouterr().out
+    assert "not served: no usable path here" in printed and f"written: {out / 'gpu-run.json'}" in printed
 
 
 # ---- the CUDA branch of each stage: where torch finds a CUDA device -----------------------------
