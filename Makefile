@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.quantgate-installed
 
-.PHONY: demo test setup serving clean browser
+.PHONY: demo test setup serving clean browser gpu-run
 
 setup: $(STAMP)
 
@@ -36,6 +36,11 @@ serving: $(STAMP)
 # is its expected outcome; 2 (bad input) or a crash still fails `make demo`.
 demo: $(STAMP) serving
 	$(VENV)/bin/quantgate run demo || [ $$? -eq 1 ]
+
+# The GPU run (docs/serving.md, "The GPU run"): on a CUDA machine only (elsewhere refused in one
+# line); --setup builds the CUDA serving environment (vllm, a package registry) when it is missing.
+gpu-run: $(STAMP)
+	$(PY) benchmarks/gpu_run.py --setup
 
 # The report's HTML is checked in Debian's chromium; installed here when missing (as root).
 browser:
