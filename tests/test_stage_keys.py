@@ -1,4 +1,4 @@
-"""Every stage's key, pinned: the registry (quantgate.pipeline.stages) hashes exactly what the
+"""Every stage's key, pinned, and the registry against the plan's stage kinds: the registry (quantgate.pipeline.stages) hashes exactly what the
 keys of earlier releases hashed, so that the run directories and stage caches they left are
 reused. The digests were recorded from quantgate/pipeline/keys.py before its functions moved
 into the registry; the libraries' versions and the machine are fixed here, the plan is a stand-in
@@ -7,11 +7,12 @@ holding only what the keys read."""
 from __future__ import annotations
 
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, get_args
 
 import pytest
 
-from quantgate.pipeline import keys as module
+from quantgate.pipeline import stages as module
+from quantgate.pipeline.plan import STAGE_KINDS, StageKind
 
 
 class _Dumps:
@@ -81,3 +82,21 @@ RECORDED = {
     "sensitivity": "22828e7fc63ebefa248b320fdd50577fcb32fd850357a077db02466585a9f8ab",
     "trial quantize": "77fc96c32c8e0a5abe81b7332a6e582001ccf3b092d44dc4f35b7d5201b3c946",
 }
+
+
+def test_every_unit_of_the_registry_is_a_stage_kind_a_plan_can_name() -> None:
+    """A plan's `resources:` name the executor's stage kinds (a Literal, written out): every
+    stage whose work is a unit runs under one of them, and each of them is some stage's."""
+    assert set(STAGE_KINDS) == set(get_args(StageKind))
+    assert module.executor_kinds() == set(get_args(StageKind))
+
+
+def test_each_stage_writes_where_the_run_directory_says(tmp_path: Any) -> None:
+    from quantgate.core.rundir import BASELINE, RunDir
+
+    run_dir = RunDir(tmp_path)
+    assert module.QUANTIZE.where(run_dir, "gptq-int4") == run_dir.checkpoint("gptq-int4")
+    assert module.BASELINE_EVALUATE.record(BASELINE) == "evaluate-baseline"
+    assert module.SERVED_RESULTS.record("fp8", "served") == "served-results-fp8-served"
+    assert module.SENSITIVITY.record() == "sensitivity" and module.SENSITIVITY.where(run_dir) == run_dir.sensitivity()
+    assert module.OVERLAP.where(run_dir) == run_dir.overlap and module.CALIBRATION.where(run_dir) == run_dir.calibration
