@@ -104,7 +104,7 @@ def test_a_quantization_that_raises_and_an_evaluation_out_of_memory_do_not_end_t
     monkeypatch.setattr(units, "sequential", real_sequential)
     again = pipeline.run(from_mapping(mapping), show_progress=False)
     assert again.failed_units == [] and "quantize gptq-int4" in again.redone and "evaluate fp8-e4m3" in again.redone
-    assert all("failed" not in reason for verdict in again.verdicts.values() for reason in verdict["reasons"])
+    assert all("failed" not in reason for verdict in again.verdicts.values() for reason in verdict.reasons)
 
 
 def test_the_run_command_names_a_failed_unit_and_exits_1(cli, quant_model: Path, tmp_path: Path,
