@@ -18,7 +18,7 @@ import shutil
 import tempfile
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from functools import partial
@@ -32,7 +32,6 @@ from quantgate.core.artifacts import (
     remove_temporaries,
     sha256_file,
     sha256_json,
-    verify_files,
     write_json,
 )
 from quantgate.core.console import library_output, stderr, tail
@@ -51,7 +50,7 @@ from quantgate.gates.report import build as build_report
 from quantgate.gates.report import data_key as report_key
 from quantgate.gates.report import write as write_report
 from quantgate.gates.run_record import PlannedPower, PlotAxes, RunPlan, RunPolicy, RunRecord, RunStage, RunVerdict
-from quantgate.gates.stage import item_records, overlap_summary, record_verdict, verdict_record
+from quantgate.gates.stage import item_records, record_verdict, verdict_record
 from quantgate.gates.verdict import (
     GateResult,
     ServedNumerics,
@@ -69,27 +68,40 @@ from quantgate.gates.verdict import (
 from quantgate.gates.verdict_record import (
     AsServedRecord,
     ClassVerdict,
-    GateRecord,
-    Number,
     OverlapSummary,
     SequentialSummary,
     SplitItems,
-    TraceEntry,
     VerdictRecord,
-    read_part,
 )
 from quantgate.pipeline import executor as executors
-from quantgate.pipeline import keys, units
+from quantgate.pipeline import units
 from quantgate.pipeline.executor import Executor, TaskLost
 from quantgate.pipeline.lock import RunLock
 from quantgate.pipeline.plan import LoadedPlan
 from quantgate.pipeline.progress import StageLog, StageStatus
 from quantgate.pipeline.resolve import ResolvedPlan, Split, resolve_plan
 from quantgate.pipeline.search import Trials, build_space, mixed_config, run_search
+from quantgate.pipeline.stages import (
+    BASELINE_EVALUATE,
+    BASELINE_MEASURE,
+    BLOCKED_GATE,
+    CALIBRATION,
+    GATE,
+    MEASURE,
+    OVERLAP,
+    QUANTIZE,
+    SENSITIVITY,
+    SEQUENTIAL,
+    SERVE,
+    SERVED_RESULTS,
+    TRIAL_QUANTIZE,
+    DirectoryStage,
+    JsonStage,
+    SequentialStage,
+)
 from quantgate.quantize import MixedConfig, sensitivity
 from quantgate.quantize.allocation import Allocation
-from quantgate.quantize.checkpoint import QuantizationFailed
-from quantgate.quantize.measure import MeasurementRecord, measure_and_bound, stage_measurement
+from quantgate.quantize.measure import MeasurementRecord, stage_measurement
 from quantgate.quantize.presets import get_preset
 from quantgate.serving import device
 
@@ -155,13 +167,6 @@ class RunResult:
         return [stage.stage for stage in self.stages if stage.status not in ("reused", "skipped")]
 
 
-def _verified_checkpoint(path: Path) -> dict[str, Any]:
-    """A checkpoint's manifest, after checking its files against it."""
-    manifest: dict[str, Any] = read_json(path / MANIFEST)
-    verify_files(path, manifest["files"], f"checkpoint {path}")
-    return manifest
-
-
 class UnitFailed(Exception):
     """A unit of work (a quantization, an evaluation, a serve) that raised, died or never answered:
     its candidate is not judged on it this run, and the run goes on (a run started again does it
@@ -211,20 +216,6 @@ class _Baseline:
 
     results: evalsets.EvaluationResults
     served: _Served | None = None
-
-
-class SequentialStage(RecordPart):
-    """The sequential stage's value (quantgate.pipeline.units.sequential): the looks' gates, the
-    items evaluated per set, every gate at every look, what stopped them, the split's looks."""
-
-    gates: list[GateRecord]
-    depths: dict[str, int]
-    trace: list[TraceEntry]
-    blocked_by: str | None
-    looks: dict[str, list[int]]
-    offsets: dict[str, int] = {}
-    error_control: str
-    confidence: Number
 
 
 @dataclass(frozen=True)
@@ -416,6 +407,33 @@ class _Run:
                     stderr.print(f"  | {line}", highlight=False, markup=False, soft_wrap=True)
             raise UnitFailed(kind, label, reason) from error
 
+    def stored(self, stage: JsonStage[..., T], *names: str, key: str, label: str, work: Callable[[], object],
+               attempt: str | None = None, needs: Sequence[str] = (), task: str | None = None) -> T:
+        """A JSON stage's artifact (quantgate.pipeline.stages) for `names`, read back as its record:
+        reused when it was stored with `key`, else `work` (the stage's unit, run by the executor as
+        `task`, default `label`; a stage without a unit: run here) and stored. `attempt`: its unit
+        log's name, when a failure of its own fails this unit only (`_Run.attempt`)."""
+        path = stage.where(self.dir, *names)
+        run = partial(self.call, stage.kind, task or label, work, needs=needs) if stage.unit is not None else work
+
+        def cached() -> T:
+            return stage.read(self.cache.json(kind=stage.kind, label=label, path=path, key=key, produce=lambda: _stored_json(run())),
+                              str(path))
+
+        return cached() if attempt is None else self.attempt(stage.kind, label, attempt, cached)
+
+    def made(self, stage: DirectoryStage[..., T], *names: str, key: str, label: str, work: Callable[[], T],
+             attempt: str | None = None, needs: Sequence[str] = (), also: tuple[type[Exception], ...] = ()) -> Cached[T]:
+        """A directory stage's artifact (quantgate.pipeline.stages) for `names`: reused when its
+        record in stages/ has `key` and it still verifies, else `work` (the stage's unit, which
+        writes it) run by the executor; `attempt`, `also`: as `_Run.attempt`."""
+        def cached() -> Cached[T]:
+            return self.cache.directory(kind=stage.kind, name=stage.record(*names), label=label, key=key,
+                                        artifact=stage.where(self.dir, *names), load=stage.load,
+                                        produce=lambda: self.call(stage.kind, label, work, needs=needs), failures=stage.failures)
+
+        return cached() if attempt is None else self.attempt(stage.kind, label, attempt, cached, also)
+
     def chain(self) -> RunResult:
         self.manifest(status="running").write(self.dir.run_file)
         if self.executor.concurrent and len(self.plan.plan.formats) > 1:
@@ -423,7 +441,8 @@ class _Run:
         else:
             calibration_set = self.calibrate()
             overlap = self.overlap(calibration_set)
-            baseline = self.baseline()
+            results = self.baseline_results()
+            baseline = _Baseline(results, self.serve_baseline(results))
             verdicts = {fmt: self.conclude(self.prepare(fmt, calibration_set, overlap), baseline, overlap) for fmt in self.plan.plan.formats}
         if self.plan.plan.search is not None:
             verdicts.update(self.search(calibration_set, baseline, overlap, verdicts))
@@ -440,21 +459,17 @@ class _Run:
     def calibrate(self) -> calibration.CalibrationSet:
         """calibration.run reuses the set itself when its inputs' key matches."""
         begun = self.cache.begin("calibration")
-        made = self.call("calibration", "calibration", partial(calibration.run, self.plan.calibration_cfg, self.dir.calibration, overwrite=True))
+        made: calibration.CalibrationSet = self.call(
+            "calibration", "calibration", CALIBRATION.task(self.plan.calibration_cfg, CALIBRATION.where(self.dir), overwrite=True))
         self.cache.finish("calibration", "calibration", "reused" if made.reused else "done", begun,
                           f"{made.samples} x {made.input_ids.shape[1]} tokens, fingerprint {made.fingerprint[:12]}")
         return made
 
     def overlap(self, calibration_set: calibration.CalibrationSet) -> _Overlap:
-        key = keys.overlap_key(self.plan, calibration_set.fingerprint)
-        summary = self.cache.json(kind="overlap", label="overlap of calibration and golden sets", path=self.dir.overlap, key=key,
-                                  produce=lambda: self.call("overlap", "overlap", partial(overlap_summary, calibration_set,
-                                                                                    list(self.plan.goldens.values()))).model_dump(mode="json"))
-        return _Overlap(read_part(OverlapSummary, summary, f"{self.dir.overlap}: value"), key)
-
-    def baseline(self) -> _Baseline:
-        results = self.baseline_results()
-        return _Baseline(results, self.serve_baseline(results))
+        key = OVERLAP.key(self.plan, calibration_set.fingerprint)
+        summary = self.stored(OVERLAP, key=key, label="overlap of calibration and golden sets", task="overlap",
+                              work=OVERLAP.task(calibration_set, list(self.plan.goldens.values())))
+        return _Overlap(summary, key)
 
     def serve_baseline(self, results: evalsets.EvaluationResults) -> _Served | None:
         """The baseline's serve check, handed to every candidate's (the base of its probe's limit)."""
@@ -469,13 +484,10 @@ class _Run:
     def baseline_results(self) -> evalsets.EvaluationResults:
         """The baseline measured, and evaluated at every set's first look."""
         plan = self.plan
-        self.cache.json(kind="measure", label="measure baseline", path=self.dir.measure(BASELINE), key=keys.baseline_measure_key(plan),
-                        produce=lambda: self.call("measure", "measure baseline", partial(measure_and_bound, plan.model_dir, None, plan.profiles)))
-        results_dir = self.dir.results(BASELINE)
-        evaluated = self.cache.directory(
-            kind="evaluate", name="evaluate-baseline", label="evaluate baseline", key=keys.baseline_evaluate_key(plan),
-            artifact=results_dir, load=evalsets.load_results,
-            produce=lambda: self.call("evaluate", "evaluate baseline", partial(units.evaluate_baseline, plan, results_dir)))
+        self.stored(BASELINE_MEASURE, BASELINE, key=BASELINE_MEASURE.key(plan), label="measure baseline",
+                    work=BASELINE_MEASURE.task(plan.model_dir, None, plan.profiles))
+        evaluated = self.made(BASELINE_EVALUATE, BASELINE, key=BASELINE_EVALUATE.key(plan), label="evaluate baseline",
+                              work=BASELINE_EVALUATE.task(plan, BASELINE_EVALUATE.where(self.dir, BASELINE)))
         results = evaluated.value
         assert results is not None  # no failure is caught: a value or an exception
         return results
@@ -616,19 +628,17 @@ class _Run:
     def evaluate_as_served(self, candidate: _Candidate, results: evalsets.EvaluationResults, numerics: ServedNumerics) -> _AsServed:
         plan, name = self.plan, candidate.name
         label = f"evaluate {name} as served ({numerics.which.replace('_', ' ')} on {numerics.device_class})"
-        out = self.dir.served_results(name, numerics.which)
-        key = keys.served_results_key(plan, checkpoint=candidate.quantize_key, results=sha256_file(results.path / MANIFEST),
+        out = SERVED_RESULTS.where(self.dir, name, numerics.which)
+        key = SERVED_RESULTS.key(plan, checkpoint=candidate.quantize_key, results=sha256_file(results.path / MANIFEST),
                                       settings=numerics.settings, device_class=numerics.device_class)
         # on a cluster: a node of the class whose numerics these are (an AMX node for W4A8), with the kernels
         needs = [f"{device.RESOURCE_PREFIX}{numerics.device_class}",
                  *(device.serve_resource(scheme) for scheme in device.checkpoint_schemes(read_checkpoint(candidate.checkpoint).config))]
-        work = partial(units.evaluate_served, plan, candidate.checkpoint, gated=results.path, settings=numerics.settings,
-                       device_class=numerics.device_class, out=out)
+        work = SERVED_RESULTS.task(plan, candidate.checkpoint, gated=results.path, settings=numerics.settings,
+                                   device_class=numerics.device_class, out=out)
         try:  # a task the engine refuses (InputError) or a node lost: evidence missing, not a reason to end the run
-            made = self.attempt("evaluate", label, f"{name}-{numerics.which}", lambda: self.cache.directory(
-                kind="evaluate", name=f"served-results-{name}-{numerics.which}", label=label, key=key, artifact=out,
-                load=evalsets.load_results, produce=lambda: self.call("evaluate", label, work, needs=needs)),
-                also=(InputError, TaskLost))
+            made = self.made(SERVED_RESULTS, name, numerics.which, key=key, label=label, work=work, attempt=f"{name}-{numerics.which}",
+                             needs=needs, also=(InputError, TaskLost))
         except UnitFailed as failed:  # nothing cached: the next run evaluates it again
             return _AsServed(numerics, None, failed.reason)
         return _AsServed(numerics, made.value)
@@ -640,46 +650,33 @@ class _Run:
         if plan.serve_cfg is None or plan.serving_env is None:
             return None
         cfg, env = plan.serve_cfg, plan.serving_env
-        key = keys.serve_key(plan, checkpoint=model_identity(model).numbers(),
+        key = SERVE.key(plan, checkpoint=model_identity(model).numbers(),
                              results=sha256_file(results.path / MANIFEST) if results is not None else None)
         reference = None if name == BASELINE else probe_seconds(_record_of(self.baseline_served.result()))
         label = f"serve {name}"
         # on a cluster: a node whose engine serves the checkpoint's schemes (serving.device.node_resources)
         needs = [device.serve_resource(scheme) for scheme in device.checkpoint_schemes(read_checkpoint(model).config)]
         try:
-            value = self.attempt("serve", label, name, lambda: self.cache.json(
-                kind="serve", label=label, path=self.dir.serve(name), key=key,
-                produce=lambda: self.call("serve", label, partial(units.serve_check, model, results, cfg, env,
-                                                                  work=self.dir.serve_work(name), reference_probe=reference),
-                                          needs=needs)))
+            record = self.stored(SERVE, name, key=key, label=label, attempt=name, needs=needs, work=SERVE.task(
+                model, results, cfg, env, work=self.dir.serve_work(name), reference_probe=reference))
         except UnitFailed as failed:  # nothing cached: the next run serves it again; the verdict is pending
             return _Served(ServeRecord(served=False, status=FAILED, reason=failed.reason, engine=env.identity()), f"failed:{key}")
-        record = ServeRecord.from_json(value, f"{self.dir.serve(name)}: value")
         self.log.amend(label, _served_summary(record), done=False)
         return _Served(record, key)
 
     def quantize(self, fmt: str, calibration_set: calibration.CalibrationSet) -> _Candidate:
-        plan, checkpoint = self.plan, self.dir.checkpoint(fmt)
-        key = keys.quantize_key(plan, fmt, calibration_set.fingerprint)
+        plan, checkpoint = self.plan, QUANTIZE.where(self.dir, fmt)
+        key = QUANTIZE.key(plan, fmt, calibration_set.fingerprint)
         label = f"quantize {fmt}"
         try:
-            quantized = self.attempt("quantize", label, fmt, lambda: self.cache.directory(
-                kind="quantize", name=f"quantize-{fmt}", label=label, key=key, artifact=checkpoint, load=_verified_checkpoint,
-                produce=lambda: self.call("quantize", label, partial(units.quantize_format, plan, fmt, calibration_set.path, checkpoint)),
-                # the checkpoint failed its own checks (no load, NaN/Inf logits): the format is
-                # blocked for it, and the same inputs give the same failure next time
-                failures=(QuantizationFailed,)))
-        except TaskLost as lost:
-            quantized = self.lost(label, lost)
+            quantized = self.made(QUANTIZE, fmt, key=key, label=label, attempt=fmt,
+                                  work=QUANTIZE.task(plan, fmt, calibration_set.path, checkpoint))
+        except TaskLost as lost:  # lost for good on a cluster: no checkpoint, and no record of it on disk
+            self.log.end(lost.kind, label, "failed", 0.0, str(lost))
+            quantized = Cached(None, {"failed": str(lost), "lost": str(lost)})
         except UnitFailed as failed:  # not the inputs' fault as far as anyone knows: the next run quantizes again
             quantized = Cached(None, {"failed": failed.reason, "lost": failed.reason})
         return _Candidate(fmt, precision_class(get_preset(fmt)), checkpoint, key, quantized)
-
-    def lost(self, label: str, lost: TaskLost) -> Cached[dict[str, Any]]:
-        """A quantization the cluster lost for good: no checkpoint, and no record of it on disk
-        (not the inputs' fault: the next run quantizes again)."""
-        self.log.end(lost.kind, label, "failed", 0.0, str(lost))
-        return Cached(None, {"failed": str(lost), "lost": str(lost)})
 
     def blocked(self, candidate: _Candidate, baseline: _Baseline, lost: str | None = None) -> VerdictRecord:
         """The verdict on a checkpoint that failed its own checks (nothing to measure or deploy),
@@ -689,72 +686,39 @@ class _Run:
             begun = self.cache.begin(f"{kind} {fmt}")
             self.cache.finish(kind, f"{kind} {fmt}", "skipped", begun, "no checkpoint")
         verdict = lost_verdict(failure) if lost else blocked_verdict(failure)
-        path = self.dir.verdict(fmt)
-        value = self.cache.json(
-            kind="gate", label=f"gate {fmt}", path=path, key=keys.blocked_gate_key(self.plan, candidate.quantize_key, failure),
-            produce=lambda: _with_split(verdict_record(fmt, verdict, precision=candidate.precision, policy=self.plan.policy,
-                                                       checkpoint=None, baseline_results=baseline.results, candidate_results=None),
-                                        candidate).to_json())
-        return VerdictRecord.from_json(value, f"{path}: value")
+        return self.stored(BLOCKED_GATE, fmt, key=BLOCKED_GATE.key(self.plan, candidate.quantize_key, failure), label=f"gate {fmt}",
+                           work=lambda: _with_split(verdict_record(fmt, verdict, precision=candidate.precision, policy=self.plan.policy,
+                                                                   checkpoint=None, baseline_results=baseline.results,
+                                                                   candidate_results=None), candidate).to_json())
 
     def measure(self, candidate: _Candidate) -> tuple[MeasurementRecord, str]:
         """The checkpoint's byte accounting (its decode bounds are stored beside it, for the
         report), and the key they were made with."""
-        key = keys.measure_key(self.plan, candidate.quantized.manifest_sha256)
-        label, path = f"measure {candidate.fmt}", self.dir.measure(candidate.fmt)
-        measured = self.cache.json(kind="measure", label=label, path=path, key=key,
-                                   produce=lambda: self.call("measure", label, partial(measure_and_bound, candidate.checkpoint, self.plan.model_dir,
-                                                                                     self.plan.profiles)))
-        return stage_measurement(measured, str(path)), key
-
-    def pre_gates(self, candidate: _Candidate, measured: MeasurementRecord, overlap: _Overlap) -> str | None:
-        """The first size or integrity gate that blocks the candidate before any evaluation
-        (fail fast: they are exact numbers, decided without a single item), or None."""
-        policy = self.plan.policy
-        gates = integrity_gates(policy, candidate.manifest.get("smoke"), overlap.summary) + size_gates(
-            measured, policy, allocation=candidate.allocation)
-        return next((gate.reason for gate in gates if gate.outcome is not Outcome.passed), None)
+        key = MEASURE.key(self.plan, candidate.quantized.manifest_sha256)
+        return self.stored(MEASURE, candidate.fmt, key=key, label=f"measure {candidate.fmt}",
+                           work=MEASURE.task(candidate.checkpoint, self.plan.model_dir, self.plan.profiles)), key
 
     def evaluate_sequentially(self, candidate: _Candidate, *, measured: MeasurementRecord, measure_key: str,
                               overlap: _Overlap) -> _Evidence:
         """The candidate's looks (quantgate.pipeline.looks), then its results and the baseline's on
         the same items, published for the gate and the report."""
         plan, name = self.plan, candidate.name
-        blocked_before = self.pre_gates(candidate, measured, overlap)
-        key = keys.sequential_key(plan, candidate.quantized.manifest_sha256, precision=candidate.precision,
-                                  blocked_before=blocked_before, split=candidate.split_key)
-        path, label = self.dir.sequential(name), f"evaluate {name}"
+        blocked_before = _pre_gates(plan.policy, candidate, measured, overlap)
+        key = SEQUENTIAL.key(plan, candidate.quantized.manifest_sha256, precision=candidate.precision,
+                             blocked_before=blocked_before, split=candidate.split_key)
+        path, label = SEQUENTIAL.where(self.dir, name), f"evaluate {name}"
         unit = {"fmt": candidate.fmt, "name": name, "precision": candidate.precision, "blocked_before": blocked_before}
-        published = self._published(path, name, key)
+        published = _published(self.dir, name, key)
         if published is None:  # its results went missing or were damaged: looked at again (cached items)
             path.unlink(missing_ok=True)
             for damaged in (self.dir.results(name), self.dir.paired_baseline(name)):
                 shutil.rmtree(damaged, ignore_errors=True)  # never read again as they are
-        value = read_part(SequentialStage, self.cache.json(
-            kind="evaluate", label=label, path=path, key=key,
-            produce=lambda: self.call("evaluate", label, partial(units.sequential, plan, self.dir, unit, candidate.split))), f"{path}: value")
+        value = self.stored(SEQUENTIAL, name, key=key, label=label, work=SEQUENTIAL.task(plan, self.dir, unit, candidate.split))
         if not any(value.depths.values()):
             return _Evidence(value, key, None, None)
         if published is None or not published:  # just made: loaded (and verified) once, here
             published = (evalsets.load_results(self.dir.results(name)), evalsets.load_results(self.dir.paired_baseline(name)))
         return _Evidence(value, key, *published)
-
-    def _published(self, path: Path, fmt: str, key: str) -> tuple[evalsets.EvaluationResults, ...] | None:
-        """The candidate's and the paired baseline's results a stored sequential stage with this key
-        left, verified; () when it left none or will not be reused (another key, none yet); None
-        when they are missing or damaged."""
-        try:
-            stored = read_json(path) if path.is_file() else None
-        except (OSError, ValueError):
-            return None  # unreadable: looked at again
-        value = stored.get("value") if isinstance(stored, dict) else None
-        depths = value.get("depths") if isinstance(value, dict) else None
-        if not isinstance(stored, dict) or stored.get("key") != key or not isinstance(depths, dict) or not any(depths.values()):
-            return ()
-        try:
-            return evalsets.load_results(self.dir.results(fmt)), evalsets.load_results(self.dir.paired_baseline(fmt))
-        except (InputError, IntegrityError, OSError, ValueError, KeyError):
-            return None  # missing, or bytes changed since: never trusted, looked at again
 
     def gate(self, candidate: _Candidate, *, measured: MeasurementRecord, measure_key: str, evidence: _Evidence,
              baseline: _Baseline, overlap: _Overlap, served: _Served | None = None,
@@ -769,7 +733,7 @@ class _Run:
         # (a serve that failed is no evidence: one key for every such failure, so a rerun that fails again judges nothing anew)
         serve_keys = [(FAILED if part.record.status == FAILED else sha256_json(part.record.to_json())) if part else None
                       for part in (served, reference)] if plan.serve_cfg is not None else None
-        key = keys.gate_key(plan, precision=candidate.precision, evidence=evidence.key, measure=measure_key, overlap=overlap.key,
+        key = GATE.key(plan, precision=candidate.precision, evidence=evidence.key, measure=measure_key, overlap=overlap.key,
                             results=[sha256_file(results.path / MANIFEST) for results in (evidence.results, evidence.baseline) if results],
                             allocation=candidate.allocation, serve=serve_keys,
                             as_served=[[entry.numerics.which, sha256_file(entry.results.path / MANIFEST) if entry.results else FAILED]
@@ -801,9 +765,7 @@ class _Run:
                 record = record.with_fields(as_served=gated_as_served)
             return _with_split(record, candidate)
 
-        path = self.dir.verdict(fmt)
-        record = VerdictRecord.from_json(self.cache.json(kind="gate", label=f"gate {fmt}", path=path, key=key,
-                                                         produce=lambda: verdict().to_json()), f"{path}: value")
+        record = self.stored(GATE, fmt, key=key, label=f"gate {fmt}", work=lambda: verdict().to_json())
         # the driver is this run's only writer; another run may share the ledger (record_verdict holds its lock)
         appended = record_verdict(self.pipeline.ledger, record, self.plan.signing_key)
         self.log.amend(f"gate {fmt}", f"{record.verdict}; ledger {'appended' if appended else 'already holds this verdict'}",
@@ -819,7 +781,11 @@ class _Run:
         plan, search = self.plan, self.plan.plan.search
         assert search is not None
         self.dir.search_file.unlink(missing_ok=True)  # an earlier run's record never stands for this one
-        scores = self.sensitivity(calibration_set)
+        cfg = _sensitivity_config(plan)
+        scores = self.made(SENSITIVITY, key=SENSITIVITY.key(plan, cfg, calibration_set.fingerprint), label="sensitivity",
+                           work=SENSITIVITY.task(cfg, plan.model_dir, calibration_set.path, SENSITIVITY.where(self.dir), overwrite=True,
+                                                 allow_pickle=plan.plan.allow_pickle)).value
+        assert scores is not None
         unmeasured = [name for name in search.formats if not self.dir.measure(name).is_file()]
         if unmeasured:  # its checkpoint failed its own checks, or its task was lost on a cluster
             raise TaskLost("measure", f"measure {unmeasured[0]}", f"the search mixes {unmeasured[0]}, which this run did not measure "
@@ -850,31 +816,14 @@ class _Run:
         stderr.print(f"search: {record['conclusion']}", highlight=False, soft_wrap=True)
         return {name: judged[name] for name in record["verdicts"]}
 
-    def sensitivity(self, calibration_set: calibration.CalibrationSet) -> sensitivity.Sensitivity:
-        plan, search = self.plan, self.plan.plan.search
-        assert search is not None
-        grouped = [plan.quantize_cfgs[fmt] for fmt in search.formats if get_preset(fmt).grouped] or [plan.quantize_cfgs[search.formats[0]]]
-        cfg = sensitivity.SensitivityConfig(formats=search.formats, fisher=sensitivity.FisherVariant(search.fisher),
-                                            ignore=grouped[0].ignore, group_size=grouped[0].group_size, rows=search.sensitivity_rows)
-        out = self.dir.sensitivity()
-        made = self.cache.directory(
-            kind="sensitivity", name="sensitivity", label="sensitivity", key=keys.sensitivity_key(plan, cfg, calibration_set.fingerprint),
-            artifact=out, load=sensitivity.load,
-            produce=lambda: self.call("sensitivity", "sensitivity", partial(sensitivity.run, cfg, plan.model_dir, calibration_set.path, out,
-                                                                      overwrite=True, allow_pickle=plan.plan.allow_pickle)))
-        assert made.value is not None
-        return made.value
-
     def quantize_trial(self, name: str, cfg: MixedConfig, calibration_set: calibration.CalibrationSet,
                        layer_bytes: dict[str, int]) -> _Candidate:
         """A search trial's mixed checkpoint, judged on the search split and held to `layer_bytes`."""
-        plan, checkpoint = self.plan, self.dir.checkpoint(name)
-        key = keys.trial_quantize_key(plan, cfg, calibration_set.fingerprint)
-        label = f"quantize {name}"  # lost on a cluster: TaskLost stops the run (no verdict to bisect on)
-        quantized = self.cache.directory(
-            kind="quantize", name=f"quantize-{name}", label=label, key=key, artifact=checkpoint, load=_verified_checkpoint,
-            produce=lambda: self.call("quantize", label, partial(units.quantize_trial, plan, cfg, calibration_set.path, checkpoint)),
-            failures=(QuantizationFailed,))
+        plan, checkpoint = self.plan, TRIAL_QUANTIZE.where(self.dir, name)
+        key = TRIAL_QUANTIZE.key(plan, cfg, calibration_set.fingerprint)
+        # lost on a cluster: TaskLost stops the run (no verdict to bisect on)
+        quantized = self.made(TRIAL_QUANTIZE, name, key=key, label=f"quantize {name}",
+                              work=TRIAL_QUANTIZE.task(plan, cfg, calibration_set.path, checkpoint))
         bits = {int(get_preset(fmt).weights["num_bits"]) for fmt in cfg.formats}
         precision = mixed_precision_class(plan.policy, bits)
         return _Candidate(name, precision, checkpoint, key, quantized, split=plan.search_split, allocation=layer_bytes)
@@ -907,6 +856,49 @@ class _Run:
             seconds=seconds,
             quantgate_version=plan.version,
         )
+
+
+def _stored_json(value: object) -> Any:
+    """A JSON stage's value as the cache stores it: a record part its unit returned (the
+    overlap's summary), dumped; a unit's JSON as it is."""
+    return value.model_dump(mode="json") if isinstance(value, RecordPart) else value
+
+
+def _pre_gates(policy: LoadedPolicy, candidate: _Candidate, measured: MeasurementRecord, overlap: _Overlap) -> str | None:
+    """The first size or integrity gate that blocks the candidate before any evaluation
+    (fail fast: they are exact numbers, decided without a single item), or None."""
+    gates = integrity_gates(policy, candidate.manifest.get("smoke"), overlap.summary) + size_gates(
+        measured, policy, allocation=candidate.allocation)
+    return next((gate.reason for gate in gates if gate.outcome is not Outcome.passed), None)
+
+
+def _published(run_dir: RunDir, name: str, key: str) -> tuple[evalsets.EvaluationResults, ...] | None:
+    """The candidate's and the paired baseline's results a stored sequential stage with this key
+    left, verified; () when it left none or will not be reused (another key, none yet); None
+    when they are missing or damaged."""
+    path = SEQUENTIAL.where(run_dir, name)
+    try:
+        stored = read_json(path) if path.is_file() else None
+    except (OSError, ValueError):
+        return None  # unreadable: looked at again
+    value = stored.get("value") if isinstance(stored, dict) else None
+    depths = value.get("depths") if isinstance(value, dict) else None
+    if not isinstance(stored, dict) or stored.get("key") != key or not isinstance(depths, dict) or not any(depths.values()):
+        return ()
+    try:
+        return evalsets.load_results(run_dir.results(name)), evalsets.load_results(run_dir.paired_baseline(name))
+    except (InputError, IntegrityError, OSError, ValueError, KeyError):
+        return None  # missing, or bytes changed since: never trusted, looked at again
+
+
+def _sensitivity_config(plan: ResolvedPlan) -> sensitivity.SensitivityConfig:
+    """The search's sensitivity: its formats, the Fisher variant, and the ignored layers and
+    group size of its first grouped format (else its first)."""
+    search = plan.plan.search
+    assert search is not None
+    grouped = [plan.quantize_cfgs[fmt] for fmt in search.formats if get_preset(fmt).grouped] or [plan.quantize_cfgs[search.formats[0]]]
+    return sensitivity.SensitivityConfig(formats=search.formats, fisher=sensitivity.FisherVariant(search.fisher),
+                                         ignore=grouped[0].ignore, group_size=grouped[0].group_size, rows=search.sensitivity_rows)
 
 
 def as_served_record(made: _AsServed, *, baseline: evalsets.EvaluationResults | None, policy: LoadedPolicy,
