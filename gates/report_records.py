@@ -62,7 +62,8 @@ def records(run_dir: Path) -> RunRecords:
     plot = dict(run["plot"])
     if plot.get("y") not in columns and columns:
         plot.update(y=columns[0], higher_is_better=column_higher_is_better(columns[0]))
-    any_bounds = next(iter((baseline_measured.get("bounds") or {}).values()), None)
+    bounds = baseline_measured.get("bounds")  # the measure stage's value as stored (stagecache.stored_value)
+    any_bounds = next(iter(bounds.values()), None) if isinstance(bounds, dict) else None
     calibration_file = layout.calibration / MANIFEST
     calibration = CalibrationManifest.read(calibration_file) if calibration_file.is_file() else None
     return RunRecords.from_records({

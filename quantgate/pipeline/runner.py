@@ -205,13 +205,13 @@ class _Evidence:
     """What a candidate's looks decided (the sequential stage's value and key), and the results
     they leave: the candidate's and the baseline's on the same items (None: nothing evaluated)."""
 
-    value: dict[str, Any]
+    value: units.SequentialValue
     key: str
     results: evalsets.EvaluationResults | None
     baseline: evalsets.EvaluationResults | None
 
 
-def sequential_summary(value: dict[str, Any]) -> dict[str, Any]:
+def sequential_summary(value: units.SequentialValue) -> dict[str, Any]:
     """A verdict's record of its looks: the planned looks and the items evaluated per set, the
     error control, what stopped them, and the sets not evaluated, with why."""
     not_run = {spec: f"not evaluated: the candidate was blocked first by {value['blocked_by']}"
@@ -639,7 +639,7 @@ class _Run:
         try:
             quantized = self.attempt("quantize", label, fmt, lambda: self.cache.directory(
                 kind="quantize", name=f"quantize-{fmt}", label=label, key=key, artifact=checkpoint, load=_verified_checkpoint,
-                produce=lambda: self.call("quantize", label, partial(units.quantize_format, plan, fmt, calibration_set.path, checkpoint)),
+                produce=lambda: self.call("quantize", label, partial(units.quantize_format, plan, fmt, calibration_set.path, checkpoint)).to_json(),
                 # the checkpoint failed its own checks (no load, NaN/Inf logits): the format is
                 # blocked for it, and the same inputs give the same failure next time
                 failures=(QuantizationFailed,)))
@@ -696,7 +696,7 @@ class _Run:
         key = keys.sequential_key(plan, candidate.quantized.manifest_sha256, precision=candidate.precision,
                                   blocked_before=blocked_before, split=candidate.split_key)
         path, label = self.dir.sequential(name), f"evaluate {name}"
-        unit = {"fmt": candidate.fmt, "name": name, "precision": candidate.precision, "blocked_before": blocked_before}
+        unit = units.SequentialUnit(fmt=candidate.fmt, name=name, precision=candidate.precision, blocked_before=blocked_before)
         published = self._published(path, name, key)
         if published is None:  # its results went missing or were damaged: looked at again (cached items)
             path.unlink(missing_ok=True)
@@ -834,7 +834,7 @@ class _Run:
         label = f"quantize {name}"  # lost on a cluster: TaskLost stops the run (no verdict to bisect on)
         quantized = self.cache.directory(
             kind="quantize", name=f"quantize-{name}", label=label, key=key, artifact=checkpoint, load=_verified_checkpoint,
-            produce=lambda: self.call("quantize", label, partial(units.quantize_trial, plan, cfg, calibration_set.path, checkpoint)),
+            produce=lambda: self.call("quantize", label, partial(units.quantize_trial, plan, cfg, calibration_set.path, checkpoint)).to_json(),
             failures=(QuantizationFailed,))
         bits = {int(get_preset(fmt).weights["num_bits"]) for fmt in cfg.formats}
         precision = mixed_precision_class(plan.policy, bits)
