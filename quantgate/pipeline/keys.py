@@ -9,7 +9,7 @@ from typing import Any
 from quantgate.core.artifacts import library_versions, sha256_json
 from quantgate.evalsets.evaluate import EVALUATOR_VERSION
 from quantgate.evalsets.served import SERVE_CHECK_VERSION, machine
-from quantgate.pipeline.resolve import ResolvedPlan
+from quantgate.pipeline.resolve import ResolvedPlan, SplitKey
 
 
 def overlap_key(plan: ResolvedPlan, calibration_fingerprint: str) -> str:
@@ -51,15 +51,15 @@ SEQUENTIAL_VERSION = 2
 
 
 def sequential_key(plan: ResolvedPlan, checkpoint_sha: str, *, precision: str, blocked_before: str | None,
-                   split: dict[str, Any] | None = None) -> str:
+                   split: SplitKey | None = None) -> str:
     """A candidate's looks: its checkpoint, the settings and each set's looks, the baseline, and
     the policy (its bounds decide when a look settles a gate), the precision class, and the size
     or integrity gate that blocks it before any evaluation, if one does."""
-    key = {"stage": "sequential", "checkpoint": checkpoint_sha, "config": plan.eval_settings,
-           "looks": plan.looks_json, "sets": plan.golden_shas,
-           "baseline": plan.identity_key, "policy": plan.policy.identity, "precision": precision,
-           "blocked_before": blocked_before, "evaluator": EVALUATOR_VERSION, "libraries": library_versions(),
-           "quantgate": plan.version, "version": SEQUENTIAL_VERSION}
+    key: dict[str, object] = {"stage": "sequential", "checkpoint": checkpoint_sha, "config": plan.eval_settings,
+                             "looks": plan.looks_json, "sets": plan.golden_shas,
+                             "baseline": plan.identity_key, "policy": plan.policy.identity, "precision": precision,
+                             "blocked_before": blocked_before, "evaluator": EVALUATOR_VERSION, "libraries": library_versions(),
+                             "quantgate": plan.version, "version": SEQUENTIAL_VERSION}
     if split is not None:  # a search trial's split (absent otherwise: a format's key stays what it was)
         key["split"] = split
     return sha256_json(key)

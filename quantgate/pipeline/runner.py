@@ -71,7 +71,7 @@ from quantgate.pipeline.executor import Executor, TaskLost
 from quantgate.pipeline.lock import RunLock
 from quantgate.pipeline.plan import LoadedPlan
 from quantgate.pipeline.progress import StageLog, StageStatus
-from quantgate.pipeline.resolve import ResolvedPlan, Split, resolve_plan
+from quantgate.pipeline.resolve import ResolvedPlan, Split, SplitKey, resolve_plan
 from quantgate.pipeline.search import Trials, build_space, mixed_config, run_search
 from quantgate.quantize import MixedConfig, sensitivity
 from quantgate.quantize.allocation import Allocation
@@ -240,7 +240,7 @@ class _Candidate:
         return f"{self.fmt}@{self.split.name}" if self.split is not None and self.split.name == "held-out" else self.fmt
 
     @property
-    def split_key(self) -> dict[str, Any] | None:
+    def split_key(self) -> SplitKey | None:
         split = self.split
         return None if split is None else {"name": split.name, "looks": split.looks_json, "offsets": dict(split.offsets)}
 
