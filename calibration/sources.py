@@ -9,7 +9,9 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
+
+from pydantic import JsonValue
 
 from quantgate.core.artifacts import json_text, read_json, sha256_file, sha256_tree, verify_files
 from quantgate.core.errors import SourceError, did_you_mean
@@ -20,11 +22,18 @@ DEMO_SOURCE = "demo"
 DEMO_VERSION = "v1"
 
 
+class ChatMessage(TypedDict):
+    """A chat message of a document (checked by `_is_message`; the chat template renders it)."""
+
+    role: str
+    content: str | list[JsonValue]  # text, or a multimodal message's parts
+
+
 @dataclass(frozen=True)
 class Documents:
     """The texts of a source, in the source's own order, and what identifies the source."""
 
-    texts: list[Any]  # str, or a list of chat messages (dicts with role/content)
+    texts: list[Any]  # str, or a list of ChatMessage
     kind: str
     sha256: str
     description: str
@@ -102,7 +111,8 @@ def _utf8(data: bytes, path: Path) -> str:
                           "save the file as UTF-8") from error
 
 
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+def _read_jsonl(path: Path) -> list[dict[str, JsonValue]]:
+    """Each line's JSON object, as parsed: its reader checks the fields it takes."""
     rows = []
     for number, line in enumerate(re.split(r"\r\n|\r|\n", _utf8(path.read_bytes(), path)), start=1):
         if not line.strip():

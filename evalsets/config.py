@@ -8,6 +8,7 @@ from typing import Any, TypedDict
 
 from pydantic import Field, JsonValue, field_validator, model_validator
 
+from quantgate.core.artifacts import ProvenanceJSON
 from quantgate.core.errors import did_you_mean
 from quantgate.core.validation import Strict, is_file_name
 
@@ -231,7 +232,7 @@ class SetFields(_SetFieldsBase, total=False):
     """A manifest's fields before its files are written and hashed (evalsets.sets.write_set)."""
 
     generation: GenerationJson
-    provenance: dict[str, Any]  # user sets: quantgate.core.artifacts.provenance
+    provenance: ProvenanceJSON  # user sets: quantgate.core.artifacts.provenance
 
 
 class GoldenManifest(SetFields):

@@ -14,10 +14,11 @@ what of the settings decides one set's numbers (in its cache key and its record)
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Any, Final, Literal, TypedDict, final
+from typing import TYPE_CHECKING, Annotated, Final, Literal, TypedDict, final
 
 from pydantic import Field, JsonValue, field_validator
 
+from quantgate.core.artifacts import ProvenanceJSON
 from quantgate.core.records import FileTable, Provenance, Record, RecordPart
 from quantgate.core.validation import is_file_name, is_path
 from quantgate.evalsets.config import EvaluateConfig, Kind
@@ -290,4 +291,4 @@ class SetRecord(TypedDict):
     baseline: dict[str, str] | None
     lm_eval: LmEvalProvenance | GrownLmEval | None
     timing: Timing
-    provenance: dict[str, Any]  # quantgate.core.artifacts.provenance (core.records.Provenance, as JSON)
+    provenance: ProvenanceJSON  # quantgate.core.artifacts.provenance (core.records.Provenance, as JSON)

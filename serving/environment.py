@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Literal, TypedDict
 
 from quantgate.core.artifacts import read_json, write_json
 from quantgate.core.errors import InputError, QuantgateError
@@ -176,7 +176,27 @@ def _run(command: list[str], what: str) -> str:
     return answer.stdout
 
 
-def describe(found: ServingEnv | None) -> dict[str, Any]:
+class NotBuilt(TypedDict):
+    """`quantgate serving info --json` with no environment: where it would be."""
+
+    built: Literal[False]
+    root: str
+
+
+class Built(TypedDict):
+    """`quantgate serving info --json`: the environment's python, its identity and its root."""
+
+    built: Literal[True]
+    python: str
+    engine: str
+    version: str
+    torch: str
+    root: str | None
+
+
+def describe(found: ServingEnv | None) -> Built | NotBuilt:
     if found is None:
         return {"built": False, "root": str(default_root())}
-    return {"built": True, "python": str(found.python), **found.identity(), "root": str(found.root) if found.root else None}
+    # printed in this order (not sorted): built, python, the identity's fields, root
+    return {"built": True, "python": str(found.python), "engine": found.engine, "version": found.version, "torch": found.torch,
+            "root": str(found.root) if found.root else None}

@@ -81,7 +81,7 @@ def test_a_quantization_that_raises_and_an_evaluation_out_of_memory_do_not_end_t
         return real_quantize(cfg, *args, **kwargs)
 
     def evaluate_or_run_out(plan, run_dir, candidate, split=None):
-        if candidate["fmt"] == "fp8-e4m3":
+        if candidate.fmt == "fp8-e4m3":
             raise MemoryError("out of memory evaluating lambada")
         return real_sequential(plan, run_dir, candidate, split)
 

@@ -3,8 +3,9 @@ What turns the options a user typed into a `BoundsConfig` lives here; the math i
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypedDict, TypeVar
 
 import typer
 from pydantic import BaseModel
@@ -56,7 +57,31 @@ def measure_command(
 
 # --- options to a BoundsConfig ------------------------------------------------------------------
 
-def _validated(model: type[M], values: dict[str, Any]) -> M:
+class ShapeOptions(TypedDict):
+    """The model's numbers as typed (None: not given)."""
+
+    parameters: float | None
+    layers: int | None
+    kv_heads: int | None
+    head_dim: int | None
+
+
+class BoundsSettings(TypedDict):
+    """The BoundsConfig settings as typed (None: not given, the default or the reference case's stands)."""
+
+    batch: int | None
+    context_tokens: int | None
+    kv_bytes_per_element: float | None
+    alpha: float | None
+    gamma: int | None
+    draft_cost: float | None
+    plain_step_ms: float | None
+    alphas: list[float] | None
+    compare_kv_bytes: list[float] | None
+
+
+def _validated(model: type[M], values: Mapping[str, object]) -> M:
+    """`model` from values not checked yet (what a user typed, over a starting point): one line naming the option when one is bad."""
     return bounds.checked(model, values, names=OPTION_NAMES)
 
 
@@ -89,34 +114,35 @@ def _parse_list(text: str | None, kind: type[float], option: str) -> list[float]
         raise InputError(f"invalid {option} {text!r}: expected comma-separated numbers") from error
 
 
-def _model_values(model: dict[str, Any] | None, given: dict[str, float | int | None], from_checkpoints: bool) -> dict[str, Any]:
-    """The model's fields: the reference case's or the checkpoints', with the options given over them."""
+def _model(model: ModelShape | None, given: ShapeOptions, from_checkpoints: bool) -> ModelShape:
+    """The model: the reference case's or the checkpoints', with the options given over it."""
     if any(value is not None for value in given.values()):
-        merged = dict(model or {}) | {key: value for key, value in given.items() if value is not None}
+        merged: dict[str, object] = (model.model_dump() if model else {}) | {key: value for key, value in given.items() if value is not None}
         missing = [key for key in given if key not in merged]
         if missing:
             raise InputError(f"the model needs {', '.join('--' + key.replace('_', '-') for key in missing)} (or --checkpoint DIR)")
         merged["source"] = "given" if not from_checkpoints else f"{merged.get('source')}, with given overrides"
-        return merged
+        return _validated(ModelShape, merged)
     if model is None:
         raise InputError("give a model: --checkpoint DIR, or --parameters, --layers, --kv-heads and --head-dim (or --reference-case)")
-    return model
+    return _validated(ModelShape, model.model_dump())
 
 
-def bounds_config(*, hardware: str, checkpoints: list[Path], shape: dict[str, float | int | None], formats: list[str],
-                  reference: bool, gamma_range: str | None, settings: dict[str, Any]) -> BoundsConfig:
+def bounds_config(*, hardware: str, checkpoints: list[Path], shape: ShapeOptions, formats: list[str],
+                  reference: bool, gamma_range: str | None, settings: BoundsSettings) -> BoundsConfig:
     """A BoundsConfig from what a user typed: a hardware name or YAML, the model as numbers or
     checkpoints (shape from config.json, parameters and stored bytes from `measure`), formats as
     NAME=BPW, the reference case as a starting point; unset (None) settings keep defaults."""
     profile = load_profile(hardware)
-    values: dict[str, Any] = bounds.reference_case(profile).model_dump() if reference else {}
+    start = bounds.reference_case(profile) if reference else None
+    values: dict[str, object] = start.model_dump() if start else {}
     values["hardware"] = profile
     specs = [parse_format(text) for text in formats]
+    model = start.model if start else None
     if checkpoints:
-        measured_shape, measured = bounds.measured_model(checkpoints)
-        values["model"] = measured_shape.model_dump()
+        model, measured = bounds.measured_model(checkpoints)
         specs = [*(specs or DEFAULT_FORMATS), *measured]
-    values["model"] = _validated(ModelShape, _model_values(values.get("model"), shape, bool(checkpoints)))
+    values["model"] = _model(model, shape, bool(checkpoints))
     if specs:
         values["formats"] = tuple(specs)
     if gamma_range is not None:

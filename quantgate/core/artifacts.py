@@ -24,9 +24,12 @@ from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO, TypedDict
 
 from quantgate.core.errors import InputError, IntegrityError, OutputExistsError
+
+if TYPE_CHECKING:
+    from pydantic import JsonValue
 
 MANIFEST = "manifest.json"
 
@@ -342,10 +345,10 @@ def json_text(text: str) -> Any:
         raise ValueError(_first_line(error)) from error
 
 
-def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+def unique_keys(pairs: list[tuple[str, JsonValue]]) -> dict[str, JsonValue]:
     """json's `object_pairs_hook` that refuses an object giving one key twice (ValueError): the
-    decoder would keep the last one without a word."""
-    result: dict[str, Any] = {}
+    decoder would keep the last one without a word. Any JSON object, as parsed: its reader checks it."""
+    result: dict[str, JsonValue] = {}
     for key, value in pairs:
         if key in result:
             raise ValueError(f"key {key!r} appears twice")
@@ -586,7 +589,23 @@ class Stopwatch:
         return time.perf_counter() - self.started
 
 
-def provenance(stopwatch: Stopwatch) -> dict[str, Any]:
+class MachineJSON(TypedDict):
+    python: str
+    platform: str
+    cpu_count: int | None
+
+
+class ProvenanceJSON(TypedDict):
+    """An artifact's `provenance` as written (read back as quantgate.core.records.Provenance)."""
+
+    created_at: str
+    libraries: dict[str, str | None]
+    machine: MachineJSON
+    wall_seconds: float
+    peak_memory_bytes: int
+
+
+def provenance(stopwatch: Stopwatch) -> ProvenanceJSON:
     """What made an artifact and what it cost: versions, machine, wall time, peak memory."""
     return {
         "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),

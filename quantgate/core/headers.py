@@ -13,11 +13,14 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, TypedDict, TypeGuard, cast
 
 from quantgate.core.artifacts import unique_keys
 from quantgate.core.errors import InputError
 from quantgate.core.hf_config import ModelConfig, QuantizationConfig
+
+if TYPE_CHECKING:
+    from pydantic import JsonValue
 
 # A header is JSON describing tensors; even a 70B model's is a few MB. A larger claimed
 # length is a damaged or hostile file, refused before anything is allocated.
@@ -69,7 +72,7 @@ class SafetensorsFile:
     file_bytes: int
     header_bytes: int  # the 8-byte length prefix plus the JSON header
     tensors: dict[str, TensorEntry]
-    metadata: dict[str, Any] = field(default_factory=dict)
+    metadata: dict[str, JsonValue] = field(default_factory=dict)  # __metadata__ as written (read by no one here)
 
 
 @dataclass(frozen=True)
@@ -122,8 +125,19 @@ def _parse_json(raw: bytes, where: Path, what: str) -> Any:
         raise HeaderError(f"{where}: invalid {what} ({detail})") from error
 
 
-def read_header(path: Path) -> dict[str, Any]:
-    """The header as raw JSON. Use `read_safetensors` for a header whose entries are checked."""
+class HeaderEntry(TypedDict):
+    """A tensor's entry in a safetensors header, as the format gives it. `read_header` checks
+    none of it (`parse_entries` checks every field): a reader of the raw header checks a value
+    before trusting it, or lets a damaged one fail."""
+
+    dtype: str
+    shape: list[int]
+    data_offsets: list[int]  # [begin, end) in the data section
+
+
+def read_header(path: Path) -> dict[str, JsonValue]:
+    """The header as raw JSON: {name: HeaderEntry} and an optional __metadata__. Use
+    `read_safetensors` for a header whose entries are checked."""
     path = Path(path)
     raw, _, _ = _read_raw_header(path)
     header = _parse_json(raw, path, "header JSON")
@@ -136,7 +150,12 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def parse_entries(header: dict[str, Any], data_bytes: int, where: Path) -> tuple[dict[str, TensorEntry], dict[str, Any]]:
+def _ints(value: JsonValue) -> TypeGuard[list[int]]:
+    """A JSON array of integers (no booleans)."""
+    return isinstance(value, list) and all(_is_int(item) for item in value)
+
+
+def parse_entries(header: dict[str, JsonValue], data_bytes: int, where: Path) -> tuple[dict[str, TensorEntry], dict[str, JsonValue]]:
     """Check every tensor entry against the data section's size, as safetensors' own
     `Metadata::validate` does: known dtype, offsets in range, sorted offsets that neither
     overlap nor leave gaps, and byte counts equal to shape x dtype size."""
@@ -144,17 +163,17 @@ def parse_entries(header: dict[str, Any], data_bytes: int, where: Path) -> tuple
     if not isinstance(metadata, dict):
         raise HeaderError(f"{where}: __metadata__ is not a JSON object")
     entries: dict[str, TensorEntry] = {}
-    for name, entry in header.items():
+    for name, raw in header.items():
         if name == "__metadata__":
             continue
-        if not isinstance(entry, dict):
+        if not isinstance(raw, dict):
             raise HeaderError(f"{where}: tensor {name!r} is not described by a JSON object")
-        dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+        dtype, shape, offsets = raw.get("dtype"), raw.get("shape"), raw.get("data_offsets")
         if not isinstance(dtype, str) or dtype not in DTYPE_BITS:
             raise HeaderError(f"{where}: tensor {name!r} has unknown dtype {str(dtype)[:40]!r}")
-        if not isinstance(shape, list) or not all(_is_int(dim) and dim >= 0 for dim in shape):
+        if not _ints(shape) or not all(dim >= 0 for dim in shape):
             raise HeaderError(f"{where}: tensor {name!r} has an invalid shape")
-        if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_int(value) for value in offsets)):
+        if not (_ints(offsets) and len(offsets) == 2):
             raise HeaderError(f"{where}: tensor {name!r} has invalid data_offsets")
         begin, end = offsets
         if not 0 <= begin <= end <= data_bytes:
@@ -264,7 +283,7 @@ def read_checkpoint(path: Path) -> CheckpointFiles:
     return CheckpointFiles(root, tuple(files), config, quantize_config, index)
 
 
-def _optional_json(path: Path, what: str) -> dict[str, Any] | None:
+def _optional_json(path: Path, what: str) -> dict[str, JsonValue] | None:
     if not path.is_file():
         return None
     value = read_json_file(path, what)

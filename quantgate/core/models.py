@@ -15,9 +15,10 @@ import os
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, TypedDict, cast
 
 from quantgate.core.artifacts import (
+    ProvenanceJSON,
     Stopwatch,
     atomic_directory,
     file_hashes,
@@ -30,7 +31,7 @@ from quantgate.core.artifacts import (
 )
 from quantgate.core.console import stderr
 from quantgate.core.errors import IntegrityError, ModelError, did_you_mean
-from quantgate.core.headers import read_header
+from quantgate.core.headers import HeaderEntry, read_header
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 SAFE_WEIGHTS = ("model.safetensors", "model.safetensors.index.json")
@@ -119,10 +120,47 @@ def locate_gguf(demo: DemoModel) -> tuple[Path, str]:
     return path, metadata.version(demo.package)
 
 
+class DemoSource(TypedDict):
+    """Where a demo model came from: the registry package and the GGUF file in it."""
+
+    package: str
+    version: str
+    file: str
+    gguf_sha256: str
+
+
+class Conversion(TypedDict):
+    """How the GGUF became BF16 safetensors, and the check of the rebuilt model."""
+
+    method: str
+    tie_word_embeddings: bool
+    parameters: int
+    tokenizer_special_tokens_fixed: dict[str, str]
+    smoke_prompt: str
+    reload_max_abs_logit_difference: float
+
+
+class BaselineModelManifest(TypedDict):
+    """A demo model's manifest.json in the model cache (`pull`)."""
+
+    kind: Literal["baseline-model"]
+    schema_version: Literal[1]
+    name: str
+    upstream: str
+    licence: str
+    source: DemoSource
+    dtype: str
+    conversion: Conversion
+    caveat: str
+    files: dict[str, str]
+    provenance: ProvenanceJSON
+    weights_sha256: str
+
+
 @dataclass(frozen=True)
 class PulledModel:
     path: Path
-    manifest: dict[str, Any]
+    manifest: BaselineModelManifest
     already_present: bool
 
 
@@ -132,14 +170,15 @@ def pull(name: str = DEFAULT_DEMO_MODEL, home: Path | None = None, force: bool =
     gguf_path, package_version = locate_gguf(demo)
     gguf_sha256 = sha256_file(gguf_path)
     target = demo_model_dir(name, home)
-    if not force and (manifest := _pulled(target, gguf_sha256)) is not None:
-        return PulledModel(target, manifest, already_present=True)
+    if not force and (cached := _pulled(target, gguf_sha256)) is not None:
+        return PulledModel(target, cached, already_present=True)
     stopwatch = Stopwatch()
     # the cache is shared: a pull that finds the model converted meanwhile by another process keeps
     # that one (and returns its manifest); --force replaces whatever is there
     with atomic_directory(target, keep=lambda found: _pulled(found, gguf_sha256) is not None and not force) as staging:
         details = _convert_gguf(gguf_path, staging)
-        manifest = {
+        files = file_hashes(staging)
+        manifest: BaselineModelManifest = {
             "kind": "baseline-model",
             "schema_version": 1,
             "name": name,
@@ -154,29 +193,30 @@ def pull(name: str = DEFAULT_DEMO_MODEL, home: Path | None = None, force: bool =
             "dtype": "bfloat16",
             "conversion": details,
             "caveat": demo.caveat,
-            "files": file_hashes(staging),
+            "files": files,
             "provenance": provenance(stopwatch),
+            # Output hash: one figure over the weights, the bytes a deployment actually reads.
+            "weights_sha256": files["model.safetensors"],
         }
-        # Output hash: one figure over the weights, the bytes a deployment actually reads.
-        manifest["weights_sha256"] = manifest["files"]["model.safetensors"]
         write_json(staging / "manifest.json", manifest)
     return PulledModel(target, _pulled(target, gguf_sha256) or manifest, already_present=False)
 
 
-def _pulled(target: Path, gguf_sha256: str) -> dict[str, Any] | None:
+def _pulled(target: Path, gguf_sha256: str) -> BaselineModelManifest | None:
     """The manifest of a demo model converted from this GGUF whose files still verify, or None
     (none there, or damaged: converted again)."""
     try:
-        manifest: dict[str, Any] = read_json(target / "manifest.json")
+        manifest = read_json(target / "manifest.json")
         if manifest.get("source", {}).get("gguf_sha256") != gguf_sha256:
             return None
         verify_files(target, manifest["files"], "cached model")
     except (OSError, ValueError, KeyError, TypeError, AttributeError, IntegrityError):
         return None
-    return manifest
+    # what `pull` wrote for this GGUF (its sha256 is the one asked for), its files verified
+    return cast(BaselineModelManifest, manifest)
 
 
-def _convert_gguf(gguf_path: Path, out: Path) -> dict[str, Any]:
+def _convert_gguf(gguf_path: Path, out: Path) -> Conversion:
     """Load the GGUF dequantized, rebuild a clean BF16 model, save it, and check the rebuild."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
@@ -368,7 +408,8 @@ def baseline_dtype(model_dir: Path) -> str:
 
     counts: Counter[str] = Counter()
     for path in weight_files(model_dir):
-        for name, entry in read_header(path).items():
+        for name, raw in read_header(path).items():
+            entry = cast(HeaderEntry, raw)  # as the file gives it: a damaged entry fails here (KeyError, TypeError)
             if name != "__metadata__" and entry["dtype"] in ("BF16", "F16", "F32"):
                 start, end = entry["data_offsets"]
                 counts[entry["dtype"]] += end - start

@@ -14,16 +14,21 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Generic, Literal, Protocol, TypeVar
+from typing import Generic, Literal, Protocol, TypedDict, TypeVar, cast
+
+from pydantic import JsonValue
 
 from quantgate.core.artifacts import MANIFEST, read_json, sha256_file, sha256_json, write_json
 from quantgate.core.errors import InputError, IntegrityError
 from quantgate.core.rundir import RunDir
 
 T = TypeVar("T")
+# A keyed JSON artifact's value: a JSON object of the stage's own type (a TypedDict, or a
+# record's JSON), which the cache stores and hands back without reading a field of it.
+V = TypeVar("V", bound=Mapping[str, object])
 Status = Literal["done", "reused", "failed", "skipped"]
 
 
@@ -35,12 +40,26 @@ class StageReporter(Protocol):
     def end(self, kind: str, label: str, status: Status, seconds: float, detail: str = "") -> None: ...
 
 
+class StageRecord(TypedDict, total=False):
+    """A directory stage's record in `stages/` (`StageCache.directory`): its key, and the artifact
+    it made with the sha256 of its manifest and the seconds it took, or the failure these inputs
+    gave. `lost` is never written: a unit the cluster lost for good, held in memory only."""
+
+    stage: str
+    key: str
+    artifact: str
+    manifest_sha256: str
+    seconds: float
+    failed: str
+    lost: str
+
+
 @dataclass(frozen=True)
 class Cached(Generic[T]):
     """A directory stage's artifact (None when the stage failed for these inputs) and its record."""
 
     value: T | None
-    record: dict[str, Any]
+    record: StageRecord
 
     @property
     def failed(self) -> str | None:
@@ -56,20 +75,20 @@ class Cached(Generic[T]):
 VALUE_SHA256 = "value_sha256"  # a keyed JSON artifact's field: the sha256 of its value's canonical JSON
 
 
-def stored_value(path: Path) -> dict[str, Any] | None:
+def stored_value(path: Path) -> dict[str, JsonValue] | None:
     """The value of a keyed JSON artifact, or None when there is none; IntegrityError when its
     value no longer matches the sha256 stored with it (an artifact made before it carried one
-    is read as it is)."""
+    is read as it is). The JSON as it reads: its reader checks it (MeasurementRecord, ServeRecord...)."""
     if not path.is_file():
         return None
     stored = read_json(path)
-    value: dict[str, Any] = stored["value"]
+    value: dict[str, JsonValue] = stored["value"]
     if VALUE_SHA256 in stored and stored[VALUE_SHA256] != sha256_json(value):
         raise IntegrityError(f"{path}: its value does not match its sha256 (changed since it was written)")
     return value
 
 
-def _stored(path: Path, key: str) -> dict[str, Any] | None:
+def _stored(path: Path, key: str) -> dict[str, JsonValue] | None:
     """A JSON artifact's value if it is there, readable, made with `key` and unchanged since."""
     if not path.is_file():
         return None
@@ -79,17 +98,18 @@ def _stored(path: Path, key: str) -> dict[str, Any] | None:
         return None
     if not isinstance(stored, dict) or stored.get("key") != key or not isinstance(stored.get("value"), dict):
         return None
-    value: dict[str, Any] = stored["value"]
+    value: dict[str, JsonValue] = stored["value"]
     return value if stored.get(VALUE_SHA256) == sha256_json(value) else None
 
 
-def _record(path: Path) -> dict[str, Any] | None:
+def _record(path: Path) -> StageRecord | None:
     """A directory stage's record, or None when there is none or it cannot be read as one."""
     try:
         record = read_json(path) if path.is_file() else None
     except (OSError, ValueError):
         return None
-    return record if isinstance(record, dict) else None
+    # as written: every use compares a field with what it expects (a damaged one: made again)
+    return cast(StageRecord, record) if isinstance(record, dict) else None
 
 
 class StageCache:
@@ -136,9 +156,10 @@ class StageCache:
         try:
             produced = produce()
         except failures as error:
-            record = {"stage": name, "key": key, "failed": " ".join(str(error).split())}
+            failure = " ".join(str(error).split())
+            record = {"stage": name, "key": key, "failed": failure}
             write_json(record_path, record)
-            self.finish(kind, label, "failed", started, record["failed"])
+            self.finish(kind, label, "failed", started, failure)
             return Cached(None, record)
         record = {"stage": name, "key": key, "artifact": self.run_dir.relative(artifact),
                   "manifest_sha256": sha256_file(artifact / MANIFEST), "seconds": round(time.perf_counter() - started, 3)}
@@ -147,7 +168,7 @@ class StageCache:
         return Cached(produced, record)
 
     @staticmethod
-    def _reusable(artifact: Path, record: dict[str, Any], load: Callable[[Path], T | None]) -> T | None:
+    def _reusable(artifact: Path, record: StageRecord, load: Callable[[Path], T | None]) -> T | None:
         """The artifact, loaded, if its manifest is the one recorded and it still verifies."""
         manifest = artifact / MANIFEST
         try:
@@ -157,16 +178,19 @@ class StageCache:
         except (IntegrityError, InputError, OSError, ValueError, KeyError):
             return None  # damaged since: made again
 
-    def json(self, *, kind: str, label: str, path: Path, key: str, produce: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-        """The value stored at `path` when it was made with `key`; else `produce()`, stored with its key."""
+    def json(self, *, kind: str, label: str, path: Path, key: str, produce: Callable[[], V]) -> V:
+        """The value stored at `path` when it was made with `key`; else `produce()`, stored with its key.
+        What is stored under `key` is what `produce` returned for the same inputs (the key names
+        them all, the stage's version among them) and its bytes still match their sha256: it is
+        handed back as the stage's type."""
         started = self.begin(label)
         stored = _stored(path, key)
         if stored is not None:
             self.finish(kind, label, "reused", started)
-            return stored
+            return cast(V, stored)
         value = produce()
         # hashed as it reads back (a tuple reads as a list, an int key as a string)
-        stored = json.loads(json.dumps(value, ensure_ascii=False))
-        write_json(path, {"key": key, "value": value, VALUE_SHA256: sha256_json(stored)})
+        readback = json.loads(json.dumps(value, ensure_ascii=False))
+        write_json(path, {"key": key, "value": value, VALUE_SHA256: sha256_json(readback)})
         self.finish(kind, label, "done", started)
         return value

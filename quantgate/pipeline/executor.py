@@ -19,7 +19,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypedDict, TypeVar
 
 # ray and torch are imported where used: Ray is an optional extra a local run never loads, and
 # torch is a worker's (it sets the task's threads)
@@ -123,7 +123,17 @@ def _run_task(label: str, board: Any, threads: int, work: Callable[[], T]) -> tu
         units.forget()  # an idle worker holds no model: the next task on its node gets the memory
 
 
-def _probe(out: str, token: str, paths: list[str]) -> dict[str, Any]:
+class ProbeAnswer(TypedDict):
+    """What a node's probe found: its id, whether `out` is a directory there, why it could not
+    write its token into it (None: written), and the paths it cannot see."""
+
+    node: str
+    out: bool
+    error: str | None
+    missing: list[str]
+
+
+def _probe(out: str, token: str, paths: list[str]) -> ProbeAnswer:
     """On one node: whether `out` exists there (never made: a worker must not create a run
     directory of its own), a token file written into it, and which of `paths` it cannot see."""
     ray = _ray()

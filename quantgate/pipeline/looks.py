@@ -16,7 +16,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
+
+from pydantic import JsonValue
 
 from quantgate import evalsets
 from quantgate.core.console import stderr
@@ -35,16 +37,43 @@ from quantgate.pipeline.resolve import ResolvedPlan, Split
 _KIND_ORDER = {Kind.text: 0, Kind.last_word: 1, Kind.multiple_choice: 2, Kind.generation: 3}
 
 
+class TraceEntry(TypedDict):
+    """One gate judged at one look: where, at which confidence, and what it gave."""
+
+    set: str
+    metric: str
+    look: int
+    looks: int
+    items: int
+    confidence: float
+    outcome: str  # an Outcome's value
+    estimate: float | None
+    low: float | None
+    high: float | None
+    limit: float
+    stability: float | None
+
+
+class LooksRecord(TypedDict):
+    """A candidate's looks as JSON (`SequentialOutcome.as_dict`): the sequential stage's value
+    without the plan's part (quantgate.pipeline.units.SequentialValue)."""
+
+    gates: list[dict[str, JsonValue]]  # each a GateRecord's JSON (GateResult.as_dict; read back by read_gates)
+    depths: dict[str, int]
+    trace: list[TraceEntry]
+    blocked_by: str | None
+
+
 @dataclass
 class SequentialOutcome:
     """What the looks decided for one candidate."""
 
     gates: list[GateResult]  # every metric gate of the policy, decided or not evaluated, set by set in the order visited
     depths: dict[str, int]  # set spec -> items the candidate was evaluated on (0: not run)
-    trace: list[dict[str, Any]] = field(default_factory=list)  # one entry a gate a look
+    trace: list[TraceEntry] = field(default_factory=list)  # one entry a gate a look
     blocked_by: str | None = None  # the reason that stopped the looks, if any
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> LooksRecord:
         return {"gates": [gate.as_dict() for gate in self.gates], "depths": self.depths, "trace": self.trace,
                 "blocked_by": self.blocked_by}
 
@@ -94,7 +123,7 @@ class Looks:
         decided: dict[str, GateResult] = {}
         last: dict[str, GateResult] = {}  # an open gate's last look
         depths = {spec: 0 for spec in plan.set_specs}
-        trace: list[dict[str, Any]] = []
+        trace: list[TraceEntry] = []
         blocked_by = blocked_before
         for spec in order if blocked_by is None else []:
             looks = self.split.looks[spec]
@@ -141,13 +170,13 @@ class Looks:
         return SequentialOutcome(gates, depths, trace, blocked_by)
 
 
-def _trace_entry(spec: str, metric: str, look: Look, items: int, result: GateResult) -> dict[str, Any]:
+def _trace_entry(spec: str, metric: str, look: Look, items: int, result: GateResult) -> TraceEntry:
     return {"set": spec, "metric": metric, "look": look.index, "looks": look.looks, "items": items, "confidence": look.confidence,
             "outcome": result.outcome.value, "estimate": result.estimate, "low": result.low, "high": result.high,
             "limit": result.limit, "stability": result.stability}
 
 
-def _show(spec: str, items: int, look: Look, trace: list[dict[str, Any]]) -> None:
+def _show(spec: str, items: int, look: Look, trace: list[TraceEntry]) -> None:
     here = [entry for entry in trace if entry["set"] == spec and entry["look"] == look.index]
     outcomes = ", ".join(f"{entry['metric']} {entry['outcome']}" for entry in here)
     stderr.print(f"look {look.index} of {look.looks} at {spec} ({items} items, {look.confidence:.2%} intervals): {outcomes}",

@@ -8,7 +8,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
+
+from pydantic import JsonValue
 
 from quantgate import calibration, evalsets, quantize, serving
 from quantgate.core.console import stderr
@@ -28,9 +30,27 @@ from quantgate.gates.stage import load_gate_policy
 from quantgate.pipeline.budget import predicted_bytes
 from quantgate.pipeline.plan import PLANNED, LoadedPlan, RunPlan
 from quantgate.quantize.llmcompressor_backend import check_mixed_formats
-from quantgate.quantize.measure.hardware import HardwareProfile, load_profile
+from quantgate.quantize.measure.hardware import HardwareProfile, ProfileFigures, load_profile
 from quantgate.quantize.presets import get_preset
 from quantgate.serving import device
+
+
+class SplitKey(TypedDict):
+    """A split as a cache key names it (a search trial's sequential stage): its name, each set's
+    looks and offsets."""
+
+    name: str
+    looks: dict[str, list[int]]
+    offsets: dict[str, int]
+
+
+class PlotChoice(TypedDict):
+    """The report plot's axes as the plan chose them (run.json's `plot`): bytes against `y`, a
+    gated 'SET METRIC' (None: the policy gates no metric), and which way it is better."""
+
+    x: str
+    y: str | None
+    higher_is_better: bool
 
 
 @dataclass(frozen=True)
@@ -59,7 +79,7 @@ class ResolvedPlan:
     profiles: Mapping[str, HardwareProfile]
     quantize_cfgs: Mapping[str, quantize.QuantizeConfig]  # format -> its config
     eval_cfg: evalsets.EvaluateConfig
-    plot_metric: Mapping[str, Any]  # the report plot's axes: {"x", "y", "higher_is_better"}
+    plot_metric: PlotChoice  # the report plot's axes
     looks: Mapping[str, tuple[int, ...]]  # set spec -> the item counts it is looked at; the last is its ceiling
     model_dir: Path
     calibration_cfg: calibration.CalibrationConfig
@@ -96,7 +116,7 @@ class ResolvedPlan:
         return {spec: golden.sha256 for spec, golden in self.goldens.items()}
 
     @property
-    def profile_key(self) -> dict[str, Any]:
+    def profile_key(self) -> dict[str, ProfileFigures]:
         return {name: profile.figures() for name, profile in self.profiles.items()}
 
     @property
@@ -105,7 +125,8 @@ class ResolvedPlan:
         return self.identity.numbers()
 
     @property
-    def eval_settings(self) -> dict[str, Any]:
+    def eval_settings(self) -> dict[str, JsonValue]:
+        """The evaluation settings as JSON: hashed into a cache key as they are, no field read."""
         return self.eval_cfg.model_dump(mode="json")
 
     @property
@@ -174,7 +195,7 @@ def _own_ceilings(plan: RunPlan, goldens: Mapping[str, evalsets.GoldenSet], poli
     return ceilings, powers
 
 
-def plot_metric(chosen: str | None, set_specs: list[str], policy: LoadedPolicy) -> dict[str, Any]:
+def plot_metric(chosen: str | None, set_specs: list[str], policy: LoadedPolicy) -> PlotChoice:
     """The report plot's y axis: the plan's choice, which must be a gated 'SET METRIC', or by
     default the first gated top-1 agreement (else the first gated metric)."""
     gated = [f"{spec} {name}" for spec in set_specs for scope, gates in policy.policy.metrics.items()

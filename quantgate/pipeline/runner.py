@@ -70,6 +70,7 @@ from quantgate.gates.verdict_record import (
     ClassVerdict,
     OverlapSummary,
     SequentialSummary,
+    SmokeCheck,
     SplitItems,
     VerdictRecord,
 )
@@ -79,7 +80,7 @@ from quantgate.pipeline.executor import Executor, TaskLost
 from quantgate.pipeline.lock import RunLock
 from quantgate.pipeline.plan import LoadedPlan
 from quantgate.pipeline.progress import StageLog, StageStatus
-from quantgate.pipeline.resolve import ResolvedPlan, Split, resolve_plan
+from quantgate.pipeline.resolve import ResolvedPlan, Split, SplitKey, resolve_plan
 from quantgate.pipeline.search import Trials, build_space, mixed_config, run_search
 from quantgate.pipeline.stages import (
     BASELINE_EVALUATE,
@@ -101,6 +102,7 @@ from quantgate.pipeline.stages import (
 )
 from quantgate.quantize import MixedConfig, sensitivity
 from quantgate.quantize.allocation import Allocation
+from quantgate.quantize.checkpoint import CheckpointManifest
 from quantgate.quantize.measure import MeasurementRecord, stage_measurement
 from quantgate.quantize.presets import get_preset
 from quantgate.serving import device
@@ -247,7 +249,7 @@ class _Candidate:
     precision: str  # "8bit" or "4bit": which thresholds gate it
     checkpoint: Path
     quantize_key: str
-    quantized: Cached[dict[str, Any]]  # the checkpoint's manifest, or the failure
+    quantized: Cached[CheckpointManifest]  # the checkpoint's manifest, or the failure
     split: Split | None = None  # a search trial: the search split; its chosen one again: the held-out split
     allocation: dict[str, int] | None = None  # a search trial: the bytes its allocation gives each linear layer
 
@@ -257,12 +259,12 @@ class _Candidate:
         return f"{self.fmt}@{self.split.name}" if self.split is not None and self.split.name == "held-out" else self.fmt
 
     @property
-    def split_key(self) -> dict[str, Any] | None:
+    def split_key(self) -> SplitKey | None:
         split = self.split
         return None if split is None else {"name": split.name, "looks": split.looks_json, "offsets": dict(split.offsets)}
 
     @property
-    def manifest(self) -> dict[str, Any]:
+    def manifest(self) -> CheckpointManifest:
         assert self.quantized.value is not None, "a failed checkpoint is gated by _Run.blocked"
         return self.quantized.value
 
@@ -707,7 +709,7 @@ class _Run:
         key = SEQUENTIAL.key(plan, candidate.quantized.manifest_sha256, precision=candidate.precision,
                              blocked_before=blocked_before, split=candidate.split_key)
         path, label = SEQUENTIAL.where(self.dir, name), f"evaluate {name}"
-        unit = {"fmt": candidate.fmt, "name": name, "precision": candidate.precision, "blocked_before": blocked_before}
+        unit = units.SequentialUnit(fmt=candidate.fmt, name=name, precision=candidate.precision, blocked_before=blocked_before)
         published = _published(self.dir, name, key)
         if published is None:  # its results went missing or were damaged: looked at again (cached items)
             path.unlink(missing_ok=True)
@@ -746,13 +748,13 @@ class _Run:
             serving = ServingEvidence(served.record if served else None, reference.record if reference else None) \
                 if gates_serving else None
             judged = judge({}, candidate_items, plan.policy, candidate.precision, measurement=measured,
-                           smoke=manifest.get("smoke"), overlap=overlap.summary, metric_gates=metric_gates,
+                           smoke=_smoke(manifest), overlap=overlap.summary, metric_gates=metric_gates,
                            allocation=candidate.allocation, serving=serving)
             # the weight files' sha256s from the checkpoint's manifest, which the quantize stage
             # just wrote or verified against the bytes: not hashed a third time
             record = verdict_record(fmt, judged, precision=candidate.precision, policy=plan.policy, checkpoint=candidate.checkpoint,
                                     baseline_results=evidence.baseline or baseline.results, candidate_results=evidence.results,
-                                    weights=weight_file_hashes(manifest["files"]))
+                                    weights=weight_file_hashes(manifest.files))
             summary = sequential_summary(evidence.value)
             gated_as_served = [as_served_record(entry, baseline=evidence.baseline, policy=plan.policy, precision=candidate.precision)
                                for entry in as_served or []]
@@ -867,7 +869,7 @@ def _stored_json(value: object) -> Any:
 def _pre_gates(policy: LoadedPolicy, candidate: _Candidate, measured: MeasurementRecord, overlap: _Overlap) -> str | None:
     """The first size or integrity gate that blocks the candidate before any evaluation
     (fail fast: they are exact numbers, decided without a single item), or None."""
-    gates = integrity_gates(policy, candidate.manifest.get("smoke"), overlap.summary) + size_gates(
+    gates = integrity_gates(policy, _smoke(candidate.manifest), overlap.summary) + size_gates(
         measured, policy, allocation=candidate.allocation)
     return next((gate.reason for gate in gates if gate.outcome is not Outcome.passed), None)
 
@@ -973,3 +975,8 @@ def run(loaded: LoadedPlan, out: Path | None = None, show_progress: bool = True,
     """Run a plan; see the module docstring for the chain, quantgate.core.rundir for what lands where.
     What other libraries print goes to the run's logs/libraries.log (on the terminal too: `verbose`)."""
     return Pipeline(loaded, out, show_progress, verbose).run()
+
+
+def _smoke(manifest: CheckpointManifest) -> SmokeCheck:
+    """The quantize stage's smoke check, as the integrity gate reads it."""
+    return {"prompt": manifest.smoke.prompt, "completion": manifest.smoke.completion, "logits_finite": manifest.smoke.logits_finite}

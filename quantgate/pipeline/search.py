@@ -18,20 +18,75 @@ import sys
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 from quantgate.core.errors import InputError
 from quantgate.gates.search import Tried, chosen, conclusion, next_budget
 from quantgate.gates.verdict import passes_here
 from quantgate.pipeline.budget import ignored as _ignored
 from quantgate.pipeline.resolve import ResolvedPlan
-from quantgate.quantize.allocation import Allocation, Option, Unit, allocate
+from quantgate.quantize.allocation import Allocation, AllocationJSON, Option, Unit, allocate
 from quantgate.quantize.config import UNQUANTIZED, MixedConfig
 from quantgate.quantize.fusion import LayerGroup, layer_groups
 from quantgate.quantize.measure.record import MeasurementRecord
 from quantgate.quantize.presets import get_preset
 
 TRIAL_PREFIX = "search-"
+
+
+class SpaceSummary(TypedDict):
+    """The search space as search.json records it (`Space.as_dict`)."""
+
+    groups: int  # layer groups searched
+    fixed_bytes: int
+    baseline_bytes: int
+    uniform_bytes: dict[str, int]
+
+
+class TrialEntry(TypedDict):
+    """One trial in search.json: its budget, the bytes and predicted cost its allocation gives,
+    and its verdict with the reasons."""
+
+    name: str
+    budget_bytes: int
+    budget_ratio: float
+    bytes: int
+    ratio: float
+    predicted_cost: float
+    groups_by_format: dict[str, int]
+    allocation: AllocationJSON
+    verdict: str
+    reasons: list[str]
+
+
+class Repeat(TypedDict):
+    """A budget whose allocation an earlier trial had: its verdict stands."""
+
+    budget_bytes: int
+    same_as: str
+
+
+class HeldOutVerdict(TypedDict):
+    verdict: str
+    reasons: list[str]
+
+
+class SearchRecord(TypedDict):
+    """The search's record: search.json, and under `verdicts` (not written there) every trial's
+    verdict record by name."""
+
+    formats: list[str]
+    objective: str
+    max_trials: int
+    ceiling_bytes: int
+    lo_bytes: int
+    space: SpaceSummary
+    trials: list[TrialEntry]
+    repeats: list[Repeat]
+    verdicts: dict[str, dict[str, Any]]  # name -> its verdict record (the runner's)
+    chosen: str | None
+    held_out: HeldOutVerdict | None
+    conclusion: str
 
 
 @dataclass(frozen=True)
@@ -52,7 +107,7 @@ class Space:
         chosen = {layer: self.layer_bytes[allocation.choice[group.name]][layer] for group in self.groups for layer in group.layers}
         return {**{layer: size for layer, size in self.layer_bytes[UNQUANTIZED].items() if layer not in chosen}, **chosen}
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> SpaceSummary:
         return {"groups": len(self.groups), "fixed_bytes": self.fixed, "baseline_bytes": self.baseline, "uniform_bytes": self.uniform}
 
 
@@ -107,7 +162,7 @@ class Trials:
     uniform: Mapping[str, Mapping[str, Any]]
 
 
-def run_search(plan: ResolvedPlan, space: Space, trials: Trials) -> dict[str, Any]:
+def run_search(plan: ResolvedPlan, space: Space, trials: Trials) -> SearchRecord:
     """Bisect on the verdicts, then gate the smallest approved trial on held-out items; the
     search's record (search.json) with every trial's verdict record by name under `verdicts`."""
     search = plan.plan.search
@@ -116,9 +171,10 @@ def run_search(plan: ResolvedPlan, space: Space, trials: Trials) -> dict[str, An
     largest = max(space.uniform[fmt] for fmt in search.formats)
     ceiling = min(int(search.max_bytes_ratio * space.baseline), largest) if search.max_bytes_ratio else largest
     lo = space.uniform[smallest]
-    record: dict[str, Any] = {"formats": list(search.formats), "objective": search.objective, "max_trials": search.max_trials,
-                              "ceiling_bytes": ceiling, "lo_bytes": lo, "space": space.as_dict(),
-                              "trials": [], "repeats": [], "verdicts": {}, "chosen": None, "held_out": None}
+    record: SearchRecord = {"formats": list(search.formats), "objective": search.objective, "max_trials": search.max_trials,
+                            "ceiling_bytes": ceiling, "lo_bytes": lo, "space": space.as_dict(),
+                            "trials": [], "repeats": [], "verdicts": {}, "chosen": None, "held_out": None,
+                            "conclusion": ""}  # said once the search ends
     if passes_here(trials.uniform.get(smallest, {})):
         pending = "" if trials.uniform[smallest].get("verdict") == "approved" else " (its quality passed; serving is pending)"
         record["conclusion"] = (f"the smallest format it mixes, {smallest}, is approved as it is{pending}: "
@@ -151,9 +207,9 @@ def run_search(plan: ResolvedPlan, space: Space, trials: Trials) -> dict[str, An
     held = trials.held_out(pick.name) if pick else None
     if pick and held:
         record["verdicts"][f"{pick.name}@held-out"] = held
-    record.update(chosen=pick.name if pick else None,
-                  held_out=None if held is None else {"verdict": held["verdict"], "reasons": held["reasons"]},
-                  conclusion=conclusion(tried, held, space.baseline))
+    record["chosen"] = pick.name if pick else None
+    record["held_out"] = None if held is None else {"verdict": held["verdict"], "reasons": held["reasons"]}
+    record["conclusion"] = conclusion(tried, held, space.baseline)
     return record
 
 
@@ -173,7 +229,7 @@ def _stdout_to_stderr() -> Iterator[None]:
 
 
 def _trial_entry(name: str, budget: int, total: int, allocation: Allocation, *, verdict: Mapping[str, Any],
-                 space: Space) -> dict[str, Any]:
+                 space: Space) -> TrialEntry:
     counts = {fmt: len(groups) for fmt, groups in allocation.by_format().items()}
     return {"name": name, "budget_bytes": budget, "budget_ratio": budget / space.baseline, "bytes": total,
             "ratio": total / space.baseline, "predicted_cost": allocation.cost, "groups_by_format": counts,

@@ -24,15 +24,15 @@ from pathlib import Path
 from typing import Any, Concatenate, Generic, ParamSpec, TypeVar
 
 from quantgate import evalsets
-from quantgate.core.artifacts import MANIFEST, library_versions, read_json, sha256_json, verify_files
+from quantgate.core.artifacts import MANIFEST, library_versions, sha256_json, verify_files
 from quantgate.core.records import RecordPart
 from quantgate.core.rundir import RunDir
 from quantgate.evalsets.evaluate import EVALUATOR_VERSION
 from quantgate.evalsets.serve_record import ServeRecord
 from quantgate.evalsets.served import SERVE_CHECK_VERSION, machine
 from quantgate.gates.verdict_record import GateRecord, Number, OverlapSummary, TraceEntry, VerdictRecord, read_part
-from quantgate.pipeline.resolve import ResolvedPlan
-from quantgate.quantize.checkpoint import QuantizationFailed
+from quantgate.pipeline.resolve import ResolvedPlan, SplitKey
+from quantgate.quantize.checkpoint import CheckpointManifest, QuantizationFailed
 from quantgate.quantize.measure import stage_measurement
 from quantgate.quantize.sensitivity import load as load_sensitivity
 
@@ -117,10 +117,10 @@ class SequentialStage(RecordPart):
     confidence: Number
 
 
-def verified_checkpoint(path: Path) -> dict[str, Any]:
+def verified_checkpoint(path: Path) -> CheckpointManifest:
     """A checkpoint's manifest, after checking its files against it."""
-    manifest: dict[str, Any] = read_json(path / MANIFEST)
-    verify_files(path, manifest["files"], f"checkpoint {path}")
+    manifest = CheckpointManifest.read(path / MANIFEST)
+    verify_files(path, manifest.files, f"checkpoint {path}")
     return manifest
 
 
@@ -161,15 +161,15 @@ def measure_key(plan: ResolvedPlan, checkpoint_sha: str) -> str:
 
 
 def sequential_key(plan: ResolvedPlan, checkpoint_sha: str, *, precision: str, blocked_before: str | None,
-                   split: dict[str, Any] | None = None) -> str:
+                   split: SplitKey | None = None) -> str:
     """A candidate's looks: its checkpoint, the settings and each set's looks, the baseline, and
     the policy (its bounds decide when a look settles a gate), the precision class, and the size
     or integrity gate that blocks it before any evaluation, if one does."""
-    key = {"stage": "sequential", "checkpoint": checkpoint_sha, "config": plan.eval_settings,
-           "looks": plan.looks_json, "sets": plan.golden_shas,
-           "baseline": plan.identity_key, "policy": plan.policy.identity, "precision": precision,
-           "blocked_before": blocked_before, "evaluator": EVALUATOR_VERSION, "libraries": library_versions(),
-           "quantgate": plan.version, "version": SEQUENTIAL_VERSION}
+    key: dict[str, object] = {"stage": "sequential", "checkpoint": checkpoint_sha, "config": plan.eval_settings,
+                             "looks": plan.looks_json, "sets": plan.golden_shas,
+                             "baseline": plan.identity_key, "policy": plan.policy.identity, "precision": precision,
+                             "blocked_before": blocked_before, "evaluator": EVALUATOR_VERSION, "libraries": library_versions(),
+                             "quantgate": plan.version, "version": SEQUENTIAL_VERSION}
     if split is not None:  # a search trial's split (absent otherwise: a format's key stays what it was)
         key["split"] = split
     return sha256_json(key)

@@ -14,15 +14,18 @@ from __future__ import annotations
 import functools
 import shutil
 from collections import OrderedDict
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+
+from pydantic import JsonValue
 
 from quantgate import evalsets, quantize
 from quantgate.core.errors import InputError, IntegrityError
 from quantgate.core.rundir import BASELINE, RunDir
 from quantgate.evalsets import served
-from quantgate.pipeline.looks import Looks, gated_sets
+from quantgate.pipeline.looks import Looks, LooksRecord, gated_sets
 from quantgate.pipeline.resolve import ResolvedPlan, Split
+from quantgate.quantize.checkpoint import CheckpointManifest
 from quantgate.serving import ServingEnv, device
 
 _EVALUATORS: OrderedDict[tuple[str, bool], evalsets.Evaluator] = OrderedDict()
@@ -96,15 +99,36 @@ def baseline_look_counts(plan: ResolvedPlan, spec: str) -> tuple[int, ...]:
     return looks if spec in gated_sets(plan) else looks[:1]
 
 
-def sequential(plan: ResolvedPlan, run_dir: RunDir, candidate: dict[str, Any], split: Split | None = None) -> dict[str, Any]:
+@dataclass(frozen=True)
+class SequentialUnit:
+    """The candidate of a sequential stage: its checkpoint's name (`fmt`), its verdict's name
+    (`name`), its precision class and the size or integrity gate that blocks it before any
+    evaluation (None: none does)."""
+
+    fmt: str
+    name: str
+    precision: str
+    blocked_before: str | None
+
+
+class SequentialValue(LooksRecord):
+    """The sequential stage's value (cached in sequential/): the candidate's looks, and the plan's
+    part: each set's planned looks, the split's offsets, the error control and the confidence."""
+
+    looks: dict[str, list[int]]
+    offsets: dict[str, int]
+    error_control: str
+    confidence: float
+
+
+def sequential(plan: ResolvedPlan, run_dir: RunDir, candidate: SequentialUnit, split: Split | None = None) -> SequentialValue:
     """A candidate's looks (quantgate.pipeline.looks) and, when any set was evaluated, its results
     and the paired baseline's on the same items, published in the run directory: the sequential
-    stage's value. `candidate`: its checkpoint's name (`fmt`), its verdict's name (`name`), its
-    precision class and the size or integrity gate that blocks it before any evaluation."""
-    fmt, name = candidate["fmt"], candidate["name"]
+    stage's value."""
+    fmt, name = candidate.fmt, candidate.name
     run = functools.partial(evaluate, plan, run_dir)
     try:
-        outcome = Looks(plan, run_dir, run, split).run(fmt, candidate["precision"], candidate["blocked_before"])
+        outcome = Looks(plan, run_dir, run, split).run(fmt, candidate.precision, candidate.blocked_before)
         evaluated = {spec: items for spec, items in outcome.depths.items() if items}
         if evaluated:
             paired = run(BASELINE, evaluated, run_dir.paired_baseline(name), None, split)
@@ -113,10 +137,11 @@ def sequential(plan: ResolvedPlan, run_dir: RunDir, candidate: dict[str, Any], s
             shutil.rmtree(run_dir.results(name), ignore_errors=True)
     finally:
         forget(run_dir.checkpoint(fmt))  # its model is not needed again for now
-    return {**outcome.as_dict(), "looks": (split or plan.own_split).looks_json,
-            "offsets": dict(split.offsets) if split else {},
-            "error_control": plan.policy.policy.sequential.error_control,
-            "confidence": plan.policy.policy.statistics.confidence}
+    looked = outcome.as_dict()
+    return SequentialValue(gates=looked["gates"], depths=looked["depths"], trace=looked["trace"], blocked_by=looked["blocked_by"],
+                           looks=(split or plan.own_split).looks_json, offsets=dict(split.offsets) if split else {},
+                           error_control=plan.policy.policy.sequential.error_control,
+                           confidence=plan.policy.policy.statistics.confidence)
 
 
 def evaluate_served(plan: ResolvedPlan, checkpoint: Path, gated: Path, settings: dict[str, str], device_class: str,
@@ -135,21 +160,21 @@ def evaluate_served(plan: ResolvedPlan, checkpoint: Path, gated: Path, settings:
     return evaluator(checkpoint, plan.plan.allow_pickle).run(cfg, out, overwrite=True)
 
 
-def quantize_format(plan: ResolvedPlan, fmt: str, calibration: Path, checkpoint: Path) -> dict[str, Any]:
+def quantize_format(plan: ResolvedPlan, fmt: str, calibration: Path, checkpoint: Path) -> CheckpointManifest:
     """A format's checkpoint, into `checkpoint`: its manifest."""
     made = quantize.run(plan.quantize_cfgs[fmt], plan.model_dir, calibration, checkpoint, overwrite=True,
                         allow_pickle=plan.plan.allow_pickle)
-    return made.manifest.to_json()
+    return made.manifest
 
 
-def quantize_trial(plan: ResolvedPlan, cfg: quantize.MixedConfig, calibration: Path, checkpoint: Path) -> dict[str, Any]:
+def quantize_trial(plan: ResolvedPlan, cfg: quantize.MixedConfig, calibration: Path, checkpoint: Path) -> CheckpointManifest:
     """A search trial's mixed checkpoint, into `checkpoint`: its manifest."""
     made = quantize.run_mixed(cfg, plan.model_dir, calibration, checkpoint, overwrite=True, allow_pickle=plan.plan.allow_pickle)
-    return made.manifest.to_json()
+    return made.manifest
 
 
 def serve_check(checkpoint: Path, results: evalsets.EvaluationResults | None, cfg: served.ServeCheckConfig,
-                env: ServingEnv, *, work: Path, reference_probe: float | None) -> dict[str, Any]:
+                env: ServingEnv, *, work: Path, reference_probe: float | None) -> dict[str, JsonValue]:
     """The serve stage's value: the serve record (evalsets.served.check) as the JSON it is
     cached as; the runner reads it back through ServeRecord."""
     return served.check(checkpoint, results, cfg, env, work, reference_probe=reference_probe).to_json()

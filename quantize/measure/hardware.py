@@ -6,13 +6,23 @@ from __future__ import annotations
 
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal, TypedDict
 
 from pydantic import Field
 
 from quantgate.core.artifacts import read_yaml
 from quantgate.core.errors import InputError, did_you_mean
 from quantgate.core.validation import Strict, is_path, validated
+
+
+class ProfileFigures(TypedDict):
+    """What decides a bound computed on a profile (`HardwareProfile.figures`): a cache key's part."""
+
+    name: str
+    kind: Literal["spec sheet", "assumption"]
+    hbm_bytes_per_second: float
+    peak_dense_flops: float
+    flops_dtype: str
 
 
 class HardwareProfile(Strict):
@@ -27,10 +37,11 @@ class HardwareProfile(Strict):
     flops_dtype: str = "bf16"
     source: str = Field(min_length=1, description="where the figures come from")
 
-    def figures(self) -> dict[str, Any]:
+    def figures(self) -> ProfileFigures:
         """What decides a bound computed on this profile: every field but the prose (`description`,
         `source`), so that a cache keyed by it is not redone when only the words change."""
-        return self.model_dump(mode="json", exclude={"description", "source"})
+        return ProfileFigures(name=self.name, kind=self.kind, hbm_bytes_per_second=self.hbm_bytes_per_second,
+                              peak_dense_flops=self.peak_dense_flops, flops_dtype=self.flops_dtype)
 
 
 def builtin_profiles() -> dict[str, Path]:
