@@ -17,6 +17,10 @@ PACKAGES = ("quantgate", "calibration", "quantize", "evalsets", "gates", "servin
 SHORT_FUNCTIONS = ("quantize/measure", "quantgate/pipeline")
 MAX_FUNCTION_LINES = 60
 MAX_POSITIONAL_ARGUMENTS = 5
+# Records still passed between functions as `dict[str, Any]` (issue 24: at most 60; every artifact
+# that crosses a layer has its class, and a dict's fields are named by a TypedDict where its JSON
+# shape is kept).
+MAX_UNTYPED_RECORDS = 20  # the issue asks at most 60; held near the 17 reached
 # Callees whose arguments are a sequence, not a list of parameters: rich's Table.add_row(*cells).
 SEQUENCE_CALLEES = frozenset({"add_row"})
 # Libraries that take seconds to import: imported inside the functions that use them, and a
@@ -58,6 +62,19 @@ def positional_calls(files: dict[str, str], limit: int = MAX_POSITIONAL_ARGUMENT
 
 # `# noqa: F401 - why`, `# type: ignore[arg-type]  # why`: after the codes, some words.
 SUPPRESSION = re.compile(r"#\s*(noqa|type:\s*ignore)\b(?P<codes>(?::\s*[A-Z]+[0-9]+(?:\s*,\s*[A-Z]+[0-9]+)*|\[[a-z0-9_,\- ]+\])?)(?P<rest>.*)$")
+
+
+def untyped_records(files: dict[str, str]) -> list[str]:
+    """Each `dict[str, Any]` in a function's signature (a parameter's or the return annotation)."""
+    found = []
+    for name, text in files.items():
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                arguments = node.args.posonlyargs + node.args.args + node.args.kwonlyargs
+                annotations = [argument.annotation for argument in arguments if argument.annotation] + [node.returns]
+                count = sum(ast.unparse(annotation).replace(" ", "").count("dict[str,Any]") for annotation in annotations if annotation)
+                found += [f"{name}:{node.lineno} {node.name}"] * count
+    return found
 
 
 def unexplained_suppressions(files: dict[str, str]) -> list[str]:
@@ -115,11 +132,13 @@ def test_checkers_catch_what_they_look_for(tmp_path: Path) -> None:
         "f(1, 2, 3, 4, 5, *rest)\ng(1, 2, 3, 4, 5, 6)\ntable.add_row(1, 2, 3, 4, 5, 6)\n"
         "import os  # noqa: F401\nimport sys  # noqa: F401 - re-exported\nx = 1  # type: ignore[assignment]\n"
         "y = 2  # type: ignore[assignment]  # pydantic fills it\n"
-        "z = '# noqa'\n")
+        "z = '# noqa'\n"
+        "def untyped(a: dict[str, Any], b: dict[str, dict[str, Any]]) -> dict[str, int]: ...\n")
     files = sources("pkg", root=tmp_path)
     assert long_functions(files) == ["pkg/mod.py:64 long is 61 lines"]
     assert positional_calls(files) == ["pkg/mod.py:127 g(...) with 6 positional arguments"]
     assert unexplained_suppressions(files) == ["pkg/mod.py:129: # noqa: F401", "pkg/mod.py:131: # type: ignore[assignment]"]
+    assert untyped_records(files) == ["pkg/mod.py:134 untyped"] * 2
 
 
 def test_functions_are_short_in_the_measure_stage_and_the_pipeline() -> None:
@@ -132,3 +151,8 @@ def test_no_call_passes_more_than_five_arguments_by_position() -> None:
 
 def test_every_suppression_says_why() -> None:
     assert unexplained_suppressions(sources(*PACKAGES, "tests", "benchmarks")) == []
+
+
+def test_records_crossing_functions_are_typed() -> None:
+    found = untyped_records(sources(*PACKAGES))
+    assert len(found) <= MAX_UNTYPED_RECORDS, "\n".join(found)
