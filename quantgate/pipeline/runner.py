@@ -3,11 +3,11 @@
 resolve plan -> calibrate (and the overlap with the golden sets) -> baseline (measure, evaluate,
 serve) -> per format: quantize, measure and bound, evaluate, serve, gate (and the ledger) -> report.
 
-Every stage's artifact is keyed by the hashes of its inputs (`keys`) and goes through the stage
-cache (`quantgate.core.stagecache`): a stage is skipped when its key matches and its artifact
-still verifies against its own hashes, so a run killed at any point redoes only what is missing,
-and a finished run started again does nothing and prints the same verdicts. Where each artifact
-lands is `quantgate.core.rundir`.
+Every stage is declared once in `quantgate.pipeline.stages` (what its key hashes, where it
+writes, its unit of work, its typed output); its artifact goes through the stage cache
+(`quantgate.core.stagecache`): a stage is skipped when its key matches and its artifact still
+verifies against its own hashes, so a run killed at any point redoes only what is missing, and a
+finished run started again does nothing and prints the same verdicts.
 """
 
 from __future__ import annotations
