@@ -11,6 +11,7 @@ from typing import Any, cast
 
 from quantgate.core.models import weight_hashes
 from quantgate.gates.ledger import Status, append, verify_checkpoint
+from quantgate.gates.ledger_record import LedgerRecord
 from quantgate.gates.search import Tried, chosen, next_budget
 from quantgate.pipeline.resolve import ResolvedPlan
 from quantgate.pipeline.search import Space, Trials, run_search
@@ -164,10 +165,10 @@ def test_a_trial_approved_on_the_search_split_only_is_not_deployable(tmp_path: P
     record = {"kind": "verdict", "format": "search-1", "verdict": "approved", "reasons": [], "split": "search",
               "checkpoint": {"path": str(checkpoint), "weights": weight_hashes(checkpoint)}, "policy": {"name": "p", "version": "v1"}}
     ledger = tmp_path / "ledger.jsonl"
-    append(ledger, record)
+    append(ledger, LedgerRecord.model_validate(record))
     found = verify_checkpoint(checkpoint, ledger)
     assert found.status is Status.blocked and not found.deployable and "search split only" in found.reason
-    append(ledger, {**record, "format": "search-1@held-out", "split": "held-out"})
+    append(ledger, LedgerRecord.model_validate({**record, "format": "search-1@held-out", "split": "held-out"}))
     assert verify_checkpoint(checkpoint, ledger).deployable
 
 
@@ -202,7 +203,7 @@ def test_a_newer_block_on_the_search_split_overrides_an_older_held_out_approval(
     base = {"kind": "verdict", "format": "search-1", "reasons": [], "policy": {"name": "p", "version": "v1"},
             "checkpoint": {"path": str(checkpoint), "weights": weight_hashes(checkpoint)}}
     ledger = tmp_path / "ledger.jsonl"
-    append(ledger, {**base, "verdict": "approved", "split": "held-out"})
-    append(ledger, {**base, "verdict": "blocked", "split": "search", "reasons": ["a stricter policy"]})
+    append(ledger, LedgerRecord.model_validate({**base, "verdict": "approved", "split": "held-out"}))
+    append(ledger, LedgerRecord.model_validate({**base, "verdict": "blocked", "split": "search", "reasons": ["a stricter policy"]}))
     found = verify_checkpoint(checkpoint, ledger)
     assert found.status is Status.blocked and "a stricter policy" in found.reason
