@@ -335,3 +335,31 @@ def test_a_damaged_gate_of_a_verdict_is_refused_naming_it(change: Any, message: 
     with pytest.raises(IntegrityError) as refused:
         read_gates([gate.as_dict(), damaged], "v.json")
     assert one_line(refused).startswith(message)
+
+
+# ---- every whole record's reader: another version, another kind, a torn file ------------------
+
+def whole_records() -> list[type[Record]]:
+    """Every record class a stage writes whole (quantgate.core.records.Record's subclasses)."""
+    from quantgate.gates.run_record import RunRecord
+    from quantgate.gates.verdict_record import VerdictRecord
+    from quantgate.quantize.checkpoint import CheckpointManifest
+
+    return [CalibrationManifest, CheckpointManifest, MeasurementRecord, ResultsManifest, ServeRecord, VerdictRecord, RunRecord]
+
+
+@pytest.mark.parametrize("record", whole_records(), ids=lambda record: record.__name__)
+def test_each_reader_refuses_another_version_another_kind_and_a_torn_file_in_one_line(record: type[Record], tmp_path: Path) -> None:
+    path = tmp_path / "record.json"
+    write_json(path, {record.KIND_FIELD: record.KIND, "schema_version": 99})
+    with pytest.raises(InputError) as refused:
+        record.read(path)
+    assert one_line(refused) == f"{path}: schema_version 99; this quantgate reads {' or '.join(map(str, record.READS))}"
+    write_json(path, {record.KIND_FIELD: "something-else", "schema_version": record.READS[0]})
+    with pytest.raises(InputError) as refused:
+        record.read(path)
+    assert one_line(refused).startswith(f"{path}: {record.KIND_FIELD} 'something-else', not a")
+    path.write_text(json.dumps({record.KIND_FIELD: record.KIND, "schema_version": record.READS[0]})[:-7])  # cut short mid-write
+    with pytest.raises((InputError, IntegrityError)) as refused:
+        record.read(path)
+    assert one_line(refused).startswith(str(path))
