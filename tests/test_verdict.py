@@ -203,10 +203,11 @@ def test_size_gates_compare_bits_exactly_and_block_unexplained_bytes(tmp_path: P
 
 def test_integrity_gates_finite_logits_and_calibration_overlap(tmp_path: Path) -> None:
     from quantgate.gates.verdict import integrity_gates
+    from quantgate.gates.verdict_record import OverlapSummary
 
     policy = load_policy(policy_file(tmp_path, "metrics: {}\nintegrity: {max_calibration_overlap: 0.01}\n"))
-    clean = {"n": 13, "candidate_ngrams": 1000, "shared_ngrams": 10, "share": 0.01}
-    leaky = {"n": 13, "candidate_ngrams": 1000, "shared_ngrams": 11, "share": 0.011}
+    clean = OverlapSummary(n=13, candidate_ngrams=1000, shared_ngrams=10, share=0.01, against=["wiki-text@v1"])
+    leaky = OverlapSummary(n=13, candidate_ngrams=1000, shared_ngrams=11, share=0.011, against=["wiki-text@v1"])
     finite, overlap = integrity_gates(policy, {"logits_finite": True}, clean, {"wiki-text@v1": text_items([1.0, 2.0])})
     assert finite.outcome is Outcome.passed and overlap.outcome is Outcome.passed
     _, leaked = integrity_gates(policy, {"logits_finite": True}, leaky)
