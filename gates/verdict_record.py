@@ -65,9 +65,14 @@ def read_part(cls: type[P], value: object, where: str) -> P:
     try:
         return cls.model_validate(value)
     except ValidationError as error:
-        problem = first_problem(error)
-        place = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in problem.path)
-        raise IntegrityError(f"{where}{place}: {problem.message}") from error
+        raise _damaged(where, error) from error
+
+
+def _damaged(where: str, error: ValidationError) -> IntegrityError:
+    """One line: where, the damaged field's path in it, and what is wrong with it."""
+    problem = first_problem(error)
+    place = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in problem.path)
+    return IntegrityError(f"{where}{place}: {problem.message}")
 
 
 class GateRecord(RecordPart):
@@ -106,9 +111,7 @@ def read_gates(value: object, where: str) -> list[GateRecord]:
     try:
         return _GATES.validate_python(value)
     except ValidationError as error:
-        problem = first_problem(error)
-        place = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in problem.path)
-        raise IntegrityError(f"{where}: gates{place}: {problem.message}") from error
+        raise _damaged(f"{where}: gates", error) from error
 
 
 # ---- the verdict record's parts ------------------------------------------------------------------
