@@ -48,7 +48,7 @@ def differences(before: object, after: object, path: str, roots: tuple[str, str]
         found: list[str] = []
         for key in sorted(set(before) | set(after)):
             where = f"{path}.{key}"
-            if TIME_KEYS.match(str(key)):
+            if TIME_KEYS.match(str(key)) and not MEASURED_KEYS.match(str(key)):
                 continue
             if key not in before or key not in after:
                 found.append(f"{where}: only in {'after' if key not in before else 'before'}")
