@@ -251,12 +251,13 @@ executor = RayExecutor(ExecutorPlan(kind="ray", address=sys.argv[1], max_retries
 try:
     executor.call("measure", "a missing model", functools.partial(resolve_model, "/nonexistent/model"))
 except ModelError as error:  # the task's own error, as a local run raises it: not retried
-    print("own error:", error)
+    print(f"own error: {error}", flush=True)
 try:
     executor.call("quantize", "quantize dying", functools.partial(os._exit, 9))
 except TaskLost as lost:  # its worker died every time: lost for good
-    print("lost:", lost.kind, "|", lost)
-print("value:", executor.call("overlap", "a value", functools.partial(sum, [1, 2, 3])), executor.where("a value"))
+    print(f"lost: {lost.kind} | {lost}", flush=True)
+value = executor.call("overlap", "a value", functools.partial(sum, [1, 2, 3]))
+print(f"value: {value} {executor.where('a value')}", flush=True)
 executor.close()
 """
 
@@ -266,7 +267,9 @@ def test_a_tasks_own_error_comes_back_as_itself_and_a_dying_worker_is_retried_th
                           env=cluster.env, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     lines = done.stdout.splitlines()
-    # (Ray's own raylet lines may share a line with ours: searched, not matched whole)
+    # (Ray's own raylet lines may share a line with ours: searched, not matched whole; each of ours is
+    # one string written at once, since print() writes its arguments one by one and Ray's forwarded
+    # log lines landed between them in CI)
     assert re.search(r"own error: model '/nonexistent/model' is not a directory", done.stdout), done.stdout
     assert len([line for line in lines if "quantize dying running on node" in line]) == 2, done.stdout  # the first try and one retry
     assert re.search(r"lost: quantize \| quantize dying was lost on the Ray cluster after 2 attempts: \S", done.stdout), done.stdout
