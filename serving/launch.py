@@ -11,19 +11,25 @@ about 25 s as separate engine and worker processes (docs/serving.md).
 
 from __future__ import annotations
 
+import atexit
 import functools
+import json
 import os
+import select
 import shutil
 import signal
 import subprocess
+import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any, Protocol, TypedDict
 
 from quantgate.core.artifacts import read_json, write_json
 from quantgate.serving.environment import ServingEnv, ServingError
-from quantgate.serving.worker import Progress, RequestBody, TaskResult, WorkerResponse
+from quantgate.serving.worker import PROTOCOL as WORKER_PROTOCOL
+from quantgate.serving.worker import ZYGOTE, Progress, RequestBody, TaskResult, WorkerResponse, ZygoteOrder
 
 WORKER = Path(__file__).with_name("worker.py")
 PROTOCOL = 1
@@ -118,24 +124,34 @@ def run(env: ServingEnv, request: RequestBody, work: Path, timeout: float, *, se
         probe: ProbeLimit | None = None) -> Response:
     """Run one request in the serving environment; the response, or WorkerFailed with vLLM's reason.
     `settings`: engine settings (environment variables) the worker runs under; `probe`: the limits
-    its probe task's forward passes are held to."""
+    its probe task's forward passes are held to. The worker is a child of the serving environment's
+    zygote where one is up or can start (`_Zygote`: vLLM imported once), else a process of its own."""
     work.mkdir(parents=True, exist_ok=True)
     request_path, response_path, log, progress = work / "request.json", work / "response.json", work / LOG, work / PROGRESS
     for stale in (response_path, progress):
         stale.unlink(missing_ok=True)
     write_json(request_path, {"protocol": PROTOCOL, **request, **({"progress": str(progress)} if probe else {})})
-    environment = {key: value for key, value in os.environ.items() if key not in DROPPED} | WORKER_ENV | (settings or {})
+    base = {key: value for key, value in os.environ.items() if key not in DROPPED} | WORKER_ENV
+    environment = base | (settings or {})
     prefix = loopback_prefix()
-    command = [*prefix, str(env.python), str(WORKER), str(request_path), str(response_path)]
-    with open(log, "wb") as stream:
+    deadline = time.monotonic() + timeout
+    order: ZygoteOrder = {"request": str(request_path), "response": str(response_path), "log": str(log), "cwd": str(work),
+                          "environment": environment}
+    forked = _fork(_zygote([*prefix, str(env.python), str(WORKER)], base), order, deadline)
+    if forked is None and time.monotonic() > deadline:  # a zygote that never came up: as a worker that never answered
+        raise WorkerFailed(f"{env.label} did not finish within {timeout:.0f} s", log, timed_out=True)
+    with open(log, "ab" if forked is not None else "wb") as stream:
         # its own session: a worker stopped early is stopped with every process it started
-        worker = subprocess.Popen(command, stdout=stream, stderr=subprocess.STDOUT, env=environment, cwd=work, start_new_session=True)
+        worker: _Worker = forked if forked is not None else subprocess.Popen(
+            [*prefix, str(env.python), str(WORKER), str(request_path), str(response_path)], stdout=stream, stderr=subprocess.STDOUT,
+            env=environment, cwd=work, start_new_session=True)
         try:
-            returncode = _watch(worker, env, log, deadline=time.monotonic() + timeout, timeout=timeout,
-                                progress=progress if probe else None, probe=probe)
+            returncode = _watch(worker, env, log, deadline=deadline, timeout=timeout, progress=progress if probe else None, probe=probe)
         finally:
             if worker.poll() is None:
                 _stop(worker)
+            if forked is not None:
+                forked.release()
     answer = read_json(response_path) if response_path.is_file() else None
     if returncode != 0 or answer is None or "error" in answer:
         died = f"the worker died (exit status {returncode})" if answer is None else None
@@ -144,7 +160,7 @@ def run(env: ServingEnv, request: RequestBody, work: Path, timeout: float, *, se
     return Response(answer, log, bool(prefix))
 
 
-def _watch(worker: subprocess.Popen[bytes], env: ServingEnv, log: Path, *, deadline: float, timeout: float, progress: Path | None,
+def _watch(worker: _Worker, env: ServingEnv, log: Path, *, deadline: float, timeout: float, progress: Path | None,
            probe: ProbeLimit | None) -> int:
     """Wait for the worker; stop it past the deadline, or as soon as its probe shows no usable path."""
     while True:
@@ -188,13 +204,191 @@ def _too_slow(progress: Path, limit: ProbeLimit) -> ProbeStopped | None:
             "limit_seconds": limit.forward_seconds, "warmup_limit_seconds": limit.warmup_seconds}
 
 
-def _stop(worker: subprocess.Popen[bytes]) -> None:
+def _stop(worker: _Worker) -> None:
     """SIGKILL the worker's whole session (vLLM may have started processes of its own)."""
     try:
         os.killpg(worker.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         worker.kill()
     worker.wait()
+
+
+# ---- the zygote: vLLM imported once, a worker forked from it per request --------------------------
+
+# Environment variables that torch and vLLM may read as they are imported: a zygote serves only
+# requests that agree with it on these (the rest of a request's environment, its engine settings
+# among them, is the child's own, set before vLLM makes the engine, which is when vLLM reads them).
+IMPORT_TIME = ("VLLM_", "TORCH", "PYTORCH_", "OMP_", "MKL_", "KMP_", "CUDA_", "NCCL_", "HF_", "TRANSFORMERS_", "TRITON",
+               "TOKENIZERS_", "LD_", "PYTHON")
+ZYGOTES_KEPT = 2  # idle zygotes kept (each holds torch and vLLM imported: about half a GB)
+ZYGOTE_SWITCH = "QUANTGATE_SERVING_ZYGOTE"  # "0": every worker a process of its own
+
+
+class _Worker(Protocol):
+    pid: int
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+    def poll(self) -> int | None: ...
+
+    def kill(self) -> None: ...
+
+
+class _Zygote:
+    """`worker.py --zygote` in the serving environment: one worker at a time forked from it."""
+
+    def __init__(self, command: list[str], environment: Mapping[str, str]) -> None:
+        self.process = subprocess.Popen([*command, ZYGOTE], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                        env=dict(environment), cwd="/", start_new_session=True)
+        self.busy = threading.Lock()
+        self.ready = False
+        self.dead = False
+
+    def hear(self, until: float) -> dict[str, int] | None:
+        """Its next message, or None: nothing by `until` (then `dead` says whether it ended)."""
+        assert self.process.stdout is not None
+        while not self.dead:
+            left = until - time.monotonic()
+            if left <= 0:
+                return None
+            readable, _, _ = select.select([self.process.stdout], [], [], min(left, 1.0))
+            if not readable:
+                continue
+            line = self.process.stdout.readline()
+            if not line:
+                self.dead = True
+                break
+            try:
+                message = json.loads(line)
+            except ValueError:  # not the protocol: not a zygote (a stand-in's python, a broken environment)
+                self.dead = True
+                break
+            if isinstance(message, dict):
+                return message
+        return None
+
+    def up(self, until: float) -> bool:
+        while not self.ready and not self.dead:
+            message = self.hear(until)
+            if message is None:
+                return False
+            self.ready = message.get("ready") == WORKER_PROTOCOL
+            self.dead = not self.ready
+        return self.ready
+
+    def order(self, order: ZygoteOrder, until: float) -> int | None:
+        """The pid of the worker it forked for `order`, or None (it has ended, or said nothing by `until`)."""
+        assert self.process.stdin is not None
+        try:
+            self.process.stdin.write((json.dumps(order) + "\n").encode())
+            self.process.stdin.flush()
+        except OSError:
+            self.dead = True
+            return None
+        message = self.hear(until)
+        return message.get("started") if message is not None else None
+
+    def close(self) -> None:
+        self.dead = True
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            self.process.kill()
+        self.process.wait()
+
+
+class _Forked:
+    """A worker the zygote forked: waited for through the zygote, which reports how it ended."""
+
+    def __init__(self, zygote: _Zygote, pid: int) -> None:
+        self.zygote = zygote
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def wait(self, timeout: float | None = None) -> int:
+        until = time.monotonic() + (timeout if timeout is not None else 1e9)
+        while self.returncode is None:
+            message = self.zygote.hear(until)
+            if message is not None and message.get("ended") == self.pid:
+                self.returncode = int(message.get("status", -1))
+            elif message is None and self.zygote.dead:
+                self.returncode = -int(signal.SIGKILL)  # the zygote ended under it: the worker did not answer
+            elif message is None:
+                raise subprocess.TimeoutExpired(f"worker {self.pid}", timeout or 0.0)
+        return self.returncode
+
+    def poll(self) -> int | None:
+        try:
+            return self.wait(0)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def kill(self) -> None:
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    def release(self) -> None:
+        """The zygote is free for the next request (or let go, if it ended)."""
+        if self.zygote.dead:
+            _forget(self.zygote)
+        self.zygote.busy.release()
+
+
+_ZYGOTES: dict[tuple[str, ...], _Zygote] = {}
+_ZYGOTES_LOCK = threading.Lock()
+
+
+def _zygote(command: list[str], environment: Mapping[str, str]) -> _Zygote | None:
+    """The zygote for this command and import-time environment: kept up since an earlier request,
+    else started now; None where switched off (QUANTGATE_SERVING_ZYGOTE=0)."""
+    if os.environ.get(ZYGOTE_SWITCH) == "0":
+        return None
+    key = (*command, *sorted(f"{name}={value}" for name, value in environment.items() if name.startswith(IMPORT_TIME)))
+    with _ZYGOTES_LOCK:
+        found = _ZYGOTES.pop(key, None)
+        if found is not None and (found.dead or found.process.poll() is not None):
+            found.close()
+            found = None
+        if found is None:
+            idle = [name for name, zygote in _ZYGOTES.items() if not zygote.busy.locked()]  # the least recently used first
+            while idle and len(_ZYGOTES) >= ZYGOTES_KEPT:
+                _ZYGOTES.pop(idle.pop(0)).close()
+            found = _Zygote(command, environment)
+        _ZYGOTES[key] = found  # the most recently used last
+        return found
+
+
+def _fork(zygote: _Zygote | None, order: ZygoteOrder, deadline: float) -> _Forked | None:
+    """The request's worker forked by `zygote`, or None: no zygote, a busy one (a serve beside
+    this one), or one that ended or is not up by `deadline` (the caller starts the worker itself)."""
+    if zygote is None or not zygote.busy.acquire(blocking=False):
+        return None
+    if zygote.up(deadline):
+        pid = zygote.order(order, deadline)
+        if pid is not None:
+            return _Forked(zygote, pid)
+        zygote.dead = True  # an order it did not answer: it may still act on it, so it serves no other
+    if zygote.dead or time.monotonic() > deadline:
+        _forget(zygote)
+    zygote.busy.release()
+    return None
+
+
+def _forget(zygote: _Zygote) -> None:
+    with _ZYGOTES_LOCK:
+        for name in [name for name, found in _ZYGOTES.items() if found is zygote]:
+            del _ZYGOTES[name]
+    zygote.close()
+
+
+@atexit.register
+def _close_zygotes() -> None:
+    with _ZYGOTES_LOCK:
+        for zygote in _ZYGOTES.values():
+            zygote.close()
+        _ZYGOTES.clear()
 
 
 def _last_line(log: Path) -> str:

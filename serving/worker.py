@@ -48,6 +48,7 @@ if TYPE_CHECKING:  # annotations only: the serving environment need not have typ
 PROTOCOL = 1
 # What the worker was doing when it failed: "import", "load" or a task's kind (in an error response).
 _phase = ["import"]
+_forked_from_zygote = [False]
 
 
 # --- the protocol (docs/serving.md): plain TypedDicts, the JSON as it travels. The worker imports
@@ -199,6 +200,7 @@ class WorkerResponse(TypedDict, total=False):
     seconds: float
     phase: str
     error: str
+    forked: bool  # forked from the zygote (vLLM imported before the request), not started for it
 
 
 class Progress(TypedDict, total=False):
@@ -370,7 +372,8 @@ def serve(request: WorkerRequest) -> WorkerResponse:
     import torch
     import vllm
 
-    response: WorkerResponse = {"protocol": PROTOCOL, "vllm_version": vllm.__version__, "torch_version": torch.__version__}
+    response: WorkerResponse = {"protocol": PROTOCOL, "vllm_version": vllm.__version__, "torch_version": torch.__version__,
+                                "forked": _forked_from_zygote[0]}
     llm = None
     if any(task["kind"] != "bandwidth" for task in request["tasks"]):  # the engine only where a task needs it
         _phase[0] = "load"
@@ -428,10 +431,88 @@ def main(argv: list[str]) -> int:
         return 3
 
 
+ZYGOTE = "--zygote"
+
+
+class ZygoteOrder(TypedDict):
+    """One request for the zygote (`zygote`): the worker's arguments, where it logs, in which
+    directory and under which environment it runs."""
+
+    request: str
+    response: str
+    log: str
+    cwd: str
+    environment: dict[str, str]
+
+
+def zygote() -> int:
+    """`worker.py --zygote`: import torch and vLLM once, then serve request after request, each in a
+    process forked from this one (serving.launch's `_Zygote` is the other side).
+
+    Importing vLLM is most of a worker's start: about 10 of 13 s, measured on a 2-core CPU, against
+    2 to 3 s for the engine and the tasks of a small checkpoint. A forked child starts with the
+    modules imported. Nothing here runs a torch operation or starts a thread pool before it forks
+    (OpenMP's pool does not survive a fork), and vLLM reads its settings from the environment when
+    the engine is made, in the child, which gets the request's environment whole.
+
+    Speaks one JSON object a line: it says {"ready": PROTOCOL} once imported; for each order
+    {"request", "response", "log", "cwd", "environment"} read from stdin it says {"started": pid},
+    then {"ended": pid, "status": exit status} when the child has ended. It ends when stdin does
+    (its caller ended or let it go)."""
+    import torch  # noqa: F401 - imported here to be inherited
+    import vllm  # noqa: F401
+    from vllm import LLM, SamplingParams  # noqa: F401 - what serve() and its tasks import
+    from vllm.inputs import TokensPrompt  # noqa: F401
+
+    _say({"ready": PROTOCOL})
+    while line := sys.stdin.readline():
+        order: ZygoteOrder = json.loads(line)
+        pid = os.fork()
+        if pid == 0:
+            _forked(order)
+        _say({"started": pid})
+        _, status = os.waitpid(pid, 0)
+        _say({"ended": pid, "status": os.waitstatus_to_exitcode(status)})
+    return 0
+
+
+def _say(message: dict[str, int]) -> None:
+    sys.stdout.write(json.dumps(message) + "\n")
+    sys.stdout.flush()
+
+
+def _forked(order: ZygoteOrder) -> None:
+    """The child: a session of its own (it is stopped with whatever it starts), the log as its
+    stdout and stderr, nothing of the zygote's pipes, the request's directory and environment."""
+    code = 3
+    try:
+        os.setsid()
+        log = os.open(order["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        os.close(log)
+        os.close(null)
+        os.chdir(order["cwd"])
+        os.environ.clear()
+        os.environ.update(order["environment"])
+        _forked_from_zygote[0] = True
+        engine_settings = " ".join(f"{name}={value}" for name, value in sorted(os.environ.items()) if name.startswith("VLLM_"))
+        print(f"quantgate worker: forked from the zygote (pid {os.getppid()}); vLLM's settings: {engine_settings}", file=sys.stderr, flush=True)
+        code = main([__file__, order["request"], order["response"]])
+    except BaseException:  # noqa: BLE001 - whatever it was, the child ends here and never returns to the zygote's loop
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
 def _first_line(error: BaseException) -> str:
     text = str(error).strip()
     return text.splitlines()[0] if text else repr(error)
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    sys.exit(zygote() if sys.argv[1:] == [ZYGOTE] else main(sys.argv))

@@ -8,6 +8,7 @@ The environment's set-up and the launcher's namespace are checked without vLLM f
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -24,6 +25,7 @@ from quantgate.evalsets.served import ServeCheckConfig, check
 from quantgate.gates.policy import Outcome, load_policy
 from quantgate.gates.verdict import ServingEvidence, judge, serving_gates
 from quantgate.serving import environment, launch
+from quantgate.serving.worker import RequestBody
 from tests.helpers import SERVED_FORMAT
 
 # few items and tokens: the checks, not the timings, are under test here
@@ -73,6 +75,25 @@ def test_a_worker_that_fails_gives_its_reason_and_phase(served: serving.ServingE
                              "tasks": [{"kind": "greedy", "prompts": [[1, 2]], "max_tokens": 1}]}, tmp_path / "work", timeout=300)
     assert failure.value.phase == "load" and failure.value.reason
     assert (tmp_path / "work" / launch.LOG).is_file()
+
+
+def test_workers_are_forked_from_one_zygote_with_their_own_settings_and_the_zygote_can_be_switched_off(
+        served: serving.ServingEnv, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM is imported once per serving environment (the zygote) and each request's worker forked
+    from it, under the request's engine settings; QUANTGATE_SERVING_ZYGOTE=0 starts each itself."""
+    request: RequestBody = {"model": "", "engine": {"max_model_len": 64, "kv_cache_bytes": 2**24},
+                            "tasks": [{"kind": "bandwidth", "bytes": 2**20, "runs": 1}]}
+    answers = [serving.run(served, request, tmp_path / f"work-{index}", timeout=300, settings={"VLLM_CPU_INT4_W4A8": str(index)})
+               for index in range(2)]
+    assert [answer.value.get("forked") for answer in answers] == [True, True]
+    for index, answer in enumerate(answers):
+        said = answer.log.read_text().splitlines()[0]
+        assert re.fullmatch(rf"quantgate worker: forked from the zygote \(pid (\d+)\); vLLM's settings: .*VLLM_CPU_INT4_W4A8={index}.*", said)
+    zygotes = {re.search(r"pid (\d+)", answer.log.read_text()).group(1) for answer in answers}  # type: ignore[union-attr]
+    assert len(zygotes) == 1  # the same zygote forked both
+    monkeypatch.setenv(launch.ZYGOTE_SWITCH, "0")
+    alone = serving.run(served, request, tmp_path / "alone", timeout=300)
+    assert alone.value.get("forked") is False and "forked from the zygote" not in alone.log.read_text()
 
 
 # --- served as gated -----------------------------------------------------------------------------------
