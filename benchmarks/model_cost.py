@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from quantgate.core.artifacts import read_json, write_json  # noqa: E402 - after the path above
-from quantgate.core.models import demo_model_dir  # noqa: E402
+from quantgate.core.models import demo_model_dir  # noqa: E402 - after the path above
 
 EVALSET = "wiki-text@v1"
 

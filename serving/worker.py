@@ -460,9 +460,9 @@ def zygote() -> int:
     then {"ended": pid, "status": exit status} when the child has ended. It ends when stdin does
     (its caller ended or let it go)."""
     import torch  # noqa: F401 - imported here to be inherited
-    import vllm  # noqa: F401
+    import vllm  # noqa: F401 - imported here to be inherited by every fork
     from vllm import LLM, SamplingParams  # noqa: F401 - what serve() and its tasks import
-    from vllm.inputs import TokensPrompt  # noqa: F401
+    from vllm.inputs import TokensPrompt  # noqa: F401 - what the tasks import, loaded once
 
     _say({"ready": PROTOCOL})
     while line := sys.stdin.readline():
