@@ -9,6 +9,7 @@ import typer
 from quantgate import quantize
 from quantgate.cli.options import config
 from quantgate.core.artifacts import peak_memory_bytes
+from quantgate.quantize.checkpoint import CommonGroupSize
 
 # This module's commands; quantgate.cli.app.COMMANDS names each, so `quantgate --help` need not import it.
 commands = typer.Typer(add_completion=False)
@@ -45,11 +46,15 @@ def quantize_command(
     )
     checkpoint = quantize.run(cfg, model, calibration_dir, out, overwrite=overwrite, allow_pickle=allow_pickle)
     manifest = checkpoint.manifest.to_json()
-    for fallback in manifest["group_size"]["fallbacks"][:3]:
-        got = fallback["group_size"] or "unquantized"
-        typer.echo(f"note: {fallback['layer']} (width {fallback['in_features']}) got group size {got}")
-    if len(manifest["group_size"]["fallbacks"]) > 3:
-        typer.echo(f"note: {len(manifest['group_size']['fallbacks'])} layers in all got another group size; see manifest.json")
+    fallbacks = checkpoint.manifest.group_size.fallbacks
+    for fallback in fallbacks[:3]:
+        got = fallback.group_size or "unquantized"
+        if isinstance(fallback, CommonGroupSize):  # AutoAWQ: one group size for every layer
+            typer.echo(f"note: every layer got group size {got}, not {fallback.requested}: {fallback.reason}")
+        else:
+            typer.echo(f"note: {fallback.layer} (width {fallback.in_features}) got group size {got}")
+    if len(fallbacks) > 3:
+        typer.echo(f"note: {len(fallbacks)} layers in all got another group size; see manifest.json")
     typer.echo(f"smoke prompt completion: {manifest['smoke']['completion']!r}")
     typer.echo(
         f"{manifest['format']} checkpoint written to {checkpoint.path} in "
