@@ -12,6 +12,7 @@ import pytest
 from quantgate import quantize
 from quantgate.core.headers import read_header
 from quantgate.quantize.autoawq_backend import common_group_size
+from quantgate.quantize.checkpoint import CheckpointManifest
 from tests.helpers import assert_refused
 
 
@@ -37,8 +38,13 @@ def test_one_group_size_must_divide_every_layer() -> None:
 
 
 @pytest.mark.skipif(importlib.util.find_spec("awq") is None, reason="the autoawq extra is not installed")
-def test_autoawq_writes_an_awq_gemm_checkpoint(quant_model: Path, quant_calibration: Path, tmp_path: Path) -> None:
-    checkpoint = quantize.run(quantize.QuantizeConfig(format="awq-int4", backend="autoawq"), quant_model, quant_calibration, tmp_path / "awq")
+def test_autoawq_writes_an_awq_gemm_checkpoint(cli, quant_model: Path, quant_calibration: Path, tmp_path: Path) -> None:
+    result = cli("quantize", "--model", quant_model, "--format", "awq-int4", "--calibration", quant_calibration, "--out", tmp_path / "awq",
+                 "--backend", "autoawq")
+    assert result.code == 0, result.out + result.err
+    # AutoAWQ takes one group size: the note says so (it has no layer width to name)
+    assert "note: every layer got group size 64, not 128: AutoAWQ takes one group size" in result.out
+    checkpoint = quantize.QuantizedCheckpoint(tmp_path / "awq", CheckpointManifest.read(tmp_path / "awq" / "manifest.json"))
     config = json.loads((checkpoint.path / "config.json").read_text())["quantization_config"]
     assert (config["quant_method"], config["bits"], config["group_size"], config["zero_point"], config["version"]) == ("awq", 4, 64, True, "gemm")
     header = read_header(next(checkpoint.path.glob("*.safetensors")))
