@@ -243,28 +243,35 @@ class _Zygote:
         self.busy = threading.Lock()
         self.ready = False
         self.dead = False
+        self.pending = b""  # what it said that no message has been read from yet
 
     def hear(self, until: float) -> dict[str, int] | None:
-        """Its next message, or None: nothing by `until` (then `dead` says whether it ended)."""
+        """Its next message, or None: nothing by `until` (then `dead` says whether it ended). Read
+        from the pipe's descriptor into a buffer of our own: two messages may arrive in one read
+        ("started" and "ended" of a worker that failed at once), and a buffered reader would keep
+        the second where select() cannot see it."""
         assert self.process.stdout is not None
+        descriptor = self.process.stdout.fileno()
         while not self.dead:
+            if b"\n" in self.pending:
+                line, self.pending = self.pending.split(b"\n", 1)
+                try:
+                    message = json.loads(line)
+                except ValueError:  # not the protocol: not a zygote (a stand-in's python, a broken environment)
+                    self.dead = True
+                    break
+                if isinstance(message, dict):
+                    return message
+                continue
             left = until - time.monotonic()
             if left <= 0:
                 return None
-            readable, _, _ = select.select([self.process.stdout], [], [], min(left, 1.0))
-            if not readable:
-                continue
-            line = self.process.stdout.readline()
-            if not line:
-                self.dead = True
-                break
-            try:
-                message = json.loads(line)
-            except ValueError:  # not the protocol: not a zygote (a stand-in's python, a broken environment)
-                self.dead = True
-                break
-            if isinstance(message, dict):
-                return message
+            readable, _, _ = select.select([descriptor], [], [], min(left, 1.0))
+            if readable:
+                chunk = os.read(descriptor, 65536)
+                if not chunk:
+                    self.dead = True
+                self.pending += chunk
         return None
 
     def up(self, until: float) -> bool:
