@@ -137,21 +137,24 @@ def run(env: ServingEnv, request: RequestBody, work: Path, timeout: float, *, se
     deadline = time.monotonic() + timeout
     order: ZygoteOrder = {"request": str(request_path), "response": str(response_path), "log": str(log), "cwd": str(work),
                           "environment": environment}
-    forked = _fork(_zygote([*prefix, str(env.python), str(WORKER)], base), order, deadline)
+    worker_command = [*prefix, str(env.python), str(WORKER)]
+    forked = _fork(_zygote(worker_command, base), order, deadline)
     if forked is None and time.monotonic() > deadline:  # a zygote that never came up: as a worker that never answered
         raise WorkerFailed(f"{env.label} did not finish within {timeout:.0f} s", log, timed_out=True)
-    with open(log, "ab" if forked is not None else "wb") as stream:
-        # its own session: a worker stopped early is stopped with every process it started
-        worker: _Worker = forked if forked is not None else subprocess.Popen(
-            [*prefix, str(env.python), str(WORKER), str(request_path), str(response_path)], stdout=stream, stderr=subprocess.STDOUT,
-            env=environment, cwd=work, start_new_session=True)
-        try:
-            returncode = _watch(worker, env, log, deadline=deadline, timeout=timeout, progress=progress if probe else None, probe=probe)
-        finally:
-            if worker.poll() is None:
-                _stop(worker)
-            if forked is not None:
-                forked.release()
+    worker: _Worker
+    if forked is not None:
+        worker = forked  # it opened the log itself
+    else:
+        with open(log, "wb") as stream:  # its own session: a worker stopped early is stopped with every process it started
+            worker = subprocess.Popen([*worker_command, str(request_path), str(response_path)], stdout=stream, stderr=subprocess.STDOUT,
+                                      env=environment, cwd=work, start_new_session=True)
+    try:
+        returncode = _watch(worker, env, log, deadline=deadline, timeout=timeout, progress=progress if probe else None, probe=probe)
+    finally:
+        if worker.poll() is None:
+            _stop(worker)
+        if forked is not None:
+            forked.release()
     answer = read_json(response_path) if response_path.is_file() else None
     if returncode != 0 or answer is None or "error" in answer:
         died = f"the worker died (exit status {returncode})" if answer is None else None

@@ -91,6 +91,12 @@ def test_workers_are_forked_from_one_zygote_with_their_own_settings_and_the_zygo
         assert re.fullmatch(rf"quantgate worker: forked from the zygote \(pid (\d+)\); vLLM's settings: .*VLLM_CPU_INT4_W4A8={index}.*", said)
     zygotes = set(re.findall(r"forked from the zygote \(pid (\d+)\)", "".join(answer.log.read_text() for answer in answers)))
     assert len(zygotes) == 1  # the same zygote forked both
+    # a forked worker that fails at once (its zygote says "started" and "ended" together) is heard
+    # ending, not waited for until the deadline
+    failing: RequestBody = {**request, "tasks": [{"kind": "bandwidth", "bytes": -4, "runs": 1}]}
+    with pytest.raises(serving.WorkerFailed) as failure:
+        serving.run(served, failing, tmp_path / "failing", timeout=120)
+    assert failure.value.phase == "bandwidth" and not failure.value.timed_out, failure.value.reason
     monkeypatch.setenv(launch.ZYGOTE_SWITCH, "0")
     alone = serving.run(served, request, tmp_path / "alone", timeout=300)
     assert alone.value.get("forked") is False and "forked from the zygote" not in alone.log.read_text()
