@@ -60,7 +60,7 @@ browser:
 test: $(STAMP) browser serving
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
-	$(PY) -m pytest
+	$(PY) -m pytest -n 2
 
 clean:
 	rm -rf $(VENV) demo-out

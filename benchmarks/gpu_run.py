@@ -330,6 +330,9 @@ def main(argv: list[str] | None = None) -> int:
     except (Refused, QuantgateError) as error:
         print(f"gpu_run: {error}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `--dry-run | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's flush at exit must not raise again
+        return 0
     return 0
 
 

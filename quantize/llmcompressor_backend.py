@@ -215,6 +215,15 @@ def quantize_in_place(model: Any, recipe: list[Any], dataset: Any, samples: int,
         )
 
 
+def release() -> None:
+    """Reset llmcompressor's global session: after `oneshot` it keeps the model it quantized (its
+    state's `model`) until the next session starts, which kept a whole model alive beside the
+    smoke check's and every later stage's."""
+    from llmcompressor.core import active_session
+
+    active_session().reset()  # type: ignore[no-untyped-call]  # llmcompressor's session is not annotated
+
+
 # ---- mixed precision: one scheme per layer group, one llmcompressor run ---------------------
 
 # The algorithms a mixed checkpoint's INT4 layers may take, and its 8-bit layers'. GPTQ handles

@@ -172,7 +172,8 @@ def _save(loaded: Any, out: Path, *, overwrite: bool, stopwatch: Stopwatch, mani
     dtype = manifest.dtype
     llmcompressor_backend.restore_storage_dtype(loaded, TORCH_DTYPES[dtype])
     with atomic_directory(out, overwrite=overwrite) as staging:
-        loaded.save_pretrained(staging, save_compressed=True)
+        loaded.save_pretrained(staging, save_compressed=True)  # its recipe.yaml from llmcompressor's session
+        llmcompressor_backend.release()  # which holds the model until reset: freed before the smoke check loads it again
         del loaded
         gc.collect()
         copy_baseline_files(manifest.model_dir, staging)

@@ -1,15 +1,65 @@
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from quantgate import calibration, quantize, serving
 from quantgate.cli import main
 from quantgate.core.models import pull
 from tests.factories import build_tiny_llama
+
+# `make test` runs the suite in two pytest-xdist workers, each test file whole in one worker, so
+# that a module's fixtures (a Ray cluster, a served model) are made once; the files that use the
+# real demo model's session fixtures all go to one worker, so that its four quantized checkpoints
+# (about 90 s) are made once, not by both workers at once. By file name, since the scheduler sees
+# node ids only (xdist's own `xdist_group` rewrites node ids, which pytest 9 no longer lets it do);
+# the collection check below keeps the list true.
+DEMO_FIXTURES = frozenset({"demo_model", "demo_calibration", "demo_checkpoints"})
+DEMO_FILES = frozenset({"test_concurrency.py", "test_demo_model.py", "test_evaluate_demo.py", "test_measure_demo.py",
+                        "test_models.py", "test_pipeline_demo.py", "test_quantize_demo.py"})
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist's: not called without it
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByFile(LoadScopeScheduling):
+        """A file's tests to one worker; the demo model's files to the same one."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return "demo-model" if Path(path).name in DEMO_FILES else path
+
+    return ByFile(config, log)
+
+
+# The longest groups first, so that neither worker is left with one at the end: the demo model's
+# files, then the Ray cluster's.
+FIRST = ("demo-model", "tests/test_ray.py")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    unlisted = sorted({item.path.name for item in items if DEMO_FIXTURES & set(getattr(item, "fixturenames", ()))} - DEMO_FILES)
+    if unlisted:
+        raise pytest.UsageError(f"tests/conftest.py: add {', '.join(unlisted)} to DEMO_FILES (it uses the demo model's fixtures)")
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        def rank(item: pytest.Item) -> int:
+            scope = "demo-model" if item.path.name in DEMO_FILES else item.nodeid.split("::", 1)[0]
+            return FIRST.index(scope) if scope in FIRST else len(FIRST)
+
+        items.sort(key=rank)  # stable: each file's own order is kept
+
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # Two workers on two cores: one thread of torch each (and in what they start), as two
+    # threads each would spin on cores the other worker needs.
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
 
 
 @pytest.fixture(autouse=True)

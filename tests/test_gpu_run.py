@@ -247,3 +247,14 @@ def test_a_checkpoint_is_served_and_decoded_in_vllm_cuda(quant_model: Path, quan
     assert row["device_class"] is not None and row["device_class"].startswith(device.CUDA_PREFIX) and row["device"] == "cuda"
     assert row["tokens_per_s"] is not None and row["tokens_per_s"] > 0 and row["ms_per_token"] is not None
     assert row["measured_over_bound"] == pytest.approx(row["ms_per_token"] / 0.01)
+
+
+def test_the_dry_run_read_in_part_ends_quietly(tmp_path: Path) -> None:
+    """`--dry-run | head`: a reader that closed the pipe early gets no traceback, and the exit is 0
+    (seen on the lent H200). Here the reader closes it before the script writes anything."""
+    process = subprocess.Popen([sys.executable, str(SCRIPT), "--dry-run", "--out", str(tmp_path / "gpu-out")], cwd=ROOT,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert process.stdout is not None and process.stderr is not None
+    process.stdout.close()
+    assert process.wait(timeout=120) == 0
+    assert process.stderr.read() == ""

@@ -13,6 +13,7 @@ from typing import Any, TypedDict
 from pydantic import JsonValue
 
 from quantgate import calibration, evalsets, quantize, serving
+from quantgate.core import memory
 from quantgate.core.console import stderr
 from quantgate.core.errors import InputError, ModelError, did_you_mean
 from quantgate.core.ids import GateId, SetRef
@@ -94,6 +95,10 @@ class ResolvedPlan:
     # every gate of every split at each precision class it is judged under: its ceiling, the
     # items it needs and the power the ceiling gives (docs/gates.md, "Planned ceilings")
     powers: tuple[GatePower, ...] = ()
+    # how many evaluators (a model loaded each) this process keeps between looks: 2 (the baseline
+    # and a candidate) where memory allows, else 1 (core/memory.py; docs/models.md, "Memory")
+    models_kept: int = 2
+    memory_note: str | None = None
 
     @property
     def planned_power(self) -> list[GatePowerJSON]:
@@ -290,20 +295,45 @@ def resolve_plan(loaded: LoadedPlan, show_progress: bool = True) -> ResolvedPlan
     if (signing_key := loaded.signing_key) is not None:
         load_signing_key(signing_key, "signing_key")  # a key that cannot sign is refused before any work
     model_dir = _baseline(plan, show_progress)
+    models_kept, memory_note = _memory(plan, model_dir)
     resolved = ResolvedPlan(
         plan=plan, goldens=goldens, policy=policy, hardware=hardware, profiles=profiles, quantize_cfgs=quantize_cfgs,
         eval_cfg=splits.eval_cfg, plot_metric=plot, looks=splits.looks, model_dir=model_dir,
         calibration_cfg=_calibration_config(loaded, model_dir), identity=model_identity(model_dir), version=metadata.version("quantgate"),
-        holdout=splits.holdout, search_looks=splits.search_looks, signing_key=signing_key, powers=splits.powers)
+        holdout=splits.holdout, search_looks=splits.search_looks, signing_key=signing_key, powers=splits.powers,
+        models_kept=models_kept, memory_note=memory_note)
     if plan.search is not None:
         check_budget(resolved)
     resolved = _with_serving(resolved)
     if show_progress:  # a user may accept less power, or serve elsewhere: named, not refused
         for line in resolved.power_warnings:
             stderr.print(f"quantgate: warning: plan: {line}", highlight=False, soft_wrap=True, markup=False)
+        if resolved.memory_note is not None:
+            stderr.print(f"quantgate: note: {resolved.memory_note}", highlight=False, soft_wrap=True, markup=False)
         for line in unservable_here(resolved):
             stderr.print(f"quantgate: note: {line}", highlight=False, soft_wrap=True, markup=False)
     return resolved
+
+
+def _memory(plan: RunPlan, model_dir: Path) -> tuple[int, str | None]:
+    """How many models this process keeps loaded, and a note where it keeps one; InputError (one
+    line) where even one model at a time needs more memory than this process may use. A Ray run's
+    stages run in its workers, each node with its memory: not checked here."""
+    if plan.executor.kind != "local" or (limit := memory.allowance()) is None:
+        return 2, None
+    need = memory.needs(memory.parameters(model_dir), evaluate_on_gpu=(plan.evaluation.device or "").startswith("cuda"))
+    if limit.bytes < need.one_model:
+        stages = [f"quantizing it {memory.gb(need.quantize)}"]
+        if need.evaluate:
+            stages.insert(0, f"evaluating it in FP32 on the CPU {memory.gb(need.evaluate)}")
+        raise InputError(f"plan: the model ({need.parameters:,} parameters) needs about {memory.gb(need.one_model)} of memory "
+                         f"({', '.join(stages)}, the libraries {memory.gb(memory.BASE_BYTES)}), and {limit.source} leaves "
+                         f"{memory.gb(limit.bytes)}: give the run more memory"
+                         + ("" if not need.evaluate else ", or evaluate on a GPU (evaluation.device: cuda)"))
+    if limit.bytes < need.two_models:
+        return 1, (f"memory: one model loaded at a time ({limit.source} leaves {memory.gb(limit.bytes)}; the baseline and a "
+                   f"candidate kept together need about {memory.gb(need.two_models)}): each look loads the model it evaluates again")
+    return 2, None
 
 
 def unservable_here(resolved: ResolvedPlan) -> list[str]:

@@ -32,16 +32,17 @@ _EVALUATORS: OrderedDict[tuple[str, bool], evalsets.Evaluator] = OrderedDict()
 _KEEP = 2  # models a process keeps loaded
 
 
-def evaluator(model: Path, allow_pickle: bool, identity: evalsets.ModelIdentity | None = None) -> evalsets.Evaluator:
+def evaluator(model: Path, allow_pickle: bool, identity: evalsets.ModelIdentity | None = None, keep: int = _KEEP) -> evalsets.Evaluator:
     """The evaluator of `model` this process keeps (made, and its model loaded, on first use);
-    `identity`: the model's, where the caller has it (the run's baseline: hashed once a run)."""
+    `identity`: the model's, where the caller has it (the run's baseline: hashed once a run);
+    `keep`: how many this process keeps (the plan's `models_kept`: 1 where two do not fit)."""
     key = (str(model), allow_pickle)
     if key in _EVALUATORS:
         _EVALUATORS.move_to_end(key)
         return _EVALUATORS[key]
-    made = _EVALUATORS[key] = evalsets.Evaluator(model, allow_pickle=allow_pickle, identity=identity)
-    while len(_EVALUATORS) > _KEEP:
+    while len(_EVALUATORS) >= max(1, keep):  # before the new model loads: the memory is free first
         _EVALUATORS.popitem(last=False)
+    made = _EVALUATORS[key] = evalsets.Evaluator(model, allow_pickle=allow_pickle, identity=identity)
     return made
 
 
@@ -62,7 +63,8 @@ def evaluate(plan: ResolvedPlan, run_dir: RunDir, name: str, items: dict[str, in
     default the plan's own), into `out`; results already there for exactly these settings are
     used as they are."""
     cfg = plan.look_cfg(items, split)
-    made = evaluator(model_of(plan, run_dir, name), plan.plan.allow_pickle, plan.identity if name == BASELINE else None)
+    made = evaluator(model_of(plan, run_dir, name), plan.plan.allow_pickle, plan.identity if name == BASELINE else None,
+                     plan.models_kept)
     if baseline is None and out.is_dir():
         try:
             existing = evalsets.load_results(out)
@@ -78,7 +80,7 @@ def evaluate(plan: ResolvedPlan, run_dir: RunDir, name: str, items: dict[str, in
 
 def evaluate_baseline(plan: ResolvedPlan, out: Path) -> evalsets.EvaluationResults:
     """The baseline at every set's first look, into `out`."""
-    return evaluator(plan.model_dir, plan.plan.allow_pickle, plan.identity).run(plan.first_look_cfg, out, overwrite=True)
+    return evaluator(plan.model_dir, plan.plan.allow_pickle, plan.identity, plan.models_kept).run(plan.first_look_cfg, out, overwrite=True)
 
 
 def baseline_looks(plan: ResolvedPlan, run_dir: RunDir, spec: str) -> int:
@@ -157,11 +159,19 @@ def evaluate_served(plan: ResolvedPlan, checkpoint: Path, gated: Path, settings:
     cfg = evalsets.as_served(evalsets.load_results(gated), settings, plan.policy.policy.metrics)
     if cfg is None:
         raise InputError(f"{gated} holds no set the serving engine evaluates (text sets are scored in the reference numerics only)")
-    return evaluator(checkpoint, plan.plan.allow_pickle).run(cfg, out, overwrite=True)
+    return evaluator(checkpoint, plan.plan.allow_pickle, keep=plan.models_kept).run(cfg, out, overwrite=True)
+
+
+def _room_to_quantize(plan: ResolvedPlan) -> None:
+    """Where memory holds one model at a time (the plan's `models_kept`), no evaluator is kept
+    while a model is quantized."""
+    if plan.models_kept < 2:
+        forget()
 
 
 def quantize_format(plan: ResolvedPlan, fmt: str, calibration: Path, checkpoint: Path) -> CheckpointManifest:
     """A format's checkpoint, into `checkpoint`: its manifest."""
+    _room_to_quantize(plan)
     made = quantize.run(plan.quantize_cfgs[fmt], plan.model_dir, calibration, checkpoint, overwrite=True,
                         allow_pickle=plan.plan.allow_pickle)
     return made.manifest
@@ -169,6 +179,7 @@ def quantize_format(plan: ResolvedPlan, fmt: str, calibration: Path, checkpoint:
 
 def quantize_trial(plan: ResolvedPlan, cfg: quantize.MixedConfig, calibration: Path, checkpoint: Path) -> CheckpointManifest:
     """A search trial's mixed checkpoint, into `checkpoint`: its manifest."""
+    _room_to_quantize(plan)
     made = quantize.run_mixed(cfg, plan.model_dir, calibration, checkpoint, overwrite=True, allow_pickle=plan.plan.allow_pickle)
     return made.manifest
 
