@@ -78,18 +78,29 @@ def step_bytes(model: Any) -> int:
     return total
 
 
-def decode(folder: Path, device: str, tokens: int, runs: int, bandwidth: float) -> dict[str, Any]:
+def decode(folder: Path, device: str, tokens: int, runs: int, bandwidth: float, cache: str = "dynamic") -> dict[str, Any]:
+    """`cache`: transformers' dynamic cache (eager), or its static one, with which generate compiles
+    the decode step (torch.compile, CUDA graphs on a GPU); the first call's compilation is timed
+    on its own."""
     model = build(folder, device)
     prompt = torch.randint(100, 1000, (1, 16), device=device)
+    static = None
+    if cache == "static":  # one cache of one length for every call: the compiled step is compiled once
+        from transformers import StaticCache
+
+        static = StaticCache(config=model.config, max_cache_len=prompt.shape[1] + tokens + 8)
+    options: dict[str, Any] = {"past_key_values": static} if static is not None else {}
 
     def timed(loaded: Any, new: int) -> float:
+        if static is not None:
+            static.reset()
         _sync(device)
         start = time.perf_counter()
-        loaded.generate(prompt, max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0)
+        loaded.generate(prompt, max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0, **options)
         _sync(device)
         return time.perf_counter() - start
 
-    timed(model, 8)  # warm-up
+    first = timed(model, tokens)  # warm-up (with the static cache: the compilation)
     prefill = sorted(timed(model, 1) for _ in range(3))[1]
     medians = sorted(timed(model, tokens) for _ in range(runs))
     ms = (medians[runs // 2] - prefill) / (tokens - 1) * 1e3
@@ -97,8 +108,8 @@ def decode(folder: Path, device: str, tokens: int, runs: int, bandwidth: float) 
     bound_ms = size / H200_BYTES_PER_S * 1e3
     row = {"parameters": sum(p.numel() for p in model.parameters()), "step_bytes": size, "ms_per_token": ms,
            "bound_ms_h200_profile": bound_ms, "bound_ms_measured_copy": size / bandwidth * 1e3,
-           "measured_over_bound": ms / bound_ms, "tokens": tokens, "runs": runs,
-           "path": "transformers generate, bf16, eager, dynamic cache, batch 1"}
+           "measured_over_bound": ms / bound_ms, "tokens": tokens, "runs": runs, "first_call_s": first,
+           "path": f"transformers generate, bf16, {'eager, dynamic cache' if cache == 'dynamic' else 'static cache (the step compiled on a GPU)'}, batch 1"}
     del model
     if device == "cuda":
         torch.cuda.empty_cache()
@@ -138,6 +149,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--tokens", type=int, default=128, help="new tokens per timed decode")
     parser.add_argument("--runs", type=int, default=5, help="timed decodes per model (the median is reported)")
+    parser.add_argument("--cache", choices=("dynamic", "static"), default="dynamic",
+                        help="transformers' KV cache: dynamic (eager) or static (the step compiled)")
+    parser.add_argument("--decode-only", action="store_true", help="no calibration or quantization")
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         print(f"gpu_stages: torch {torch.__version__} sees no CUDA device (--device cpu runs the same steps on the CPU)", file=sys.stderr)
@@ -156,8 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="quantgate-gpu-stages-") as work:
         for folder in folders:
             steps.append(("decode", folder.name, functools.partial(decode, folder, args.device, args.tokens, args.runs,
-                                                                   results["copy_bytes_per_s"])))
-        for folder in folders:
+                                                                   results["copy_bytes_per_s"], args.cache)))
+        for folder in ([] if args.decode_only else folders):
             steps.append(("quantize", folder.name, functools.partial(quantize_all, folder, args.device, Path(work))))
         for kind, name, step in steps:
             try:

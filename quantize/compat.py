@@ -63,3 +63,23 @@ def autoawq_plain_torch_on_cpu() -> Iterator[None]:
         yield
     finally:
         awq_base.get_best_device, gemm.TRITON_AVAILABLE = original_device, original_triton
+
+
+@contextlib.contextmanager
+def no_traced_namespace_kept() -> Iterator[None]:
+    """llmcompressor 0.14's sequential pipelines trace the model with torch.fx after rewriting its
+    forward (`pipelines/sequential/ast_helpers.py`): the rewritten code runs in a copy of the
+    modeling module's globals that holds the model itself (`self`), and calls `torch.fx.wrap`,
+    which registers that namespace in torch.fx's module-level `_wrapped_fns_to_patch` for good
+    (`torch/fx/_symbolic_trace.py`). Every quantization so kept its whole model alive until the
+    process ended (tests/test_quantize.py follows the model with a weak reference). The registry
+    is read only while tracing; what the block added to it is removed when the block ends."""
+    from torch.fx import _symbolic_trace
+
+    registry = _symbolic_trace._wrapped_fns_to_patch
+    before = set(registry)
+    try:
+        yield
+    finally:
+        for key in set(registry) - before:
+            del registry[key]

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from quantgate.core.errors import InputError
 from quantgate.core.hf_config import QuantizationArgs as QuantizationArgsJSON
 from quantgate.quantize.checkpoint import LayerFormat
-from quantgate.quantize.compat import cpu_safe_pinning
+from quantgate.quantize.compat import cpu_safe_pinning, no_traced_namespace_kept
 from quantgate.quantize.config import MixedConfig, QuantizeConfig
 from quantgate.quantize.fusion import FUSED, layer_groups
 from quantgate.quantize.groups import GroupPlan, plan_group_sizes
@@ -204,7 +204,7 @@ def quantize_in_place(model: Any, recipe: list[Any], dataset: Any, samples: int,
     """Run llmcompressor's oneshot on `model` (modified in place, not saved)."""
     from llmcompressor import oneshot
 
-    with cpu_safe_pinning():
+    with cpu_safe_pinning(), no_traced_namespace_kept():
         oneshot(
             model=model,
             recipe=recipe,

@@ -109,7 +109,9 @@ def run(
         calibration_set=calibration_set, samples_used=samples if dataset is not None else 0,
         model_dir=model_dir, dtype=dtype,
     )
-    return _save(loaded, out, overwrite=overwrite, stopwatch=stopwatch, manifest=manifest)
+    held = [loaded]
+    del loaded, recipe  # the model's only reference is `held` now (its modifiers may point at its modules)
+    return _save(held, out, overwrite=overwrite, stopwatch=stopwatch, manifest=manifest)
 
 
 def run_mixed(
@@ -146,7 +148,9 @@ def run_mixed(
                                   for name in sorted(cfg.layers)},
                           smoothed=plan.smoothed),
     )
-    return _save(loaded, out, overwrite=overwrite, stopwatch=stopwatch, manifest=manifest)
+    held = [loaded]
+    del loaded, plan  # the model's only reference is `held` now (the recipe's modifiers may point at its modules)
+    return _save(held, out, overwrite=overwrite, stopwatch=stopwatch, manifest=manifest)
 
 
 def _inputs(model: str | Path, calibration_dir: str | Path, out: Path, *, overwrite: bool, allow_pickle: bool
@@ -165,10 +169,12 @@ def _inputs(model: str | Path, calibration_dir: str | Path, out: Path, *, overwr
     return model_dir, calibration_set
 
 
-def _save(loaded: Any, out: Path, *, overwrite: bool, stopwatch: Stopwatch, manifest: _Manifest) -> QuantizedCheckpoint:
+def _save(held: list[Any], out: Path, *, overwrite: bool, stopwatch: Stopwatch, manifest: _Manifest) -> QuantizedCheckpoint:
     """Cast back to the baseline's dtype, save compressed with the baseline's tokenizer files,
     reload and check on the smoke prompt, write the manifest: all in a staging directory that
-    becomes `out` only when complete."""
+    becomes `out` only when complete. `held`: the quantized model, taken out of it here, so that
+    once saved nothing keeps it while the smoke check loads the checkpoint again."""
+    loaded = held.pop()
     dtype = manifest.dtype
     llmcompressor_backend.restore_storage_dtype(loaded, TORCH_DTYPES[dtype])
     with atomic_directory(out, overwrite=overwrite) as staging:

