@@ -1,9 +1,11 @@
 """INT4 quality at equal bits: GPTQ, GPTQ with llmcompressor's importance-matrix observer,
-AWQ and AutoRound side by side on the demo model, with the same calibration tokens and the
-same group-size plan (group 128; 64 for the width-576 layers, quantize/groups.py).
+AWQ and AutoRound side by side on one model (the demo model unless --model), with the same
+calibration tokens and the same group-size plan (group 128; a smaller group where a layer's width
+needs it, quantize/groups.py: 64 for the demo model's width-576 layers).
 
     .venv/bin/python benchmarks/int4_quality.py [--methods gptq,gptq-imatrix,awq,autoround,...]
-        [--items 50] [--out /tmp/int4-quality] [--autoround-iters 200] [--resume] [--json PATH]
+        [--model smollm2-135m] [--items 50] [--out /tmp/int4-quality] [--autoround-iters 200]
+        [--resume] [--json PATH]
 
 On 2 quiet CPU cores the default set takes about half an hour (evaluations are cached, so a rerun
 pays only for the quantizations). AutoRound's default 200 iterations per block would take about
@@ -220,6 +222,8 @@ def table(rows: list[dict[str, Any]]) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--methods", default=",".join(DEFAULT_METHODS), help=f"comma-separated, of: {', '.join(METHODS)}")
+    parser.add_argument("--model", default="smollm2-135m",
+                        help="a registry model (`quantgate models list`); qwen2.5-coder-1.5b needs `make pull-qwen2.5-coder-1.5b` first")
     parser.add_argument("--items", type=int, default=50, help=f"first N items of {EVALSET}")
     parser.add_argument("--out", type=Path, default=Path("/tmp/int4-quality"), help="work directory (kept)")
     parser.add_argument("--autoround-iters", type=int, default=200, help="AutoRound tuning steps per decoder block")
@@ -242,7 +246,7 @@ def main() -> int:
 
     work = arguments.out
     work.mkdir(parents=True, exist_ok=True)
-    model = pull("smollm2-135m").path
+    model = pull(arguments.model).path
     calibration_dir = work / "calibration"  # the demo plan's: 16 x 256 tokens of the demo text, seed 0
     calibration.run(calibration.CalibrationConfig(model=str(model), source="demo", samples=16, seq_len=256, seed=0),
                     calibration_dir, overwrite=True)
@@ -268,7 +272,7 @@ def main() -> int:
               f"ppl {row['perplexity_change_pct']:+.2f}%, {row['stage_seconds']:.1f} s", flush=True)
 
     done = [row for row in rows if "error" not in row]
-    print(f"\nsmollm2-135m, W4A16 group 128 (64 where the width is 576), 16 x 256 calibration tokens, "
+    print(f"\n{arguments.model}, W4A16 group 128 (the group plan's fallback where a width needs it), 16 x 256 calibration tokens, "
           f"first {arguments.items} items of {EVALSET}, {torch.get_num_threads()} CPU threads; "
           f"baseline perplexity {base['perplexity']:.3f}")
     print(table(done))
@@ -278,7 +282,7 @@ def main() -> int:
         elif row.get("imatrix_fell_back"):
             print(f"{row['method']}: warning: the imatrix observer fell back to uniform MSE for some layers (see {row['log']})")
     path = arguments.json or work / "int4-quality.json"
-    path.write_text(json.dumps({"model": "smollm2-135m", "evalset": EVALSET, "items": arguments.items,
+    path.write_text(json.dumps({"model": arguments.model, "evalset": EVALSET, "items": arguments.items,
                                 "calibration": {"source": "demo", "samples": 16, "seq_len": 256, "seed": 0},
                                 "baseline": {"perplexity": base["perplexity"]}, "threads": torch.get_num_threads(),
                                 "autoround_iters": arguments.autoround_iters, "rows": rows}, indent=2))

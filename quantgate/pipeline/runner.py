@@ -297,7 +297,7 @@ class Pipeline:
 
     def preflight(self) -> ResolvedPlan:
         """Every check before any work: the plan, resolved."""
-        return resolve_plan(self.loaded, self.show_progress)
+        return resolve_plan(self.loaded, self.show_progress, verbose=self.verbose)
 
     def planned_stages(self, resolved: ResolvedPlan) -> list[str]:
         search = self.plan.search
