@@ -26,11 +26,12 @@ class QuantizeConfig(BaseModel):
     ignore: tuple[str, ...] = Field(default=("lm_head",), description="module names or 're:' regexes to leave unquantized")
     backend: Backend = Backend.llmcompressor
     num_calibration_samples: int | None = Field(default=None, gt=0, description="rows of the calibration set to use (default: all)")
-    # the weights' scale observer (compressed-tensors): None keeps the library's (minmax);
-    # "imatrix_mse" searches each group's range for the least activation-weighted error
-    # (E[x^2] from calibration, llama.cpp's importance matrix), "mse" the same unweighted
-    # (docs/int4-quality.md measures them)
-    observer: Literal["minmax", "mse", "imatrix_mse"] | None = None
+    # the weights' scale observer (compressed-tensors): unset, the format's own (gptq-int4:
+    # "imatrix_mse", the others the library's minmax); "imatrix_mse" searches each group's range
+    # for the least activation-weighted error (E[x^2] from calibration, llama.cpp's importance
+    # matrix), "mse" the same unweighted, "minmax" the range itself (docs/int4-quality.md measures
+    # them). Filled in at validation, so the quantize stage's key holds the observer in use.
+    observer: Literal["minmax", "mse", "imatrix_mse"] | None = Field(default=None, validate_default=True)
     # GPTQ (llmcompressor GPTQModifier defaults)
     dampening_frac: float = Field(default=0.01, ge=0.0, lt=1.0)
     actorder: Literal["static", "group", "weight"] | None = "static"
@@ -50,6 +51,13 @@ class QuantizeConfig(BaseModel):
     @classmethod
     def _known_format(cls, value: str) -> str:
         get_preset(value)
+        return value
+
+    @field_validator("observer")
+    @classmethod
+    def _format_observer(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is None and "format" in info.data:  # format is declared first: validated by now
+            return get_preset(info.data["format"]).observer
         return value
 
     @field_validator("awq_duo_scaling")

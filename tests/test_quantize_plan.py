@@ -62,14 +62,25 @@ def test_presets_say_what_each_format_is() -> None:
     assert QuantizeConfig(format="smoothquant-w8a8").smoothing_strength == 0.8
 
 
-@pytest.mark.parametrize("observer", [None, "mse", "imatrix_mse"])
+def test_gptq_int4_rounds_with_the_importance_matrix_unless_told_otherwise() -> None:
+    """gptq-int4's observer is imatrix_mse by default (docs/int4-quality.md: lower KL on two
+    models at the same bytes); the other formats keep the library's; an explicit one is kept; and
+    the default is in the config's dump, so the quantize stage's key tells the two apart."""
+    assert QuantizeConfig(format="gptq-int4").observer == "imatrix_mse"
+    assert QuantizeConfig(format="gptq-int4", observer="minmax").observer == "minmax"
+    assert {QuantizeConfig(format=name).observer for name in ("awq-int4", "smoothquant-w8a8", "fp8-e4m3")} == {None}
+    assert QuantizeConfig(format="gptq-int4").model_dump()["observer"] == "imatrix_mse"
+    assert QuantizeConfig(format="gptq-int4") != QuantizeConfig(format="gptq-int4", observer="minmax")
+
+
+@pytest.mark.parametrize("observer", [None, "minmax", "mse", "imatrix_mse"])
 def test_the_observer_knob_reaches_every_weight_scheme(observer: str | None) -> None:
     from quantgate.quantize.config import MixedConfig
     from quantgate.quantize.llmcompressor_backend import _mixed_groups, config_groups
 
     cfg = QuantizeConfig(format="gptq-int4", observer=observer)
     groups = config_groups(get_preset("gptq-int4"), cfg, plan_group_sizes([("m.0.q_proj", 576), ("m.0.down_proj", 1536)], 128))
-    expected = observer  # None: compressed-tensors fills in its default (minmax) later
+    expected = observer or "imatrix_mse"  # unset: gptq-int4's own
     assert {group.weights.observer for group in groups.values()} == {expected}
     mixed = MixedConfig(layers={"m.0.q_proj": "gptq-int4", "m.0.down_proj": "smoothquant-w8a8"}, knobs={"gptq-int4": cfg})
     schemes, _, _ = _mixed_groups(mixed, [("m.0.q_proj", 576), ("m.0.down_proj", 1536)], "bfloat16")
