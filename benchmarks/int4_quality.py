@@ -51,7 +51,7 @@ if TYPE_CHECKING:
     from quantgate.core.hf_config import QuantizationArgs
     from quantgate.quantize.config import QuantizeConfig
     from quantgate.quantize.groups import GroupPlan
-    from quantgate.quantize.presets import Preset
+    from quantgate.quantize.presets import Observer, Preset
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -133,7 +133,7 @@ def quantize_config(method: str) -> QuantizeConfig:
     measurements of docs/int4-quality.md: the other methods ask for minmax, the range itself)."""
     from quantgate.quantize.config import QuantizeConfig
 
-    observer = "imatrix_mse" if method.endswith("imatrix") else "mse" if method.endswith("-mse") else "minmax"
+    observer: Observer = "imatrix_mse" if method.endswith("imatrix") else "mse" if method.endswith("-mse") else "minmax"
     if method.startswith("awq"):
         return QuantizeConfig(format="awq-int4", awq_n_grid=20 if method == "awq-g20" else 5, observer=observer)
     # gptq, the observers, rtn and autoround: symmetric, as gptq-int4

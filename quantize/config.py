@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from quantgate.quantize.presets import PRESETS, get_preset
+from quantgate.quantize.presets import PRESETS, Observer, get_preset
 
 
 class Backend(str, Enum):
@@ -31,7 +31,7 @@ class QuantizeConfig(BaseModel):
     # for the least activation-weighted error (E[x^2] from calibration, llama.cpp's importance
     # matrix), "mse" the same unweighted, "minmax" the range itself (docs/int4-quality.md measures
     # them). Filled in at validation, so the quantize stage's key holds the observer in use.
-    observer: Literal["minmax", "mse", "imatrix_mse"] | None = Field(default=None, validate_default=True)
+    observer: Observer | None = Field(default=None, validate_default=True)
     # GPTQ (llmcompressor GPTQModifier defaults)
     dampening_frac: float = Field(default=0.01, ge=0.0, lt=1.0)
     actorder: Literal["static", "group", "weight"] | None = "static"
@@ -55,7 +55,7 @@ class QuantizeConfig(BaseModel):
 
     @field_validator("observer")
     @classmethod
-    def _format_observer(cls, value: str | None, info: ValidationInfo) -> str | None:
+    def _format_observer(cls, value: Observer | None, info: ValidationInfo) -> Observer | None:
         if value is None and "format" in info.data:  # format is declared first: validated by now
             return get_preset(info.data["format"]).observer
         return value

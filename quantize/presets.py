@@ -5,9 +5,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Literal
 
 from quantgate.core.errors import InputError, did_you_mean
 from quantgate.core.hf_config import QuantizationArgs
+
+# the weights' scale observers a config may name (compressed-tensors' registry names)
+Observer = Literal["minmax", "mse", "imatrix_mse"]
 
 
 class Algorithm(str, Enum):
@@ -29,7 +33,7 @@ class Preset:
     dynamic_input_activations: QuantizationArgs | None = None
     grouped: bool = False  # weights take a group size (and the divisibility fallback)
     # the weights' scale observer when a config names none (None: compressed-tensors' own, minmax)
-    observer: str | None = None
+    observer: Observer | None = None
     notes: tuple[str, ...] = field(default_factory=tuple)
 
 
