@@ -169,7 +169,8 @@ def quantize_in_child(method: str, model: Path, calibration_dir: Path, work: Pat
     saved = figures.with_suffix(".result.json")  # the whole measurement, for --resume
     if resume and saved.is_file() and (checkpoint / "config.json").is_file():
         result: dict[str, Any] = json.loads(saved.read_text())
-        if method != "autoround" or result.get("autoround_iters") == autoround_iters:
+        same = result.get("model") == str(model)  # a checkpoint of another --model in the same --out is made again
+        if same and (method != "autoround" or result.get("autoround_iters") == autoround_iters):
             return {**result, "resumed": True}
     for path in (figures, log):
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -185,7 +186,7 @@ def quantize_in_child(method: str, model: Path, calibration_dir: Path, work: Pat
         raise RuntimeError(f"{method}: quantization failed (log {log}):\n" + "\n".join(tail))
     result = json.loads(figures.read_text())
     # The machine may be shared: CPU seconds and the load average say how far wall time is to be trusted.
-    result.update(checkpoint=str(checkpoint), log=str(log),
+    result.update(model=str(model), checkpoint=str(checkpoint), log=str(log),
                   cpu_seconds=usage.ru_utime + usage.ru_stime, load_average=[load_before, os.getloadavg()[0]],
                   imatrix_fell_back=IMATRIX_FALLBACK in log.read_text(errors="replace"),
                   **({"autoround_iters": autoround_iters} if method == "autoround" else {}))

