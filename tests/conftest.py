@@ -24,6 +24,12 @@ DEMO_FILES = frozenset({"test_concurrency.py", "test_demo_model.py", "test_evalu
                         "test_models.py", "test_pipeline_demo.py", "test_quantize_demo.py"})
 
 
+def scope_of(nodeid: str) -> str:
+    """The group a test runs in: its file, or "demo-model" for the demo model's files."""
+    path = nodeid.split("::", 1)[0]
+    return "demo-model" if Path(path).name in DEMO_FILES else path
+
+
 @pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist's: not called without it
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
     from xdist.scheduler import LoadScopeScheduling
@@ -32,8 +38,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
         """A file's tests to one worker; the demo model's files to the same one."""
 
         def _split_scope(self, nodeid: str) -> str:
-            path = nodeid.split("::", 1)[0]
-            return "demo-model" if Path(path).name in DEMO_FILES else path
+            return scope_of(nodeid)
 
     return ByFile(config, log)
 
@@ -49,7 +54,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         raise pytest.UsageError(f"tests/conftest.py: add {', '.join(unlisted)} to DEMO_FILES (it uses the demo model's fixtures)")
     if os.environ.get("PYTEST_XDIST_WORKER"):
         def rank(item: pytest.Item) -> int:
-            scope = "demo-model" if item.path.name in DEMO_FILES else item.nodeid.split("::", 1)[0]
+            scope = scope_of(item.nodeid)
             return FIRST.index(scope) if scope in FIRST else len(FIRST)
 
         items.sort(key=rank)  # stable: each file's own order is kept
