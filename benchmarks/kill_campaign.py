@@ -85,6 +85,7 @@ class Campaign:
             private, self.public_key = self.root / "signing-key.pem", self.root / "signing-key.pub"
             private.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                                   serialization.NoEncryption()))
+            private.chmod(0o600)  # a private key others can read is refused
             self.public_key.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
                                                                       serialization.PublicFormat.SubjectPublicKeyInfo))
             mapping["signing_key"] = str(private)

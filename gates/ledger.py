@@ -1,10 +1,12 @@
-"""The approval ledger: append-only JSONL, one record per verdict, each record carrying the
-hash of the previous one (a hash chain), so any edit, insertion or deletion is detected.
+"""The approval ledger: append-only JSONL, one record per verdict or serving attestation, each
+carrying the hash of the previous one (a hash chain) and a signature (gates/signing.py) over its
+own claims, its chain position and the files of the checkpoint it judges.
 
-`verify_checkpoint` is what a deployment step calls: a checkpoint is deployable only if
-its current weight bytes match an `approved` record of an intact ledger, and, given the public
-key, only if that record carries a signature by the key over its own claims and the
-checkpoint's files (gates/signing.py): the chain detects an edit, the signature a rewrite.
+The chain alone proves order, not origin: anyone can recompute it. So `verify_checkpoint`, what a
+deployment step calls, accepts a checkpoint only when every one of its files matches an approval
+in the ledger, signed by a key of the trust file, and every record from that approval to the end
+of the ledger is signed by a trusted key too (a record deleted or moved after the approval breaks
+the signature of the record after it). docs/reliability.md, "Threat model", says what remains.
 """
 
 from __future__ import annotations
@@ -21,8 +23,9 @@ from pydantic import JsonValue, ValidationError
 
 from quantgate.core.artifacts import atomic_file, canonical_json, sha256_bytes
 from quantgate.core.errors import InputError, QuantgateError
-from quantgate.core.models import weight_hashes
-from quantgate.gates import signing
+from quantgate.core.exitcodes import Exit
+from quantgate.core.models import checkpoint_files, is_weight_file
+from quantgate.gates import keys, signing
 from quantgate.gates.ledger_record import SERVING_KIND as SERVING_KIND
 from quantgate.gates.ledger_record import LedgerRecord
 
@@ -34,8 +37,15 @@ SCHEMA_VERSION = 1
 
 
 
-class LedgerTampered(QuantgateError):
-    exit_code = 1
+class Untrusted(QuantgateError):
+    """A record that cannot be trusted (unsigned, a key the trust file does not hold, a bad
+    signature, files or settings that are not what was signed): exit 6."""
+
+    exit_code = int(Exit.UNTRUSTED)
+
+
+class LedgerTampered(Untrusted):
+    """A ledger whose chain or lines do not hold: nothing in it can be trusted (exit 6)."""
 
 
 def record_hash(record: Line) -> str:
@@ -109,8 +119,9 @@ def _checkpoint_ok(checkpoint: Any) -> bool:
         return True
     if not isinstance(checkpoint, dict) or not _is(checkpoint.get("path", ""), str):
         return False
-    weights = checkpoint.get("weights", {})
-    return isinstance(weights, dict) and all(_is(digest, str) for digest in weights.values())
+    weights, files = checkpoint.get("weights", {}), checkpoint.get("files") or {}
+    return isinstance(weights, dict) and all(_is(digest, str) for digest in weights.values()) and \
+        isinstance(files, dict) and all(_is(digest, str) for digest in files.values())
 
 
 def _policy_ok(policy: Any, approved: bool) -> bool:
@@ -152,8 +163,12 @@ def _checked(ledger: Path, number: int, record: Line) -> LedgerRecord:
     raise LedgerTampered(f"ledger {ledger} tampered: line {number} has a malformed {problem!r} field")
 
 
-def append(ledger: Path, entry: LedgerRecord) -> LedgerRecord:
-    """Chain `entry` onto the ledger and write the whole file anew atomically (temp + rename)."""
+def append(ledger: Path, entry: LedgerRecord, key: signing.Key | None = None, *, model_sig: Path | None = None) -> LedgerRecord:
+    """Chain `entry` onto the ledger, signed with `key` (its claims, its place in the chain and
+    the files it names; with `model_sig`, a checkpoint directory, the signature is also written
+    there as model.sig), and write the whole file anew atomically (temp + rename). The caller
+    holds the ledger's sibling_lock where another process may append at once. Without a key the
+    record says `signed: false` (tests, and ledgers of older versions)."""
     ledger = Path(ledger)
     records = read(ledger)  # refuses to extend a tampered ledger
     record: Line = {
@@ -162,7 +177,12 @@ def append(ledger: Path, entry: LedgerRecord) -> LedgerRecord:
         "time": entry.time or datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "quantgate_version": metadata.version("quantgate"),
         "prev_hash": records[-1].record_hash if records else GENESIS,
+        "signed": key is not None,
     }
+    record.pop("signature", None)
+    if key is not None:
+        unsigned = LedgerRecord.model_validate(record)
+        record["signature"] = signing.sign(unsigned, key, model_sig).to_json()
     record["record_hash"] = record_hash(record)
     existing = ledger.read_bytes() if ledger.exists() else b""
     with atomic_file(ledger, durable=True) as stream:
@@ -172,15 +192,29 @@ def append(ledger: Path, entry: LedgerRecord) -> LedgerRecord:
 
 
 class Status(str, Enum):
+    """What `verify` found; `EXIT` maps each to its exit code (quantgate/core/exitcodes.py)."""
+
     approved = "approved"
+    approved_unsigned = "approved (UNSIGNED, accepted by --allow-unsigned)"
     pending = "pending serving"  # quality passed; no class has served it as gated yet
     blocked = "blocked"
     unknown = "unknown"
-    changed = "changed since approval"
+    changed = "changed since the verdict"
+    weights_only = "weights only"  # a verdict of an older quantgate: it names the weight files, not every file
     tampered = "ledger tampered"
+    # a signature's problems (signing.Problem, the same values)
     unsigned = "unsigned"
-    wrong_key = "signed by another key"
+    unknown_key = "signed by an unknown key"
+    bad_signature = "bad signature"
     rewritten = "ledger rewritten"
+
+
+EXIT: dict[Status, Exit] = {
+    Status.approved: Exit.APPROVED, Status.approved_unsigned: Exit.APPROVED, Status.pending: Exit.PENDING,
+    Status.blocked: Exit.BLOCKED, Status.unknown: Exit.BLOCKED,
+    **{status: Exit.UNTRUSTED for status in (Status.changed, Status.weights_only, Status.tampered, Status.unsigned,
+                                             Status.unknown_key, Status.bad_signature, Status.rewritten)},
+}
 
 
 @dataclass(frozen=True)
@@ -191,50 +225,142 @@ class Verification:
 
     @property
     def deployable(self) -> bool:
-        return self.status is Status.approved
+        return self.status in (Status.approved, Status.approved_unsigned)
+
+    @property
+    def exit_code(self) -> Exit:
+        return EXIT[self.status]
 
 
-def verify_checkpoint(checkpoint: Path, ledger: Path, public_key: Path | None = None, device_class: str | None = None) -> Verification:
-    """Is this checkpoint, byte for byte, approved in this ledger? The newest matching record
-    decides. With `public_key`, only an approval signed by that key over this very record and
-    these files is (gates/signing.py); without it, the reason says whether the approval is
-    signed. A ledger that does not exist or cannot be read, or a bad key file, is an InputError."""
+def verify_checkpoint(checkpoint: Path, ledger: Path, trust: Path | None = None, device_class: str | None = None, *,
+                      allow_unsigned: bool = False) -> Verification:
+    """Is this checkpoint, every file of it, approved in this ledger under a trusted key? The
+    newest record on exactly these files decides; an approval (or a pending verdict) counts only
+    when it and every record after it in the ledger carry a valid signature by a key of the trust
+    file `trust` (default: the user's own, gates/keys.py). `allow_unsigned` accepts unsigned
+    records, and says so. A ledger that does not exist or cannot be read, a checkpoint that cannot
+    be hashed or a bad trust file is an InputError."""
     ledger = Path(ledger)
     if not ledger.exists():
         raise InputError(f"ledger {ledger} does not exist")
     if not ledger.is_file():
         raise InputError(f"ledger {ledger} is not a file")
-    key = signing.load_public_key(public_key) if public_key is not None else None
+    # a trust file given is read first (a bad one is bad input); the user's own only when a verdict needs it
+    trusted = _trust(trust, allow_unsigned) if trust is not None else None
     try:
         records = read(ledger)
     except LedgerTampered as error:
         return Verification(Status.tampered, str(error))
-    weights = weight_hashes(checkpoint)
-    matching = [record for record in records if record.weights == weights]
+    files = checkpoint_files(checkpoint)
+    found, verdict = _decide(Path(checkpoint), records, files, device_class)
+    if found.status not in (Status.approved, Status.pending) or verdict is None:
+        return found
+    return _signed(found, records, _index(records, verdict), trusted if trusted is not None else _trust(None, allow_unsigned),
+                   allow_unsigned)
+
+
+def _trust(path: Path | None, allow_unsigned: bool) -> dict[str, signing.Key]:
+    """The trusted keys by fingerprint: the file given, else the user's own trust file."""
+    if path is not None:
+        return keys.load_trust(path).keys
+    default = keys.default_trust_file()
+    if default.is_file():
+        return keys.load_trust(default, "trust file").keys
+    if allow_unsigned:
+        return {}
+    raise InputError(f"no trust file at {default}: give --trust FILE (the {keys.TRUST_FILE} a run writes beside its ledger)")
+
+
+def require_signed(ledger: Path, records: list[LedgerRecord], record: LedgerRecord, trusted: dict[str, signing.Key]) -> None:
+    """Untrusted, naming the line, unless `record` and every record after it carry a valid
+    signature by a trusted key (what `verify` asks of an approval: see `_signed`)."""
+    start = _index(records, record)
+    for number, entry in enumerate(records[start:], start=start + 1):
+        check = signing.check(entry, trusted)
+        if check.problem is not None:
+            raise Untrusted(f"ledger {ledger} line {number}: {check.problem.value}: {check.reason}")
+
+
+def trusted_keys(trust: Path | None, allow_unsigned: bool = False) -> dict[str, signing.Key]:
+    """The keys of the trust file `trust`, else of the user's own (bad input when there is none)."""
+    return _trust(trust, allow_unsigned)
+
+
+def matches(record: LedgerRecord, files: dict[str, str]) -> bool:
+    """Whether `record` judges a checkpoint of exactly these files (see `_matches`)."""
+    return _matches(record, files, {name: digest for name, digest in files.items() if is_weight_file(name)})
+
+
+def _matches(record: LedgerRecord, files: dict[str, str], weights: dict[str, str]) -> bool:
+    """A record on these files: every file, or (a verdict of an older quantgate) the weights."""
+    return record.files == files if record.files is not None else record.weights is not None and record.weights == weights
+
+
+def _decide(checkpoint: Path, records: list[LedgerRecord], files: dict[str, str],
+            device_class: str | None) -> tuple[Verification, LedgerRecord | None]:
+    """What the ledger says of these files before any signature is checked, and the verdict it
+    rests on (the first record whose signature and everything after it must hold)."""
+    weights = {name: digest for name, digest in files.items() if is_weight_file(name)}
+    matching = [record for record in records if _matches(record, files, weights)]
     # serving records (quantgate serving check --run) add evidence to the verdict before them; they judge nothing alone
     attested = [record for record in matching if record.kind == SERVING_KIND]
     matching = [record for record in matching if record.kind != SERVING_KIND]
     # a search trial's verdict was reached on the search split, the items the search selected on:
-    # it approves nothing; the held-out gate of the chosen trial does (docs/search.md)
-    trials = [record for record in matching if record.split == "search" and record.verdict == "approved"]
+    # it approves nothing, and no serving evidence completes a pending one (attest serves only a
+    # held-out verdict); the held-out gate of the chosen trial does (docs/search.md)
+    trials = [record for record in matching if record.split == "search" and record.verdict in ("approved", "pending")]
     matching = [record for record in matching if record not in trials]
     if trials and not matching:
         return Verification(Status.blocked, f"a search trial judged on the search split only ({trials[-1].verdict} "
-                            f"{trials[-1].time}): only its held-out gate can approve it", trials[-1])
+                            f"{trials[-1].time}): only its held-out gate can approve it", trials[-1]), None
     if matching:
         record = matching[-1]
         if record.verdict in ("approved", "pending"):
+            if record.files is None:
+                return Verification(Status.weights_only, f"the verdict of {record.time} names the weight files only (recorded "
+                                    "by an older quantgate): config, tokenizer and chat template are not covered; gate it again",
+                                    record), None
             later = [entry for entry in attested if _index(records, entry) > _index(records, record)]
-            return _by_class(Path(checkpoint), record, later, key, device_class)
+            return _by_class(record, later, device_class), record
         reasons = "; ".join(record.reasons or []) or "no reason recorded"
-        return Verification(Status.blocked, f"blocked {record.time}: {reasons}", record)
+        return Verification(Status.blocked, f"blocked {record.time}: {reasons}", record), None
     resolved = str(Path(checkpoint).resolve())
-    same_place = [record for record in records if record.checkpoint_path == resolved]
-    if same_place:
-        approved = same_place[-1].weights or {}
-        changed = sorted(name for name in set(weights) | set(approved) if weights.get(name) != approved.get(name))
-        return Verification(Status.changed, f"{', '.join(changed)} changed since the verdict of {same_place[-1].time}", same_place[-1])
-    return Verification(Status.unknown, "no verdict in the ledger for these weights")
+    near = [record for record in records if record.kind != SERVING_KIND and record.weights is not None
+            and (record.weights == weights or record.checkpoint_path == resolved)]
+    if near:
+        last = near[-1]
+        recorded, now = (last.files, files) if last.files is not None else (last.weights or {}, weights)
+        return Verification(Status.changed, f"{signing.describe_changes(recorded, now)} since the verdict of {last.time} "
+                            f"({last.verdict} {last.format})", last), None
+    return Verification(Status.unknown, "no verdict in the ledger for these files"), None
+
+
+def _signed(found: Verification, records: list[LedgerRecord], start: int, trusted: dict[str, signing.Key],
+            allow_unsigned: bool) -> Verification:
+    """`found` (approved or pending) if the verdict it rests on (line `start` + 1) and every record
+    after it carry a valid signature by a trusted key; else the first problem, naming the line."""
+    unsigned: list[int] = []
+    used: set[str] = set()
+    for number, record in enumerate(records[start:], start=start + 1):
+        check = signing.check(record, trusted)
+        if check.problem is signing.Problem.unsigned and allow_unsigned:
+            unsigned.append(number)
+            continue
+        if check.problem is not None:
+            what = f"{record.kind or 'verdict'} {record.format or ''}".strip()
+            after = "" if number == start + 1 else \
+                " (a record after the verdict that cannot be checked could hide a deleted or reordered one)"
+            return Verification(Status(check.problem.value), f"line {number} of the ledger ({what}): {check.reason}{after}; "
+                                f"{found.status.value}: {found.reason}", record)
+        if record.signature is not None:
+            used.add(record.signature.key_sha256[:16])
+    by = f"signed by key sha256 {', '.join(sorted(used))}..." if used else ""
+    if unsigned:
+        lines = ", ".join(map(str, unsigned))
+        note = f"UNSIGNED line{'s' if len(unsigned) > 1 else ''} {lines} accepted by --allow-unsigned"
+        status = Status.approved_unsigned if found.status is Status.approved else found.status
+        return Verification(status, f"{found.reason}; {note}" + (f"; {by}" if by else ""), found.record)
+    return Verification(found.status, f"{found.reason}; {by}", found.record)
 
 
 def _index(records: list[LedgerRecord], record: LedgerRecord) -> int:
@@ -264,18 +390,17 @@ def _policy_identity(record: LedgerRecord) -> tuple[str | None, str | None, str 
     return (policy.name, policy.version, policy.sha256) if policy is not None else (None, None, None)
 
 
-def _by_class(checkpoint: Path, record: LedgerRecord, attested: list[LedgerRecord], key: signing.Key | None,
-              device_class: str | None) -> Verification:
+def _by_class(record: LedgerRecord, attested: list[LedgerRecord], device_class: str | None) -> Verification:
     """A verdict whose quality passed: approved where a class (`device_class`, or any) served it as
     gated, blocked where that class's engine disagrees, else pending with what is missing."""
     evidence = class_evidence(record, attested)
     if not evidence and record.verdict == "approved":
-        return _approved(checkpoint, record, key)  # a policy that gates no serving
+        return _approved(record)  # a policy that gates no serving
     wanted = {device_class: evidence[device_class]} if device_class in evidence else {} if device_class else evidence
     approved = [(name, found) for name, found in wanted.items() if found[0] == "approved"]
     if approved:
         name, (_, why, source) = approved[-1]
-        found = _approved(checkpoint, source, key)
+        found = _approved(source)
         blocked = [other for other, entry in evidence.items() if entry[0] == "blocked"]
         also = f"; blocked on {', '.join(blocked)}" if blocked else ""
         return Verification(found.status, f"quality passed {record.time}; served as gated on {name}{also}; {found.reason}", source)
@@ -289,16 +414,12 @@ def _by_class(checkpoint: Path, record: LedgerRecord, attested: list[LedgerRecor
                         + (f"; serve it where it will run: {nexts[0]}" if nexts else ""), record)
 
 
-def _approved(checkpoint: Path, record: LedgerRecord, key: signing.Key | None) -> Verification:
-    """An approval (a verdict, or a serving record that completes a pending one) as it verifies."""
+def _approved(record: LedgerRecord) -> Verification:
+    """An approval (a verdict, or a serving record that completes a pending one), before its
+    signatures are checked."""
     policy = record.policy
-    assert policy is not None  # an approval names its policy (read checks it)
+    if policy is None:  # read() refuses an approval without its policy; a serving record names the verdict's
+        return Verification(Status.approved, f"approved {record.time}", record)
     narrowed = (f" narrowed to {', '.join(policy.narrowed_to)} (not gated: {', '.join(policy.dropped or [])})"
                 if policy.narrowed_to is not None else "")
-    approval = f"approved {record.time} under policy {policy.name}@{policy.version}{narrowed}"
-    if key is None:
-        return Verification(Status.approved, f"{approval}; {signing.describe(record)}", record)
-    check = signing.check(checkpoint, record, key)
-    if check.problem is None:
-        return Verification(Status.approved, f"{approval}; {check.reason}", record)
-    return Verification(Status(check.problem.value), f"{approval}, but {check.reason}", record)
+    return Verification(Status.approved, f"approved {record.time} under policy {policy.name}@{policy.version}{narrowed}", record)

@@ -25,6 +25,13 @@ class LedgerPart(OpenPart):
 class LedgerCheckpoint(LedgerPart):
     path: str | None = None
     weights: dict[str, str] | None = None
+    files: dict[str, str] | None = None  # every file of the directory (gates.verdict_record.CheckpointRef)
+
+
+class SignedServing(LedgerPart):
+    """The serve check's settings a run gated with (evalsets.served.ServeCheckConfig, as written):
+    carried in the verdict's ledger record so that its signature covers them, and read from there
+    by `serving check --run` (gates/attest.py), never from the run's unauthenticated run.json."""
 
 
 class LedgerPolicy(LedgerPart):
@@ -76,6 +83,10 @@ class LedgerRecord(LedgerPart):
     attests: str | None = None  # a serving record's: the verdict_sha256 of the verdict it adds evidence to
     device_class: str | None = None
     serving_status: str | None = None
+    serving_settings: SignedServing | None = None  # a run's verdict: the serve check's settings it gated with
+    # a run's verdict: the sha256 of the results manifests it was reached on ("candidate", "baseline"),
+    # what `serving check --run` compares a serve against (gates/attest.py checks them)
+    results_sha256: dict[str, str] | None = None
     schema_version: int | None = None
     quantgate_version: str | None = None
     prev_hash: str | None = None
@@ -97,6 +108,11 @@ class LedgerRecord(LedgerPart):
     def weights(self) -> dict[str, str] | None:
         """The weight files' sha256s of the checkpoint it judges (None: it names none)."""
         return self.checkpoint.weights if self.checkpoint is not None else None
+
+    @property
+    def files(self) -> dict[str, str] | None:
+        """Every file's sha256 of the checkpoint it judges (None: it names none, or predates `files`)."""
+        return self.checkpoint.files if self.checkpoint is not None else None
 
     @property
     def checkpoint_path(self) -> str | None:

@@ -641,6 +641,12 @@ def serving_class_sentences(data: RunRecords) -> list[str]:
         kernels = "; ".join(serving.kernels) or "no kernel line in its log"
         name = display_name(row) if row.verdict != "baseline" else "baseline"
         sentences.append(f"{name} on {serving.device_class}: {served_as or 'unquantized'} (kernels: {kernels}).")
+        # the scheme read from the kernel vLLM logged disagrees with what serving.device.RULES expect
+        sentences += [f"{name} on {serving.device_class}: kernel evidence against the table: {entry.mismatch}."
+                      for entry in serving.schemes if entry.mismatch]
+        if serving.engine_default is not None and serving.engine_default.mismatch:
+            sentences.append(f"{name} on {serving.device_class}, under the engine's defaults: kernel evidence against the table: "
+                             f"{serving.engine_default.mismatch}.")
         default = engine_default_sentence(row)
         if default:
             sentences.append(default)

@@ -187,12 +187,15 @@ class Engine(Record):
 class SchemeServed(Record):
     scheme: str
     served_as: str
+    kernel: str | None = None
+    mismatch: str | None = None  # the engine's log shows another scheme than serving.device.RULES expect
 
 
 class EngineDefault(Record):
     """What the engine's default settings would serve instead, and how far that is from gated."""
 
     served_as: dict[str, str] = {}
+    mismatch: str | None = None
     reason: str | None = None
     agreement: Agreement | None = None
 
@@ -375,6 +378,25 @@ class Sensitivity(Record):
     spearman: dict[str, float | None] = {}
 
 
+class FailedUnitEntry(Record):
+    """A unit of the run that failed (run.json's failed_units; gates.run_record.FailedUnit): the
+    run went on without it, and the same command tries it again."""
+
+    kind: str
+    unit: str
+    reason: str
+    log: str | None = None
+    signal: str | None = None
+    peak_memory_bytes: int | None = None
+
+    @property
+    def line(self) -> str:
+        """Its reason, with the signal and the peak memory of a child process that a signal ended."""
+        died = f" [{self.signal}, peak memory {self.peak_memory_bytes / 2**30:.2f} GiB]" \
+            if self.signal and self.peak_memory_bytes is not None and self.signal not in self.reason else ""
+        return self.reason + died
+
+
 class RunFacts(Record):
     """What the report reads of a run besides its rows."""
 
@@ -391,6 +413,8 @@ class RunFacts(Record):
     ledger: str | None = None
     search: SearchRecord | None = None
     sensitivity: Sensitivity | None = None
+    failed_units: list[FailedUnitEntry] = []  # each unit that failed (the run went on without it)
+    no_verdict: str | None = None  # why the run reached no verdict at all (its baseline failed); None: it did
 
 
 class RunRecords(RunFacts):

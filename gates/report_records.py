@@ -34,6 +34,7 @@ from quantgate.gates.report_model import (
     Calibration,
     ClassVerdict,
     EvalSet,
+    FailedUnitEntry,
     GateRecord,
     MetricEntry,
     PlotAxes,
@@ -50,7 +51,7 @@ from quantgate.gates.report_model import (
     SplitItems,
     Tail,
 )
-from quantgate.gates.run_record import RunRecord
+from quantgate.gates.run_record import BASELINE_FAILED, RunRecord
 from quantgate.gates.verdict_record import VerdictRecord
 from quantgate.quantize.measure.record import MeasurementRecord
 from quantgate.quantize.measure.stage import stage_measurement
@@ -104,8 +105,10 @@ def records(run_dir: Path) -> RunRecords:
     """The report's input from a run directory's artifacts."""
     layout = RunDir(Path(run_dir))
     run = _run_record(layout)
-    search = _search_record(layout, run)
-    names = run.formats + _search_names(search)  # the formats, then the search's trials and its held-out gate
+    # no baseline, no verdict: the run says so (run.json's status), and the report shows what failed
+    no_verdict = run.status == BASELINE_FAILED
+    search = None if no_verdict else _search_record(layout, run)
+    names = [] if no_verdict else run.formats + _search_names(search)  # the formats, then the search's trials and its held-out gate
     verdicts = _verdicts(layout, names)
     columns: list[str] = []  # every metric gate, in policy order (a format that failed to quantize has none)
     for verdict in verdicts.values():
@@ -150,7 +153,16 @@ def records(run_dir: Path) -> RunRecords:
         # the search's record (search.json) and its layer groups' sensitivity; None without a search
         search=search,
         sensitivity=None if search is None else _sensitivity(layout),
+        failed_units=[FailedUnitEntry.model_validate(unit.model_dump(mode="json")) for unit in run.failed_units],
+        no_verdict=_no_verdict(run) if no_verdict else None,
     )
+
+
+def _no_verdict(run: RunRecord) -> str:
+    """Why a run whose baseline failed has no verdict: the baseline's failed unit, by its reason."""
+    baseline = next((unit.reason for unit in run.failed_units if unit.unit.endswith(" baseline")), "its baseline failed")
+    return (f"no format was judged: every verdict is paired with the baseline, and {baseline}; "
+            "the same command runs it again")
 
 
 def _run_record(layout: RunDir) -> RunRecord:

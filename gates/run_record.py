@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-from pydantic import JsonValue
+from pydantic import JsonValue, field_validator
 
 from quantgate.core.records import Record, RecordPart
 from quantgate.core.rundir import RUN_KIND
@@ -80,6 +80,27 @@ class RunVerdict(RecordPart):
         return cls(verdict=record.verdict, reasons=record.reasons, classes=record.classes or {})
 
 
+class FailedUnit(RecordPart):
+    """A unit of the run that raised, died or never answered (the run went on without it; the same
+    command tries it again): which, why, its log, and for a unit run in a child process that a
+    signal ended, the signal and the child's peak memory (its resident set, os.wait4's ru_maxrss)."""
+
+    kind: str  # its stage kind: calibration, measure, evaluate, quantize, sensitivity, serve
+    unit: str  # "quantize gptq-int4", "evaluate baseline", "quantize search-2"
+    reason: str  # one line: "quantize gptq-int4 failed: RuntimeError: ... (log ...)"
+    log: str | None = None
+    signal: str | None = None  # "SIGKILL" (an OOM kill), "SIGSEGV"
+    peak_memory_bytes: int | None = None  # the child's peak resident set
+
+    def __str__(self) -> str:
+        return self.reason
+
+
+# run.json's status: "running" while it goes, "finished" once every verdict and the report are
+# written, BASELINE_FAILED when the baseline (the one unit every verdict needs) failed: no verdicts.
+RUNNING, FINISHED, BASELINE_FAILED = "running", "finished", "baseline failed"
+
+
 class RunRecord(Sparse, Record):
     """run.json (docs/gates.md, "The run directory")."""
 
@@ -89,7 +110,7 @@ class RunRecord(Sparse, Record):
 
     kind: Literal["quantgate-run"]
     schema_version: Literal[1]
-    status: str  # running, finished
+    status: str  # RUNNING, FINISHED, BASELINE_FAILED
     plan: RunPlan
     plan_file: str | None
     plan_sha256: str
@@ -105,6 +126,15 @@ class RunRecord(Sparse, Record):
     ledger: str
     stages: list[RunStage]
     verdicts: dict[str, RunVerdict]
-    failed_units: list[str]
+    failed_units: list[FailedUnit]
     seconds: Number | None
     quantgate_version: str
+
+    @field_validator("failed_units", mode="before")
+    @classmethod
+    def _lines(cls, value: object) -> object:
+        """A run.json of an earlier 0.x quantgate names each failed unit in a line: read as its reason."""
+        if not isinstance(value, list):
+            return value
+        return [{"kind": "unknown", "unit": entry.split(" failed:")[0], "reason": entry} if isinstance(entry, str) else entry
+                for entry in value]

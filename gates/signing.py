@@ -1,33 +1,33 @@
-"""Signed approvals: an approved checkpoint signed in the OpenSSF model signing format
-(`model-signing` 1.x), with the approval bound to the signature as claims of the signed statement.
+"""Signed ledger records, in the OpenSSF model signing format (`model-signing` 1.x): every record
+of the ledger (approved, pending and blocked verdicts, a search trial's, a serving attestation) is
+signed, and an approval's signature is also written to `<checkpoint>/model.sig`, so that
+`model_signing verify key` checks the directory alone.
 
-What is signed: model-signing's own in-toto statement over the sha256 of every file of the
-checkpoint directory (`model.sig` and git files excepted, as model-signing does), whose predicate
-carries one more field, `quantgate_approval`: the approval's summary (verdict, format, policy,
-golden sets, metrics, weights, time) and `claims_sha256`, the sha256 of the whole ledger record
-as it is appended (every field but the ledger's own chain fields and the signature itself). The
-format reserves the predicate for such extensions: a v1.0 verifier reads `serialization` and
-`resources` and ignores any other field (model_signing/_signing/signing.py, `Payload`), so
-`model_signing verify key` checks the file itself. It is a DSSE envelope in a Sigstore bundle,
-written to `<checkpoint>/model.sig`; the ledger record carries the same bundle (the record, its
-signature and the checkpoint are tied together there), the public key's fingerprint and
-`claims_sha256`.
+What is signed: model-signing's own in-toto statement whose resources are the sha256 of every file
+of the checkpoint the record judges (`model.sig` and git files excepted, as model-signing does; none
+for a record that names no checkpoint, e.g. a quantization that failed), and whose predicate carries
+one more field, `quantgate_record`: the record's summary (verdict, format, policy, golden sets,
+metrics, weights, time) and `claims_sha256`, the sha256 of the whole ledger line but its own
+`record_hash` and `signature`: its chain position (`prev_hash`) included, so a record deleted or
+moved breaks the signature of the record after it (docs/reliability.md, "Threat model"). The format
+reserves the predicate for such extensions: a v1.0 verifier reads `serialization` and `resources` and
+ignores any other field (model_signing/_signing/signing.py, `Payload`). It is a DSSE envelope in a
+Sigstore bundle; the ledger record carries the bundle, the key's fingerprint and `claims_sha256`.
 
 The public API of model-signing signs a manifest with no room for claims, so the statement is
 built with the classes its `signing.Config.sign` uses (`_signing.signing.Payload`,
-`_signing.sign_ec_key.Signer`): no cryptography is written here. Checking the files uses its
-public `verifying.Config`, the code `model_signing verify key` runs.
+`_signing.sign_ec_key.Signer` and `Verifier`): no cryptography is written here.
 """
 
-# model_signing (the `signing` extra) is imported inside the functions that use it: it is an
-# optional dependency, and importing it costs about a second (it loads sigstore), which
-# `quantgate --help` and every run without a key must not pay.
+# model_signing is imported inside the functions that use it: importing it costs about a second
+# (it loads sigstore), which `quantgate --help` must not pay.
 
 from __future__ import annotations
 
 import base64
 import json
 import math
+import stat
 import tempfile
 from dataclasses import dataclass
 from enum import Enum
@@ -38,20 +38,24 @@ from typing import Any
 from pydantic import JsonValue
 
 from quantgate.core.artifacts import atomic_file, remove_temporaries, sha256_bytes, sha256_json
-from quantgate.core.errors import InputError
-from quantgate.core.models import is_weight_file
+from quantgate.core.errors import InputError, ModelError
+from quantgate.core.models import SIGNATURE_FILE as SIGNATURE_FILE
+from quantgate.core.models import checkpoint_files
 from quantgate.gates.ledger_record import LedgerRecord, Signature
 
-SIGNATURE_FILE = "model.sig"  # model-signing's default name for a signature
-CLAIMS_FIELD = "quantgate_approval"  # the statement's predicate field that carries the approval
+CLAIMS_FIELD = "quantgate_record"  # the statement's predicate field that carries the record
+OLD_CLAIMS_FIELDS = ("quantgate_approval",)  # what quantgate 0.x wrote there: still recognised as ours by `withdraw`
 FORMAT = "model-signing v1.0 (in-toto statement in a DSSE envelope in a Sigstore bundle v0.3)"
-# What the ledger adds when it appends a record (gates/ledger.py): not part of the signed claims.
-LEDGER_FIELDS = frozenset({"schema_version", "quantgate_version", "prev_hash", "record_hash", "signature"})
-# The approval's fields a deployment reads in the signature itself (all are bound by claims_sha256).
+# What a signature cannot bind of its own line: the line's hash (made after the signature) and the
+# signature itself. Everything else is a claim, the chain position (`prev_hash`) included.
+LEDGER_FIELDS = frozenset({"record_hash", "signature"})
+# The record's fields a deployment reads in the signature itself (all are bound by claims_sha256).
 SUMMARY_FIELDS = ("kind", "format", "precision", "verdict", "split", "policy", "evalsets", "metrics", "baseline",
-                  "time", "verdict_sha256")
+                  "time", "verdict_sha256", "serving_status", "device_class", "attests", "prev_hash")
 CURVES = ("secp256r1", "secp384r1", "secp521r1")  # what model-signing 1.x's key signer accepts
-INSTALL = "pip install 'quantgate[signing]'"
+# model-signing's file serialization as `hashing.Config().set_ignored_paths([model.sig])` records it:
+# the statement of a record that lists its files without hashing them again says the same
+IGNORED = (SIGNATURE_FILE, ".git", ".gitattributes", ".github", ".gitignore")
 
 
 @dataclass(frozen=True)
@@ -66,31 +70,27 @@ class Key:
 
 class Problem(str, Enum):
     unsigned = "unsigned"
-    wrong_key = "signed by another key"
+    unknown_key = "signed by an unknown key"
+    bad_signature = "bad signature"
     rewritten = "ledger rewritten"
-    changed = "changed since approval"
 
 
 @dataclass(frozen=True)
 class Check:
-    """The outcome of checking an approved record's signature: `problem` None when it holds."""
+    """The outcome of checking a record's signature: `problem` None when it holds."""
 
     problem: Problem | None
     reason: str
 
 
 def _library() -> SimpleNamespace:
-    """model_signing's modules, or one line saying how to install them."""
-    try:
-        # the optional `signing` extra, deferred (see the top of this module)
-        from model_signing import hashing, verifying
-        from model_signing._signing import sign_ec_key, sign_sigstore_pb
-        from model_signing._signing import signing as statement
-        from sigstore_models.bundle import v1 as bundle_pb
-    except ImportError as error:
-        raise InputError(f"signing needs model-signing and pyopenssl, which are not installed ({error}): {INSTALL}") from error
+    """model_signing's modules (a dependency, imported when first needed)."""
+    from model_signing import hashing, manifest
+    from model_signing._signing import sign_ec_key, sign_sigstore_pb
+    from model_signing._signing import signing as statement
+    from sigstore_models.bundle import v1 as bundle_pb
 
-    return SimpleNamespace(hashing=hashing, verifying=verifying, ec_key=sign_ec_key, sigstore_pb=sign_sigstore_pb,
+    return SimpleNamespace(hashing=hashing, manifest=manifest, ec_key=sign_ec_key, sigstore_pb=sign_sigstore_pb,
                            statement=statement, bundle_pb=bundle_pb)
 
 
@@ -121,9 +121,8 @@ def _check_curve(key: Any, path: Path, option: str) -> None:
 
 
 def load_signing_key(path: Path, option: str = "--signing-key") -> Key:
-    """The private key (PEM, unencrypted, ECDSA P-256/P-384/P-521) that signs approvals; one
+    """The private key (PEM, unencrypted, ECDSA P-256/P-384/P-521) that signs records; one
     InputError line for anything else (a public key, an encrypted or foreign key, not PEM)."""
-    _library()
     # cryptography comes with model-signing (its key signer is built on it)
     from cryptography.exceptions import UnsupportedAlgorithm
     from cryptography.hazmat.primitives import serialization
@@ -141,8 +140,18 @@ def load_signing_key(path: Path, option: str = "--signing-key") -> Key:
         raise InputError(f"{option} {path}: not a PEM private key ({str(error).splitlines()[0] if str(error) else 'unreadable'})") \
             from error
     _check_curve(key, path, option)
+    _check_owner_only(Path(path), option)
     public = _public_pem(key.public_key())
     return Key(Path(path), sha256_bytes(public), public)
+
+
+def _check_owner_only(path: Path, option: str) -> None:
+    """A private key others can read is refused, as ssh refuses one (`UNPROTECTED PRIVATE KEY
+    FILE`): whoever reads it signs as its owner."""
+    mode = stat.S_IMODE(path.stat().st_mode)
+    if mode & 0o077:
+        raise InputError(f"{option} {path}: permissions {mode:04o} let others read this private key; "
+                         f"make it owner-only: chmod 600 {path}")
 
 
 def _is_public(data: bytes) -> bool:
@@ -157,15 +166,13 @@ def _is_public(data: bytes) -> bool:
     return True
 
 
-def load_public_key(path: Path, option: str = "--public-key") -> Key:
-    """The public key (PEM) that verifies approvals; one InputError line for anything else (a
+def public_key_of(data: bytes, path: Path, option: str) -> Key:
+    """One PEM public key (bytes) read from `path`; one InputError line for anything else (a
     private key, which never belongs on a deployment machine, included)."""
-    _library()
     # cryptography comes with model-signing (its key signer is built on it)
     from cryptography.exceptions import UnsupportedAlgorithm
     from cryptography.hazmat.primitives import serialization
 
-    data = _key_bytes(path, option)
     try:
         key = serialization.load_pem_public_key(data)
     except (ValueError, UnsupportedAlgorithm) as error:
@@ -179,7 +186,12 @@ def load_public_key(path: Path, option: str = "--public-key") -> Key:
     return Key(Path(path), sha256_bytes(public), public)
 
 
-# The claims of a ledger record (`claims`) and the approval a signature carries (`summary`): JSON
+def load_public_key(path: Path, option: str = "--trust") -> Key:
+    """The public key (PEM) in the file at `path` (see public_key_of)."""
+    return public_key_of(_key_bytes(path, option), path, option)
+
+
+# The claims of a ledger record (`claims`) and the record a signature carries (`summary`): JSON
 # that is hashed whole, or compared field by field with a record's (`_differing`).
 Claims = dict[str, JsonValue]
 
@@ -191,7 +203,7 @@ def _normal(record: LedgerRecord) -> Claims:
 
 
 def claims(record: LedgerRecord) -> Claims:
-    """What a signature binds of a ledger record: all of it but the ledger's own fields."""
+    """What a signature binds of a ledger record: all of it but its own hash and signature."""
     return {key: value for key, value in _normal(record).items() if key not in LEDGER_FIELDS}
 
 
@@ -211,51 +223,68 @@ def _json_safe(value: JsonValue) -> JsonValue:
 
 
 def summary(record: LedgerRecord) -> Claims:
-    """The approval as the signed statement carries it, for a reader of model.sig alone."""
+    """The record as the signed statement carries it, for a reader of model.sig alone."""
     normal = claims(record)
     found: Claims = {field: normal[field] for field in SUMMARY_FIELDS if field in normal}
     found["weights"] = None if record.weights is None else dict(record.weights)
     safe = _json_safe(found)
-    assert isinstance(safe, dict)
+    if not isinstance(safe, dict):  # a dict stays a dict through _json_safe
+        raise TypeError("a record's summary is a JSON object")
     return {**safe, "claims_sha256": sha256_json(normal)}
 
 
-def _signature_entry(text: str, key: Key, record: LedgerRecord) -> Signature:
-    return Signature(format=FORMAT, file=SIGNATURE_FILE, bundle=text, bundle_sha256=sha256_bytes(text.encode("utf-8")),
-                     key_sha256=key.fingerprint, claims_sha256=claims_sha256(record))
+def _manifest(ms: Any, name: str, files: dict[str, str]) -> Any:
+    """model-signing's manifest of files already hashed (a record's `files`), in its file
+    serialization: the statement lists what the record names, without hashing it again."""
+    serialization = ms.manifest._FileSerialization("sha256", allow_symlinks=False, ignore_paths=list(IGNORED))
+    items = [ms.manifest.FileManifestItem(path=Path(path), digest=ms.hashing.hashing.Digest("sha256", bytes.fromhex(digest)))
+             for path, digest in sorted(files.items())]
+    return ms.manifest.Manifest(name, items, serialization)
 
 
-def _hash_checkpoint(ms: Any, checkpoint: Path) -> Any:
-    """model-signing's manifest of the checkpoint: every file but model.sig (and git files)."""
-    config = ms.hashing.Config().set_ignored_paths(paths=[SIGNATURE_FILE], ignore_git_paths=True)
-    try:
-        return config.hash(checkpoint)
-    except (ValueError, OSError) as error:  # a symlink (refused by default), an unreadable file
-        raise InputError(f"cannot sign checkpoint {checkpoint}: {error}") from error
+def _changes(signed: dict[str, str], now: dict[str, str]) -> list[str]:
+    """What differs between two file manifests, by file: changed, added, missing."""
+    parts = [f"{name} changed" for name in sorted(set(signed) & set(now)) if signed[name] != now[name]]
+    parts += [f"{name} added" for name in sorted(set(now) - set(signed))]
+    parts += [f"{name} missing" for name in sorted(set(signed) - set(now))]
+    return parts
 
 
-def sign(checkpoint: Path, record: LedgerRecord, key: Key) -> Signature:
-    """Sign the approval `record` (as it will be appended, `time` included) over the checkpoint's
-    files: writes `<checkpoint>/model.sig` and returns the record's `signature` entry. The files
-    signed must hold the weights the record approves (their sha256s are compared, not hashed twice)."""
+def describe_changes(recorded: dict[str, str], now: dict[str, str]) -> str:
+    """'config.json changed, chat_template.jinja added': how a checkpoint differs from a record."""
+    return ", ".join(_changes(recorded, now)) or "no file differs"
+
+
+def sign(record: LedgerRecord, key: Key, checkpoint: Path | None = None) -> Signature:
+    """Sign the ledger line `record` (as it will be appended: its `time`, `prev_hash` and
+    `signed` set) over the files it names (`checkpoint.files`; none for a record that names no
+    checkpoint). With `checkpoint` (an approval), the directory is hashed again and must hold
+    exactly those files; the signature is then also written to `<checkpoint>/model.sig`."""
     ms = _library()
-    checkpoint = Path(checkpoint)
-    remove_temporaries(checkpoint, only_stale=True)  # a killed model.sig write's leftover is no file of the checkpoint
-    manifest = _hash_checkpoint(ms, checkpoint)
-    hashed = {descriptor.identifier: descriptor.digest.digest_hex for descriptor in manifest.resource_descriptors()}
-    weights = {name: digest for name, digest in hashed.items() if is_weight_file(name)}
-    if weights != record.weights:
-        raise InputError(f"checkpoint {checkpoint}: its weight files are not the ones the verdict approved; refusing to sign")
-    payload = ms.statement.Payload(manifest)
+    files = dict(record.files or {})
+    name = Path(record.checkpoint_path).name if record.checkpoint_path else str(record.format or "record")
+    if checkpoint is not None:
+        checkpoint = Path(checkpoint)
+        remove_temporaries(checkpoint, only_stale=True)  # a killed model.sig write's leftover is no file of the checkpoint
+        try:
+            now = checkpoint_files(checkpoint)
+        except ModelError as error:
+            raise InputError(f"cannot sign checkpoint {checkpoint}: {error}") from error
+        if now != files:
+            raise InputError(f"checkpoint {checkpoint}: its files are not the ones the verdict judged "
+                             f"({describe_changes(files, now)}); refusing to sign")
+    payload = ms.statement.Payload(_manifest(ms, name, files))
     # the format's room for extensions: a v1.0 verifier ignores predicate fields it does not know
     payload.statement.pb.predicate.update({CLAIMS_FIELD: summary(record)})
     try:
         bundle = ms.ec_key.Signer(key.path).sign(payload).bundle
     except (ValueError, TypeError, OSError) as error:  # the key file changed since it was checked
-        raise InputError(f"--signing-key {key.path}: cannot sign with it ({error})") from error
+        raise InputError(f"signing key {key.path}: cannot sign with it ({error})") from error
     text: str = bundle.to_json()
-    write_signature(checkpoint, text)
-    return _signature_entry(text, key, record)
+    if checkpoint is not None:
+        write_signature(checkpoint, text)
+    return Signature(format=FORMAT, file=SIGNATURE_FILE, bundle=text, bundle_sha256=sha256_bytes(text.encode("utf-8")),
+                     key_sha256=key.fingerprint, claims_sha256=claims_sha256(record))
 
 
 def write_signature(checkpoint: Path, text: str) -> None:
@@ -265,13 +294,19 @@ def write_signature(checkpoint: Path, text: str) -> None:
 
 
 def restore(checkpoint: Path, record: LedgerRecord, key: Key) -> bool:
-    """If `record` is signed by `key` and its signature still holds for the checkpoint's files,
-    make sure `<checkpoint>/model.sig` is that signature (a checkpoint made again, byte for byte,
-    lost it) and return True; False when the record cannot stand for these files."""
+    """If `record` is an approval signed by `key` whose signature holds and whose files are the
+    checkpoint's now, make sure `<checkpoint>/model.sig` is that signature (a checkpoint made
+    again, byte for byte, lost it) and return True; False when the record cannot stand for these
+    files."""
     signature = record.signature
     if not record.signed or signature is None or signature.key_sha256 != key.fingerprint:
         return False
-    if check(checkpoint, record, key).problem is not None:
+    if check(record, {key.fingerprint: key}).problem is not None:
+        return False
+    try:
+        if record.files is None or checkpoint_files(Path(checkpoint)) != record.files:
+            return False
+    except ModelError:
         return False
     target = Path(checkpoint) / SIGNATURE_FILE
     text = signature.bundle
@@ -281,27 +316,19 @@ def restore(checkpoint: Path, record: LedgerRecord, key: Key) -> bool:
 
 
 def withdraw(checkpoint: Path) -> bool:
-    """Remove `<checkpoint>/model.sig` if it is a signed quantgate approval (a model-signing
-    signature that carries `quantgate_approval`; anyone else's is left alone): called when a
-    newer verdict blocks the checkpoint. True if removed. Reads JSON only: no library needed."""
+    """Remove `<checkpoint>/model.sig` if it is a signature quantgate wrote (a model-signing
+    signature that carries `quantgate_record`; anyone else's is left alone): called when a newer
+    verdict does not approve the checkpoint. True if removed. Reads JSON only."""
     target = Path(checkpoint) / SIGNATURE_FILE
     try:
         envelope = json.loads(target.read_text(encoding="utf-8"))["dsseEnvelope"]
         statement = json.loads(base64.b64decode(envelope["payload"], validate=True))
-        ours = CLAIMS_FIELD in statement["predicate"]
+        ours = any(field in statement["predicate"] for field in (CLAIMS_FIELD, *OLD_CLAIMS_FIELDS))
     except (OSError, ValueError, KeyError, TypeError):  # none, or not one quantgate wrote
         return False
     if ours:
         target.unlink(missing_ok=True)
     return bool(ours)
-
-
-def describe(record: LedgerRecord) -> str:
-    """How an approval is signed, for `verify` without a key."""
-    signature = record.signature
-    if record.signed and signature is not None:
-        return f"signed (key sha256 {signature.key_sha256[:16]}...; check it with --public-key)"
-    return "unsigned (no signing key was given when it was recorded)"
 
 
 def _bundle(ms: Any, text: Any) -> Any:
@@ -311,82 +338,55 @@ def _bundle(ms: Any, text: Any) -> Any:
 
 
 def _differing(record: LedgerRecord, signed: dict[str, object]) -> list[str]:
-    """The summary fields where the record and its signed approval disagree."""
+    """The summary fields where the record and its signed statement disagree."""
     mine = summary(record)
     return [field for field in (*SUMMARY_FIELDS, "weights") if mine.get(field) != signed.get(field)]
 
 
-def check(checkpoint: Path, record: LedgerRecord, key: Key) -> Check:
-    """Does this approved record carry a signature by `key` over its own claims, and do the
-    checkpoint's files match the files it signed? The first problem found, in that order."""
+def check(record: LedgerRecord, trusted: dict[str, Key]) -> Check:
+    """Does this ledger record carry a signature, by a key in `trusted` (by fingerprint), over
+    its own claims (its chain position included) and the files it names? The first problem found."""
     signature = record.signature
     if not record.signed or signature is None:
-        return Check(Problem.unsigned, "approved without a signature (no signing key was given when it was recorded)")
+        return Check(Problem.unsigned, "no signature")
     ms = _library()
     try:
         bundle = _bundle(ms, signature.bundle)
-        hint = bundle.bundle.verification_material.public_key.hint
+        hint = str(bundle.bundle.verification_material.public_key.hint)
     except Exception:  # any bytes a rewriter put there: whatever the parser raises, it is no bundle
-        return Check(Problem.rewritten, "the record's signature is not a model-signing bundle: the ledger was rewritten")
-    if hint != key.fingerprint:
-        return Check(Problem.wrong_key, f"signed by another key (sha256 {str(hint)[:16]}...), not by {key.path} "
-                     f"(sha256 {key.fingerprint[:16]}...)")
-    with tempfile.TemporaryDirectory(prefix="quantgate-verify-") as scratch:
-        public = Path(scratch) / "key.pub"  # the public half as checked (the key given may be the private one)
-        public.write_bytes(key.public_pem)
-        problem = _check_statement(ms, bundle, public, record, signature=signature, key=key)
-        if problem is not None:
-            return problem
-        return _check_files(ms, Path(checkpoint), signature.bundle, public, key)
+        return Check(Problem.bad_signature, "its signature is not a model-signing bundle")
+    key = trusted.get(hint)
+    if key is None:
+        return Check(Problem.unknown_key, f"signed by key sha256 {hint[:16]}..., which the trust file does not hold")
+    return _check_statement(ms, bundle, record, signature=signature, key=key)
 
 
-def _check_statement(ms: Any, bundle: Any, public: Path, record: LedgerRecord, *, signature: Signature, key: Key) -> Check | None:
-    """The signature over the statement, and the statement's approval against the record."""
+def _check_statement(ms: Any, bundle: Any, record: LedgerRecord, *, signature: Signature, key: Key) -> Check:
+    """The signature over the statement, and the statement against the record."""
     # cryptography comes with model-signing (its key signer is built on it)
     from cryptography.exceptions import InvalidSignature
 
+    with tempfile.TemporaryDirectory(prefix="quantgate-verify-") as scratch:
+        public = Path(scratch) / "key.pub"  # model-signing's verifier reads its key from a file
+        public.write_bytes(key.public_pem)
+        verifier = ms.ec_key.Verifier(public)
     try:
-        ms.ec_key.Verifier(public).verify(bundle)
+        manifest = verifier.verify(bundle)
         payload = json.loads(bundle.bundle.dsse_envelope.payload)
         signed = payload["predicate"].get(CLAIMS_FIELD)
+        resources = {item.identifier: item.digest.digest_hex for item in manifest.resource_descriptors()}
     except InvalidSignature:
-        return Check(Problem.wrong_key, f"its signature does not verify with {key.path}: made by another key, or altered")
+        return Check(Problem.bad_signature, f"its signature does not verify with key sha256 {key.fingerprint[:16]}...: "
+                     "made by another key, or altered")
     except Exception as error:  # a bundle a rewriter shaped (no signature, bad base64...): a refusal, not a crash
-        return Check(Problem.rewritten, f"its signature holds no model-signing statement ({type(error).__name__}: "
-                     f"{str(error).splitlines()[0] if str(error) else 'malformed'}): the ledger was rewritten")
+        return Check(Problem.bad_signature, f"its signature holds no model-signing statement ({type(error).__name__}: "
+                     f"{str(error).splitlines()[0] if str(error) else 'malformed'})")
     if not isinstance(signed, dict) or signed.get("claims_sha256") != claims_sha256(record) \
             or signature.claims_sha256 != signed.get("claims_sha256") or signature.key_sha256 != key.fingerprint:
         fields = _differing(record, signed) if isinstance(signed, dict) else []
         named = f" ({', '.join(fields)} differ)" if fields else ""
-        return Check(Problem.rewritten, f"the record is not the approval its signature carries{named}: the ledger was "
-                     "rewritten after signing")
-    return None
-
-
-def _check_files(ms: Any, checkpoint: Path, text: str, public: Path, key: Key) -> Check:
-    """model-signing's own verification of the files against the signed statement (what
-    `model_signing verify key` runs), on the ledger's copy of the signature."""
-    copy = public.parent / SIGNATURE_FILE
-    copy.write_text(text, encoding="utf-8")
-    try:
-        ms.verifying.Config().use_elliptic_key_verifier(public_key=public).verify(checkpoint, copy)
-    except (ValueError, OSError) as error:
-        return Check(Problem.changed, f"its files differ from the signed ones: {_file_changes(ms, checkpoint, text, error)}")
-    beside = checkpoint / SIGNATURE_FILE
-    note = "" if beside.is_file() and beside.read_bytes() == text.encode("utf-8") else \
-        f"; its {SIGNATURE_FILE} is missing or not this signature, so model_signing alone cannot verify it"
-    return Check(None, f"signed by {key.path} (sha256 {key.fingerprint[:16]}...){note}")
-
-
-def _file_changes(ms: Any, checkpoint: Path, text: str, error: Exception) -> str:
-    """Which files differ from the signed ones (model-signing's message prints raw digests)."""
-    try:
-        predicate = json.loads(ms.bundle_pb.Bundle.from_json(text).dsse_envelope.payload)["predicate"]
-        signed = {resource["name"]: resource["digest"] for resource in predicate["resources"]}
-        now = {item.identifier: item.digest.digest_hex for item in _hash_checkpoint(ms, checkpoint).resource_descriptors()}
-    except (ValueError, KeyError, TypeError, InputError):
-        return str(error).splitlines()[0]
-    parts = [f"{name} changed" for name in sorted(set(signed) & set(now)) if signed[name] != now[name]]
-    parts += [f"{name} missing" for name in sorted(set(signed) - set(now))]
-    parts += [f"{name} added" for name in sorted(set(now) - set(signed))]
-    return ", ".join(parts) or str(error).splitlines()[0]
+        return Check(Problem.rewritten, f"the record is not the one its signature carries{named}: edited after signing")
+    if resources != (record.files or {}):
+        return Check(Problem.rewritten, "the files its signature covers are not the record's "
+                     f"({describe_changes(resources, record.files or {})}): edited after signing")
+    return Check(None, f"signed by key sha256 {key.fingerprint[:16]}...")

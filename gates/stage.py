@@ -6,23 +6,22 @@ finite, calibration overlap when the calibration set is at hand)."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, cast
 
 from quantgate import calibration, evalsets
 from quantgate.calibration import CalibrationSet
 from quantgate.core.artifacts import MANIFEST, read_json, sha256_file, sibling_lock
-from quantgate.core.errors import InputError
+from quantgate.core.errors import InputError, IntegrityError
 from quantgate.core.ids import SetRef
 from quantgate.core.metrics import GATEABLE
-from quantgate.core.models import weight_hashes
+from quantgate.core.models import checkpoint_files, is_weight_file
 from quantgate.evalsets import EvaluationResults, GoldenSet, SetResults
 from quantgate.evalsets.serve_record import ServeRecord
-from quantgate.evalsets.served import load_record
+from quantgate.evalsets.served import ServeCheckConfig, load_record
 from quantgate.evalsets.sets import all_names, scored_metrics
+from quantgate.gates import keys, signing
 from quantgate.gates import ledger as ledger_module
-from quantgate.gates import signing
 from quantgate.gates.ledger_record import LedgerRecord
 from quantgate.gates.policy import PRECISION_CLASSES, LoadedPolicy, load_policy, precision_class
 from quantgate.gates.verdict import Records, ServingEvidence, Verdict, judge, tails
@@ -116,15 +115,16 @@ def overlap_summary(calibration_set: CalibrationSet, goldens: list[GoldenSet]) -
 def verdict_record(fmt: str, verdict: Verdict, *, precision: str, policy: LoadedPolicy, checkpoint: Path | None,
                    baseline_results: EvaluationResults, candidate_results: EvaluationResults | None,
                    weights: dict[str, str] | None = None) -> VerdictRecord:
-    """A verdict as written to verdicts/<format>.json and (with the checkpoint's weights) the ledger.
-    `weights`: the weight files' sha256s where the caller already holds them verified."""
+    """A verdict as written to verdicts/<format>.json and (with every file of the checkpoint) the
+    ledger. `weights`: the weight files' sha256s where the caller holds them verified (the
+    checkpoint's manifest): the files hashed now must hold them, else the checkpoint changed while
+    it was gated."""
     sets = baseline_results.manifest.sets
     return VerdictRecord(
         kind="verdict",
         format=fmt,
         precision=precision,
-        checkpoint=None if checkpoint is None else CheckpointRef(
-            path=str(Path(checkpoint).resolve()), format=fmt, weights=weights or weight_hashes(checkpoint)),
+        checkpoint=None if checkpoint is None else checkpoint_ref(Path(checkpoint), fmt, weights),
         baseline=BaselineRef(model=baseline_results.manifest.model.path, weights_sha256=baseline_results.manifest.model.weights_sha256),
         policy=PolicyIdentity(**policy.identity),
         evalsets=[_evalset(spec, entry) for spec, entry in sorted(sets.items())],
@@ -139,6 +139,17 @@ def verdict_record(fmt: str, verdict: Verdict, *, precision: str, policy: Loaded
     )
 
 
+def checkpoint_ref(checkpoint: Path, fmt: str, weights: dict[str, str] | None = None) -> CheckpointRef:
+    """The checkpoint as a verdict names it: every file by sha256 (what verify matches and the
+    signature covers) and the weight files among them (what the report and the search read)."""
+    files = checkpoint_files(checkpoint)
+    hashed = {name: digest for name, digest in files.items() if is_weight_file(name)}
+    if weights is not None and weights != hashed:
+        raise IntegrityError(f"checkpoint {checkpoint}: its weight files are not those its manifest holds "
+                             f"({signing.describe_changes(weights, hashed)}): it changed while it was gated; quantize it again")
+    return CheckpointRef(path=str(Path(checkpoint).resolve()), format=fmt, weights=hashed, files=files)
+
+
 def _evalset(spec: str, entry: SetResults) -> EvalSetRef:
     """A verdict's record of one golden set the candidate was evaluated on."""
     ref = SetRef.parse(spec)
@@ -151,57 +162,73 @@ def ledger_entry(record: VerdictRecord) -> LedgerRecord:
     return LedgerRecord.of_verdict(record)
 
 
-def record_verdict(ledger: Path, record: VerdictRecord, signing_key: Path | None = None) -> bool:
-    """Append the verdict to the ledger unless the ledger holds it already; True if appended.
+def record_verdict(ledger: Path, record: VerdictRecord, signing_key: Path | None = None,
+                   serving: ServeCheckConfig | None = None, baseline_results: Path | None = None) -> bool:
+    """Append the verdict to the ledger, signed, unless the ledger holds it already signed by this
+    key; True if appended.
 
-    With `signing_key` (a PEM private key, checked first: a bad one is an InputError), an
-    approved verdict is signed before it is appended (gates/signing.py): `<checkpoint>/model.sig`
-    is written and the record carries the signature; a blocked one is recorded as it is, and
-    takes away a model.sig quantgate wrote into that checkpoint before (so model-signing alone
-    no longer accepts what the ledger now blocks). A verdict the ledger holds only unsigned, or
-    signed by another key, or whose signature no longer covers the checkpoint's files (made
-    again), is appended again, signed; one it holds signed by this key has its model.sig put
-    back if the checkpoint lost it. A verdict a later record on the same weights superseded
-    stays as it is (the newest decides), as without a key. Every record says whether it is
-    `signed`."""
-    key = signing.load_signing_key(signing_key) if signing_key is not None else None
+    Every record is signed (gates/signing.py): with `signing_key` (a PEM private key, checked
+    first: a bad one is an InputError), else with the user's own key, made on first use
+    (gates/keys.py). An approval also writes `<checkpoint>/model.sig`; any other verdict takes
+    away a model.sig quantgate wrote into that checkpoint before (so model-signing alone no longer
+    accepts what the ledger does not approve). `serving`: the serve check's settings the run gated
+    with, and `baseline_results`: the run's baseline results directory, carried in the record (the
+    settings, and the sha256 of the candidate's and the baseline's results manifests) so that its
+    signature covers them: gates/attest.py reads them there. A verdict the ledger holds only
+    unsigned, or signed by another key, is appended again, signed; one it holds signed by this key
+    has its model.sig put back if the checkpoint lost it. A verdict a later record on the same
+    files superseded stays as it is (the newest decides).
+    The public key that signed is added to the trust file beside the ledger (keys.beside), the
+    file the deploy side's `quantgate verify --trust` reads."""
+    key = keys.signing_key(signing_key)
     with sibling_lock(ledger):  # runs and `quantgate gate` may share a ledger: one read-and-append at a time
-        return _record_verdict(ledger, record, key)
+        appended = _record_verdict(ledger, record, key, serving, _results_sha256(record, baseline_results))
+    keys.trust(keys.beside(ledger), key)
+    return appended
 
 
-def _record_verdict(ledger: Path, record: VerdictRecord, key: signing.Key | None) -> bool:
+def _results_sha256(record: VerdictRecord, baseline_results: Path | None) -> dict[str, str]:
+    """The sha256 of the results manifests a verdict was reached on (each manifest hashes its files)."""
+    found = {}
+    for role, folder in (("candidate", Path(record.results) if record.results else None), ("baseline", baseline_results)):
+        if folder is not None and (folder / MANIFEST).is_file():
+            found[role] = sha256_file(folder / MANIFEST)
+    return found
+
+
+def _record_verdict(ledger: Path, record: VerdictRecord, key: signing.Key, serving: ServeCheckConfig | None,
+                    results: dict[str, str]) -> bool:
     entry = ledger_entry(record)
+    if serving is not None:
+        entry = entry.with_fields(serving_settings=serving.model_dump(mode="json"))
+    if results:
+        entry = entry.with_fields(results_sha256=results)
     try:
         existing = ledger_module.read(ledger)
     except ledger_module.LedgerTampered as error:
-        raise InputError(f"{error}; refusing to append to it (restore it, or name another ledger)") from error
+        raise ledger_module.LedgerTampered(f"{error}; refusing to append to it (restore it, or name another ledger)") from error
     same = [old for old in existing if old.verdict_sha256 == entry.verdict_sha256]
-    # a search trial's approval (on the search split) deploys nothing: it is not signed either
-    signer = key if record.verdict == "approved" and record.split != "search" else None
-    checkpoint = record.checkpoint.path if record.checkpoint is not None else None
-    if signer is None:
-        if same:
+    checkpoint = Path(record.checkpoint.path) if record.checkpoint is not None else None
+    # a search trial's approval (on the search split) deploys nothing: signed in the ledger, no model.sig
+    approval = record.verdict == "approved" and record.split != "search" and checkpoint is not None
+    if same and _superseded(existing, same[-1]):
+        return False  # the ledger holds this verdict, and a later one on these weights decides
+    if approval and checkpoint is not None:
+        if any(signing.restore(checkpoint, old, key) for old in reversed(same)):
             return False
-        entry = entry.with_fields(signed=False)
-        if record.verdict != "approved" and checkpoint:
-            signing.withdraw(Path(checkpoint))  # its newest verdict is a block now
-    else:
-        if checkpoint is None:
-            raise InputError("cannot sign a verdict that names no checkpoint")
-        if same and _superseded(existing, same[-1]):
-            return False  # as without a key: the ledger holds this verdict, and a later one on these weights decides
-        if any(signing.restore(Path(checkpoint), old, signer) for old in reversed(same)):
-            return False
-        # the time is signed with the rest
-        entry = entry.with_fields(time=datetime.now(timezone.utc).isoformat(timespec="seconds"), signed=True)
-        entry = entry.with_fields(signature=signing.sign(Path(checkpoint), entry, signer))
-    ledger_module.append(ledger, entry)
+    elif any(signing.check(old, {key.fingerprint: key}).problem is None for old in same):
+        return False
+    if not approval and checkpoint is not None:
+        signing.withdraw(checkpoint)  # its newest verdict approves nothing
+    ledger_module.append(ledger, entry, key, model_sig=checkpoint if approval else None)
     return True
 
 
 def _superseded(existing: list[LedgerRecord], old: LedgerRecord) -> bool:
-    """Whether a record after `old` judges the same weights (the newest record decides)."""
+    """Whether a record after `old` judges the same files (the newest record decides)."""
     later = existing[next(index for index, record in enumerate(existing) if record is old) + 1:]
+    if old.files is not None:
+        return any(ledger_module.matches(record, old.files) for record in later)
     return any(record.weights == old.weights for record in later)
 
 
@@ -227,15 +254,15 @@ def gate_results(baseline: Path, candidate: Path, policy_spec: str | Path, *, ch
                  calibration_dir: Path | None = None, precision: str | None = None, ledger: Path | None = None,
                  narrow_to: list[str] | None = None, served: Path | None = None, served_baseline: Path | None = None,
                  signing_key: Path | None = None) -> VerdictRecord:
-    """The verdict record (as the pipeline writes it); appended to `ledger` when given, an
-    approval signed with `signing_key` when given (record_verdict). The
+    """The verdict record (as the pipeline writes it); appended to `ledger` when given, signed
+    with `signing_key`, else the user's own key (record_verdict). The
     results are judged as they are (one look at the items they hold: a fixed-size test). A
     policy that gates serving judges the serve records `served` (the candidate's) and
     `served_baseline` (the baseline's: the bound's base); without them its serving gate blocks."""
-    if signing_key is not None:
-        if ledger is None:
-            raise InputError("--signing-key signs the ledger's record of an approval: give --ledger too")
-        signing.load_signing_key(signing_key)  # a bad key is refused before any work
+    if signing_key is not None and ledger is None:
+        raise InputError("--signing-key signs the ledger's record of a verdict: give --ledger too")
+    if ledger is not None:
+        keys.signing_key(signing_key)  # a bad key is refused before any work (the user's own is made now)
     baseline_results = evalsets.load_results(baseline)
     candidate_results = evalsets.load_results(candidate)
     specs = list(baseline_results.manifest.sets)

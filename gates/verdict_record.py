@@ -137,11 +137,15 @@ class OverlapSummary(RecordPart):
 
 
 class CheckpointRef(Sparse):
-    """The checkpoint a verdict judged: where, its format, and its weight files' sha256s."""
+    """The checkpoint a verdict judged: where, its format, its weight files' sha256s (what the
+    report and search read) and `files`, the sha256 of every file of the directory by its relative
+    path (core.models.checkpoint_files): what `verify` matches and the signature covers. A verdict
+    recorded before `files` existed reads as None (it covers the weights only)."""
 
     path: str
     format: str
     weights: dict[str, str]
+    files: dict[str, str] | None = None
 
 
 class BaselineRef(Sparse):

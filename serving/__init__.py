@@ -3,6 +3,6 @@ and running serving/worker.py in it (loopback-only). It knows nothing of golden 
 evalsets compares what it serves with what was gated, gates judge the comparison."""
 
 from quantgate.serving.environment import ServingEnv, ServingError, find, require, setup
-from quantgate.serving.launch import ProbeLimit, Response, WorkerFailed, run
+from quantgate.serving.launch import LoadDeadline, ProbeLimit, Response, ServeFailed, WorkerFailed, run
 
-__all__ = ["ProbeLimit", "Response", "ServingEnv", "ServingError", "WorkerFailed", "find", "require", "run", "setup"]
+__all__ = ["LoadDeadline", "ProbeLimit", "Response", "ServeFailed", "ServingEnv", "ServingError", "WorkerFailed", "find", "require", "run", "setup"]

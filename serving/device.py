@@ -204,3 +204,116 @@ def node_resources(engine: str, device_class: str) -> dict[str, float]:
     engine is not known to lack a usable path for on that class (KNOWN_GAPS)."""
     usable = [scheme for scheme in SCHEMES if not known_gaps(engine, device_class, [scheme])]
     return {f"{RESOURCE_PREFIX}{device_class}": 1.0, **{serve_resource(scheme): 1.0 for scheme in usable}}
+
+
+# ---- the effective scheme, from what the engine logged ----------------------------------------------
+
+# vLLM's compressed-tensors layer scheme for each checkpoint scheme: the class its kernel lines name
+# (vLLM 0.32, model_executor/layers/quantization/compressed_tensors/schemes/)
+LAYER_SCHEMES = {"W4A16": "CompressedTensorsWNA16", "W8A16": "CompressedTensorsWNA16", "W8A8": "CompressedTensorsW8A8Int8",
+                 "FP8": "CompressedTensorsW8A8Fp8", "FP8-W8A16": "CompressedTensorsW8A16Fp8"}
+# The worker's own line per kind of quantized layer (serving/worker.py, _log_layer_kernels):
+# "quantgate worker: layers: 14 x CompressedTensorsWNA16 CPUWNA16LinearKernel use_w4a8=False"
+_LAYER_LINE = re.compile(r"quantgate worker: layers: (\d+) x (\S+) (\S+)((?: \w+=\S+)*)\s*$")
+
+
+@dataclass(frozen=True)
+class KernelPath:
+    """What a linear kernel computes: the checkpoint's scheme as it is (`computes` None) or another;
+    where a per-layer flag (the worker's layers line) switches it, the scheme under the flag."""
+
+    kernel: str
+    computes: str | None
+    flag: str | None
+    flagged: str | None
+    source: str
+
+
+KERNEL_PATHS = (
+    KernelPath("CPUWNA16LinearKernel", None, "use_w4a8", "W4A8",
+               "vLLM 0.32 model_executor/kernels/linear/mixed_precision/cpu.py: cpu_gemm_wna16 on 16-bit activations, or "
+               "int4_scaled_mm_cpu on activations quantized to int8 where the layer's use_w4a8 is set (VLLM_CPU_INT4_W4A8, "
+               "BF16 activations and AMX tiles)"),
+    KernelPath("CPUInt8ScaledMMLinearKernel", None, None, None,
+               "vLLM 0.32 model_executor/kernels/linear/scaled_mm/cpu.py: int8 weights, activations quantized to int8 per token"),
+    KernelPath("ChannelWiseTorchFP8ScaledMMLinearKernel", None, None, None,
+               "vLLM 0.32 model_executor/kernels/linear/scaled_mm/pytorch.py: torch._scaled_mm on FP8 weights and activations"),
+    KernelPath("PerTensorTorchFP8ScaledMMLinearKernel", None, None, None,
+               "vLLM 0.32 model_executor/kernels/linear/scaled_mm/pytorch.py: torch._scaled_mm on FP8 weights and activations"),
+)
+
+
+@dataclass(frozen=True)
+class SchemeEvidence:
+    """What the engine's log shows it computes for one scheme of the checkpoint: the kernel it
+    selected for the scheme's layers and, from the kernel's known arithmetic (KERNEL_PATHS) and
+    the layers' flags, the scheme computed (None: the log does not decide it; `basis` says why)."""
+
+    scheme: str
+    kernel: str | None
+    computes: str | None
+    basis: str
+
+
+def layer_kernels(log: str) -> dict[str, dict[str, dict[str, int]]]:
+    """The worker's layers lines: vLLM scheme class -> kernel -> "flag=value ..." (or "") -> layers."""
+    found: dict[str, dict[str, dict[str, int]]] = {}
+    for line in log.splitlines():
+        match = _LAYER_LINE.search(line)
+        if match:
+            kinds = found.setdefault(match.group(2), {}).setdefault(match.group(3), {})
+            flags = match.group(4).strip()
+            kinds[flags] = kinds.get(flags, 0) + int(match.group(1))
+    return found
+
+
+def effective_schemes(log: str, schemes: list[str]) -> list[SchemeEvidence]:
+    """For each of the checkpoint's `schemes`, what the engine computes for it according to its
+    log: the kernel vLLM says it selected for the scheme's layer class ("Using K for S"), what
+    that kernel computes, and (where the kernel decides per layer) the flag each loaded layer
+    holds (the worker's layers line). Evidence only: a kernel this module does not know, or a
+    flag the log does not show, leaves `computes` None."""
+    selected: dict[str, str] = {}
+    for entry in kernels_in_log(log):
+        logged_kernel, _, logged_scheme = entry.partition(" for ")
+        selected.setdefault(logged_scheme, logged_kernel)
+    layers = layer_kernels(log)
+    paths = {path.kernel: path for path in KERNEL_PATHS}
+    found = []
+    for scheme in schemes:
+        layer_scheme = LAYER_SCHEMES.get(scheme)
+        kernel = selected.get(layer_scheme or "")
+        if layer_scheme is None or kernel is None:
+            found.append(SchemeEvidence(scheme, None, None, f"no kernel line for {layer_scheme or scheme} in the engine's log"))
+            continue
+        path = paths.get(kernel)
+        if path is None:
+            found.append(SchemeEvidence(scheme, kernel, None, f"{kernel}'s arithmetic is not in serving.device.KERNEL_PATHS"))
+            continue
+        plain = path.computes or scheme
+        if path.flag is None:
+            found.append(SchemeEvidence(scheme, kernel, plain, f"{kernel} for {layer_scheme} ({path.source})"))
+            continue
+        flags = layers.get(layer_scheme, {}).get(kernel, {})
+        flagged = sum(count for text, count in flags.items() if f"{path.flag}=True" in text.split())
+        total = sum(flags.values())
+        if not total:
+            found.append(SchemeEvidence(scheme, kernel, None, f"{kernel} computes {plain} or {path.flagged} by each layer's {path.flag}, "
+                                                              "which the log does not show"))
+            continue
+        computes = path.flagged if flagged == total else plain if flagged == 0 else f"{path.flagged} on {flagged} of {total} layers"
+        found.append(SchemeEvidence(scheme, kernel, computes,
+                                    f"{kernel} for {layer_scheme}, {path.flag}={flagged == total} on {total if flagged in (0, total) else flagged} "
+                                    f"of {total} layers ({path.source})"))
+    return found
+
+
+def scheme_mismatch(evidence: SchemeEvidence, expected: str, device_class: str, settings: dict[str, str]) -> str | None:
+    """The sentence a serve record and the report carry where the engine's log shows another
+    scheme than RULES expect on this class under these settings; None where they agree or the
+    log does not decide."""
+    if evidence.computes is None or evidence.computes == expected:
+        return None
+    under = ", ".join(f"{name}={value}" for name, value in sorted(settings.items())) or "the engine's defaults"
+    return (f"{evidence.scheme}: serving.device.RULES expect {expected} on {device_class} under {under}, but the engine's log shows "
+            f"{evidence.computes} ({evidence.basis})")

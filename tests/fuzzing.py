@@ -530,8 +530,9 @@ def _results_reader(file: str, fmt: str) -> Reader:
 
 def _ledger_reader() -> Reader:
     """`quantgate verify` of the tiny model against a ledger holding its approval (written by
-    `quantgate gate --ledger` on the results above). Exit 0 is correct only for a ledger whose
-    records are still the approval's own; any other change must not approve (exit 1 or 2)."""
+    `quantgate gate --ledger` on the results above, signed by the sandbox's own key). Exit 0 is
+    correct only for a ledger whose records are still the approval's own; any other change must
+    not approve (exit 1 blocked or unknown, 6 untrusted or tampered, 2 bad input)."""
 
     def setup(sandbox: Sandbox) -> bytes:
         pristine = _results(sandbox)
@@ -545,7 +546,7 @@ def _ledger_reader() -> Reader:
         return ledger.read_bytes()
 
     def unchanged(sandbox: Sandbox, outcome: Outcome) -> str | None:
-        if outcome.code == 1:
+        if outcome.code in (1, 6):
             return None
         records = lambda data: [json.loads(line) for line in data.splitlines() if line.strip()]  # noqa: E731 - two uses
         now = (sandbox.root / "inputs" / "ledger.jsonl").read_bytes()
@@ -557,7 +558,7 @@ def _ledger_reader() -> Reader:
 
     return Reader("ledger JSONL (verify)", "jsonl", setup, target=lambda sandbox: sandbox.root / "inputs" / "ledger.jsonl",
                   args=lambda sandbox: ["verify", str(sandbox.tiny_model()), "--ledger", str(sandbox.root / "inputs" / "ledger.jsonl")],
-                  codes=(0, 1, 2), accept=unchanged)
+                  codes=(0, 1, 2, 6), accept=unchanged)
 
 
 def readers() -> list[Reader]:

@@ -40,12 +40,20 @@ def small_plan(model: Path, root: Path, out: str = "run") -> dict[str, Any]:
 
 def comparable(out: Path) -> dict[str, Any]:
     """Verdicts, per-item results and ledger records, with the run directory's own path and
-    what differs between two runs (times, the hashes that chain them or hash a path) left out."""
+    what differs between two runs (times, the hashes that chain them or hash a path, the
+    signature: each home's own key and a random ECDSA nonce, the checkpoint's file manifest: its
+    manifest.json holds the run's times) left out."""
+    def same_files(record: dict[str, Any]) -> dict[str, Any]:
+        checkpoint = record.get("checkpoint")
+        return {**record, "checkpoint": {key: value for key, value in checkpoint.items() if key != "files"}} \
+            if isinstance(checkpoint, dict) else record
+
     text = json.dumps({
-        "verdicts": {path.stem: read_json(path)["value"] for path in sorted((out / "verdicts").glob("*.json"))},
+        "verdicts": {path.stem: same_files(read_json(path)["value"]) for path in sorted((out / "verdicts").glob("*.json"))},
         "items": {str(path.relative_to(out)): read_json(path)["items"]
                   for folder in ("results", "baselines") for path in sorted((out / folder).glob("*/*/items.json"))},
-        "ledger": [{key: value for key, value in json.loads(line).items() if key not in ("time", "record_hash", "prev_hash", "verdict_sha256")}
+        "ledger": [same_files({key: value for key, value in json.loads(line).items()
+                               if key not in ("time", "record_hash", "prev_hash", "verdict_sha256", "signature", "results_sha256")})
                    for line in (out / "ledger.jsonl").read_text().splitlines()],
     }, sort_keys=True)
     return json.loads(text.replace(str(out), "<out>"))

@@ -29,7 +29,10 @@ from quantgate.pipeline.plan import from_mapping
 from tests.helpers import plan_mapping
 
 TEMPORARY = re.compile(r"^\..+\.(partial|old)-[A-Za-z0-9_-]+$")
-UNCHAINED = ("time", "record_hash", "prev_hash")
+# what differs between two runs' ledgers: times, the chain, the signature (a random ECDSA nonce, each
+# home's own key), the verdict's hash (over the checkpoint's file manifest: see _same_files) and the
+# results' manifests' hashes (a manifest holds the times of the run that wrote it)
+UNCHAINED = ("time", "record_hash", "prev_hash", "signature", "verdict_sha256", "results_sha256")
 
 
 def small_plan(model: Path, root: Path) -> dict[str, Any]:
@@ -38,11 +41,19 @@ def small_plan(model: Path, root: Path) -> dict[str, Any]:
                         calibration={"samples": 4, "seq_len": 32})
 
 
+def _same_files(record: dict[str, Any]) -> dict[str, Any]:
+    """A record without its checkpoint's file manifest: the checkpoint's manifest.json holds the
+    times of the run that made it (the weights, compared, do not)."""
+    checkpoint = record.get("checkpoint")
+    return {**record, "checkpoint": {key: value for key, value in checkpoint.items() if key != "files"}} \
+        if isinstance(checkpoint, dict) else record
+
+
 def snapshot(out: Path) -> dict[str, Any]:
-    verdicts = {path.stem: json.loads(path.read_text())["value"] for path in sorted((out / "verdicts").glob("*.json"))}
+    verdicts = {path.stem: _same_files(json.loads(path.read_text())["value"]) for path in sorted((out / "verdicts").glob("*.json"))}
     items = {str(path.relative_to(out)): json.loads(path.read_text())["items"]
              for folder in ("results", "baselines") for path in sorted((out / folder).glob("*/*/items.json"))}
-    ledger = [{key: value for key, value in json.loads(line).items() if key not in UNCHAINED}
+    ledger = [_same_files({key: value for key, value in json.loads(line).items() if key not in UNCHAINED})
               for line in (out / "ledger.jsonl").read_text().splitlines()]
     return {"verdicts": verdicts, "items": items, "ledger": ledger, "status": json.loads((out / "run.json").read_text())["status"]}
 

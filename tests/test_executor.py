@@ -7,8 +7,12 @@ tests/test_ray.py runs the same on a real two-node cluster."""
 
 from __future__ import annotations
 
+import faulthandler
 import json
+import os
 import pickle
+import signal
+import subprocess
 import sys
 import threading
 from collections.abc import Callable, Sequence
@@ -22,9 +26,10 @@ import yaml
 from quantgate.core import errors
 from quantgate.core.artifacts import remove_temporaries
 from quantgate.core.errors import InputError
+from quantgate.core.exitcodes import Exit
 from quantgate.pipeline import executor as executors
 from quantgate.pipeline import runner as pipeline
-from quantgate.pipeline.executor import LocalExecutor, TaskLost
+from quantgate.pipeline.executor import LocalExecutor, TaskLost, UnitDied
 from quantgate.pipeline.plan import PlanError, StageResources, from_mapping, with_executor
 from quantgate.serving.launch import WorkerFailed
 from tests.helpers import TINY_FORMATS, assert_refused, plan_mapping
@@ -44,6 +49,7 @@ class Recording(LocalExecutor):
     concurrent = True
 
     def __init__(self) -> None:
+        super().__init__(fork=False)  # every unit in this process, one at a time (below)
         self.calls: list[tuple[str, str, str]] = []
         self.events: list[tuple[str, str]] = []  # ("call" | "end", label), in the order they happened
         self.cancelled = 0
@@ -258,7 +264,8 @@ def test_a_lost_task_blocks_its_format_only_and_is_done_again_next_run(
     verdict, reasons = outcomes(lost)["gptq-int4"]
     assert verdict == "blocked" and any(LOST in reason for reason in reasons), reasons
     assert outcomes(lost)["fp8-e4m3"] == outcomes(runs.local)["fp8-e4m3"]  # the other format went on
-    assert lost.exit_code == 1
+    assert lost.exit_code == Exit.UNIT_FAILED  # a lost task is a failed unit, not a verdict
+    assert [(unit.kind, unit.unit) for unit in lost.failed_units] == [("quantize", "quantize gptq-int4")]
     (quantized,) = [stage for stage in lost.stages if stage.stage == "quantize gptq-int4"]
     assert quantized.status == "failed" and LOST in quantized.detail
     # not the inputs' fault: no stage record keeps the loss, and no checkpoint was published
@@ -323,3 +330,92 @@ def test_every_quantgate_error_survives_the_trip_back_from_a_task() -> None:
     assert (failed.reason, failed.log, failed.phase, failed.timed_out) == ("cannot load", Path("/log"), "load", True)
     lost = pickle.loads(pickle.dumps(made[3]))
     assert (lost.kind, lost.label) == ("quantize", "quantize x")
+
+
+# ---- a unit in a child process (the local executor) -------------------------------------------
+
+CHILD_AFTER_TORCH = """
+import json, sys, time, torch
+from quantgate.pipeline.executor import LocalExecutor
+torch.set_num_threads(2)
+# a run made before any parallel region of this process (as `quantgate run` makes it): torch here on one thread
+executor = LocalExecutor()
+square = torch.randn(512, 512)
+for _ in range(3):
+    square @ square  # the run's own torch work, in this process
+def work():
+    started = time.perf_counter()
+    total = float((square @ square).sum())
+    return {"threads": torch.get_num_threads(), "seconds": time.perf_counter() - started, "finite": total == total}
+answer = executor.call("evaluate", "evaluate x", work)
+parent = torch.get_num_threads()
+executor.close()
+print(json.dumps({**answer, "parent": parent, "restored": torch.get_num_threads()}))
+"""
+
+POLLUTED_POOL = """
+import json, torch
+from quantgate.pipeline import executor as executors
+executors._POOL_PROBE_S = 2.0
+torch.set_num_threads(2)
+square = torch.randn(512, 512)
+for _ in range(3):
+    square @ square  # an OpenMP pool of two threads, made before the run: a forked child that uses it hangs
+executor = executors.LocalExecutor()
+first = executor.call("quantize", "quantize x", lambda: (torch.get_num_threads(), float((square @ square).sum())))
+second = executor.call("evaluate", "evaluate x", lambda: torch.get_num_threads())
+executor.close()
+print(json.dumps({"first": first[0], "second": second, "threads": executor.threads}))
+"""
+
+
+def _python(script: str) -> dict[str, Any]:
+    """`script` in a fresh interpreter (its torch threads and OpenMP pool its own): its last line as JSON."""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_a_forked_units_torch_runs_on_the_runs_threads_after_the_run_ran_torch_and_does_not_hang() -> None:
+    answer = _python(CHILD_AFTER_TORCH)
+    assert answer["threads"] == 2 and answer["finite"] and answer["seconds"] < 30  # the child's matmul returned
+    assert answer["parent"] == 1 and answer["restored"] == 2  # one thread here while the run goes, two again after
+
+
+def test_a_pool_made_before_the_run_falls_back_to_one_thread_instead_of_hanging() -> None:
+    answer = _python(POLLUTED_POOL)
+    assert answer == {"first": 1, "second": 1, "threads": 1}  # probed once, then one thread for every child
+
+
+def test_a_unit_killed_by_a_signal_is_unit_died_naming_the_signal_and_the_childs_peak_memory() -> None:
+    executor = LocalExecutor()
+    try:
+        def swell_and_die() -> None:
+            ballast = bytearray(128 * 2**20)
+            ballast[::4096] = b"\x01" * len(ballast[::4096])  # resident, not only reserved
+            faulthandler.disable()  # pytest's: it would print every thread's stack of this child
+            os.kill(os.getpid(), signal.SIGSEGV)
+
+        with pytest.raises(UnitDied) as died:
+            executor.call("quantize", "quantize x", swell_and_die)
+        assert died.value.signal == "SIGSEGV" and died.value.peak_memory_bytes >= 128 * 2**20
+        assert str(died.value).startswith("quantize x: its child process was killed by SIGSEGV, peak memory ")
+        # the next unit runs, in a child of its own
+        assert executor.call("evaluate", "evaluate y", os.getpid) != os.getpid()
+        assert executor.call("measure", "measure y", os.getpid) == os.getpid()  # a cheap unit stays in this process
+    finally:
+        executor.close()
+
+
+def test_a_units_own_error_comes_back_as_itself_with_the_childs_traceback() -> None:
+    executor = LocalExecutor()
+    try:
+        def refuses() -> None:
+            raise errors.InputError("no such set: wiki-txt")
+
+        with pytest.raises(errors.InputError, match="no such set: wiki-txt") as refused:
+            executor.call("evaluate", "evaluate x", refuses)
+        cause = refused.value.__cause__
+        assert cause is not None and "in the unit's child process" in str(cause) and "in refuses" in str(cause)
+    finally:
+        executor.close()

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from quantgate import evalsets
+from quantgate.core.exitcodes import Exit
 from quantgate.pipeline import runner as pipeline
 from quantgate.pipeline.plan import from_mapping
 from tests.helpers import TINY_POLICY, plan_mapping, write_policy
@@ -122,22 +123,25 @@ def test_ledger_records_verify_and_detect_edits_and_changes(cli, run_dir: Path, 
     approved = gate(cli, run_dir, run_dir / "results" / "gptq-int4", write_policy(tmp_path / "policy.yaml"),
                     "--checkpoint", checkpoint, "--ledger", ledger)
     assert approved.code == 0
-    ok = cli("verify", checkpoint, "--ledger", ledger)
+    ok = cli("verify", checkpoint, "--ledger", ledger)  # signed by this user's own key, made by that first gate
     assert ok.code == 0 and ": approved: approved " in ok.out
-    # the run's own ledger approves the run's own checkpoint
-    assert cli("verify", run_dir / "checkpoints" / "gptq-int4", "--ledger", run_dir / "ledger.jsonl").code == 0
+    # the run's own ledger approves the run's own checkpoint, under the trust file the run wrote (its
+    # key is another QUANTGATE_HOME's: this user's trust file does not hold it)
+    own = run_dir / "checkpoints" / "gptq-int4", "--ledger", run_dir / "ledger.jsonl"
+    assert cli("verify", *own, "--trust", run_dir / "trusted-keys.pem").code == Exit.APPROVED
+    assert cli("verify", *own).code == Exit.UNTRUSTED
 
     edited = tmp_path / "edited.jsonl"
     record = json.loads(ledger.read_text())
     record["precision"] = "8bit"  # looser thresholds, claimed after the fact
     edited.write_text(json.dumps(record, sort_keys=True) + "\n")
     tampered = cli("verify", checkpoint, "--ledger", edited)
-    assert tampered.code == 1 and "ledger tampered" in tampered.out
+    assert tampered.code == Exit.UNTRUSTED and "ledger tampered" in tampered.out
 
     weights = checkpoint / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:-1] + b"\x01")
     changed = cli("verify", checkpoint, "--ledger", ledger)
-    assert changed.code == 1 and "changed since approval" in changed.out and "model.safetensors" in changed.out
+    assert changed.code == Exit.UNTRUSTED and "changed since the verdict" in changed.out and "model.safetensors changed" in changed.out
 
 
 def test_gate_signs_an_approval_that_model_signing_verifies_alone(cli, run_dir: Path, tmp_path: Path) -> None:
@@ -153,6 +157,7 @@ def test_gate_signs_an_approval_that_model_signing_verifies_alone(cli, run_dir: 
     key = ec.generate_private_key(ec.SECP256R1())
     private, public = tmp_path / "key.pem", tmp_path / "key.pub"
     private.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+    private.chmod(0o600)  # owner-only, as a private key must be
     public.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
     checkpoint = Path(shutil.copytree(run_dir / "checkpoints" / "gptq-int4", tmp_path / "deploy"))
     ledger = tmp_path / "ledger.jsonl"
@@ -160,7 +165,7 @@ def test_gate_signs_an_approval_that_model_signing_verifies_alone(cli, run_dir: 
                   "--checkpoint", checkpoint, "--ledger", ledger, "--signing-key", private)
     assert signed.code == 0 and f"signed: {checkpoint.resolve() / 'model.sig'}" in signed.out, signed.out + signed.err
     ok = cli("verify", checkpoint, "--ledger", ledger, "--public-key", public)
-    assert ok.code == 0 and "signed by" in ok.out, ok.out
+    assert ok.code == 0 and "signed by key sha256" in ok.out, ok.out
     alone = subprocess.run([sys.executable, "-m", "model_signing", "verify", "key", str(checkpoint), "--signature",
                             str(checkpoint / "model.sig"), "--public_key", str(public)], capture_output=True, text=True, timeout=120)
     assert alone.returncode == 0, alone.stderr

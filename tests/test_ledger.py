@@ -1,4 +1,6 @@
-"""The approval ledger: a hash chain that detects edits, and `verify` as a deployment step sees it."""
+"""The approval ledger: a hash chain that detects edits, and `verify` as a deployment step sees it
+(its records signed by the user's own key; tests/test_trust.py and test_signing.py cover what a
+signature adds: a chain recomputed by hand, an unknown key, an unsigned record)."""
 
 from __future__ import annotations
 
@@ -9,8 +11,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from quantgate.core.models import weight_hashes
-from quantgate.gates import ledger
+from quantgate.core.exitcodes import Exit
+from quantgate.core.models import checkpoint_files, weight_hashes
+from quantgate.gates import keys, ledger, signing
 from quantgate.gates.ledger import LedgerTampered, Status, verify_checkpoint
 from quantgate.gates.ledger_record import LedgerRecord
 
@@ -24,7 +27,8 @@ def fake_checkpoint(path: Path, content: bytes = b"weights") -> Path:
 def verdict(checkpoint: Path, outcome: str, reasons: list[str] | None = None) -> dict:
     return {
         "kind": "verdict",
-        "checkpoint": {"path": str(checkpoint.resolve()), "format": "gptq-int4", "weights": weight_hashes(checkpoint)},
+        "checkpoint": {"path": str(checkpoint.resolve()), "format": "gptq-int4", "weights": weight_hashes(checkpoint),
+                       "files": checkpoint_files(checkpoint)},
         "policy": {"name": "default", "version": "v1", "sha256": "0" * 64},
         "evalsets": [{"name": "arc-easy", "version": "v1", "sha256": "1" * 64}],
         "metrics": {"arc-easy/acc": {"difference": -0.004}},
@@ -36,6 +40,11 @@ def verdict(checkpoint: Path, outcome: str, reasons: list[str] | None = None) ->
 def entry(checkpoint: Path, outcome: str, reasons: list[str] | None = None) -> LedgerRecord:
     """The verdict as the ledger's record of it."""
     return LedgerRecord.model_validate(verdict(checkpoint, outcome, reasons))
+
+
+def user_key() -> signing.Key:
+    """The user's own signing key (made on first use; its public key in the user's trust file)."""
+    return signing.load_signing_key(keys.ensure_default_key())
 
 
 def test_records_chain_and_read_back(tmp_path: Path) -> None:
@@ -50,7 +59,7 @@ def test_records_chain_and_read_back(tmp_path: Path) -> None:
 def test_approved_checkpoint_verifies(tmp_path: Path) -> None:
     checkpoint = fake_checkpoint(tmp_path / "ckpt")
     book = tmp_path / "ledger.jsonl"
-    ledger.append(book, entry(checkpoint, "approved"))
+    ledger.append(book, entry(checkpoint, "approved"), user_key())
     result = verify_checkpoint(checkpoint, book)
     assert result.deployable and result.status is Status.approved
 
@@ -66,10 +75,10 @@ def test_blocked_checkpoint_does_not_verify_and_says_why(tmp_path: Path) -> None
 def test_changed_checkpoint_does_not_verify(tmp_path: Path) -> None:
     checkpoint = fake_checkpoint(tmp_path / "ckpt")
     book = tmp_path / "ledger.jsonl"
-    ledger.append(book, entry(checkpoint, "approved"))
+    ledger.append(book, entry(checkpoint, "approved"), user_key())
     (checkpoint / "model.safetensors").write_bytes(b"weights, edited")
     result = verify_checkpoint(checkpoint, book)
-    assert result.status is Status.changed and "model.safetensors" in result.reason
+    assert result.status is Status.changed and "model.safetensors changed" in result.reason and not result.deployable
 
 
 def test_unknown_checkpoint_does_not_verify(tmp_path: Path) -> None:
@@ -107,12 +116,12 @@ def test_edited_ledger_is_detected(tmp_path: Path, edit: str) -> None:
 def test_verify_command_exit_codes(cli, tmp_path: Path) -> None:
     checkpoint = fake_checkpoint(tmp_path / "ckpt")
     book = tmp_path / "ledger.jsonl"
-    ledger.append(book, entry(checkpoint, "approved"))
+    ledger.append(book, entry(checkpoint, "approved"), user_key())
     ok = cli("verify", checkpoint, "--ledger", book)
-    assert ok.code == 0 and "approved" in ok.out
+    assert ok.code == Exit.APPROVED and "approved" in ok.out
     (checkpoint / "model.safetensors").write_bytes(b"changed")
     changed = cli("verify", checkpoint, "--ledger", book)
-    assert changed.code == 1 and "changed since approval" in changed.out
+    assert changed.code == Exit.UNTRUSTED and "changed since the verdict" in changed.out
 
 
 # ---- bad input and damaged ledgers: one line and exit 2, or "tampered"; never a traceback ------
@@ -172,7 +181,7 @@ def test_a_damaged_ledger_is_tampered_never_a_traceback(cli, tmp_path: Path, mon
     with pytest.raises(LedgerTampered, match="tampered: line 1 "):
         ledger.read(book)
     result = cli("verify", checkpoint, "--ledger", book)
-    assert result.code == 1 and ": ledger tampered: " in result.out and result.err == ""
+    assert result.code == Exit.UNTRUSTED and ": ledger tampered: " in result.out and result.err == ""
 
 
 JSON_VALUES = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
@@ -193,6 +202,7 @@ def test_any_bytes_read_as_records_or_tampered(tmp_path: Path, data: bytes) -> N
     tampered; verify gives a status. Nothing else escapes."""
     book = tmp_path / "fuzz.jsonl"
     book.write_bytes(data)
+    keys.ensure_default_key()  # a trust file to check an approval against
     checkpoint = tmp_path / "ckpt"
     if not checkpoint.exists():
         fake_checkpoint(checkpoint)
@@ -204,7 +214,8 @@ def test_any_bytes_read_as_records_or_tampered(tmp_path: Path, data: bytes) -> N
 
 
 PATHS = [("verdict",), ("time",), ("reasons",), ("split",), ("signed",), ("signature",), ("checkpoint",), ("checkpoint", "path"),
-         ("checkpoint", "weights"), ("checkpoint", "weights", "model.safetensors"), ("policy",), ("policy", "name"),
+         ("checkpoint", "weights"), ("checkpoint", "weights", "model.safetensors"), ("checkpoint", "files"),
+         ("checkpoint", "files", "model.safetensors"), ("policy",), ("policy", "name"),
          ("policy", "version"), ("policy", "narrowed_to"), ("policy", "dropped")]
 
 
@@ -216,6 +227,7 @@ def test_any_value_in_any_field_verify_reads_gives_a_status(tmp_path: Path, path
     checkpoint = tmp_path / "ckpt"
     if not checkpoint.exists():
         fake_checkpoint(checkpoint)
+    keys.ensure_default_key()  # a trust file to check an approval against
     record = json.loads(json.dumps({**verdict(checkpoint, "approved"), "time": "2026-01-01T00:00:00+00:00"}))
     target = record
     for key in path[:-1]:

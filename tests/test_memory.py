@@ -16,6 +16,7 @@ import yaml
 from quantgate import evalsets, pipeline
 from quantgate.core import memory
 from quantgate.pipeline import units
+from quantgate.pipeline.executor import IN_PROCESS_ENV
 from quantgate.pipeline.plan import from_mapping
 from quantgate.pipeline.runner import Pipeline
 from tests.helpers import plan_mapping
@@ -114,6 +115,7 @@ def test_where_two_models_do_not_fit_one_is_loaded_at_a_time(
         original(self, *args, **kwargs)  # type: ignore[arg-type]  # the arguments as the caller gave them
 
     monkeypatch.setattr(evalsets.Evaluator, "__init__", counting)
+    monkeypatch.setenv(IN_PROCESS_ENV, "1")  # `kept_at_load` is this process's: the units run here
     loaded = from_mapping(plan_mapping(quant_model, tmp_path, formats=["gptq-int4"]))
     resolved = Pipeline(loaded, show_progress=False).preflight()
     assert resolved.models_kept == 1 and resolved.memory_note is not None and "one model loaded at a time" in resolved.memory_note

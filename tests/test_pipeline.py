@@ -12,7 +12,9 @@ import pytest
 import yaml
 
 from quantgate.core.artifacts import read_json
+from quantgate.gates import keys
 from quantgate.pipeline import runner as pipeline
+from quantgate.pipeline.executor import IN_PROCESS_ENV
 from quantgate.pipeline.plan import from_mapping, load_plan
 from tests.helpers import TINY_FORMATS, TINY_POLICY, plan_mapping, write_policy
 
@@ -27,7 +29,18 @@ def tiny_run(quant_model: Path, tmp_path_factory: pytest.TempPathFactory):
         patch.setenv("QUANTGATE_HOME", str(tmp_path_factory.mktemp("tiny-run-home")))
         patch.setenv("HF_HUB_OFFLINE", "1")
         result = pipeline.run(from_mapping(plan_mapping(quant_model, root)), show_progress=False)
+        # the same user runs it again: their signing key, in each test's own (cache-less) home
+        shutil.copytree(keys.keys_dir(), root.parent / f"{root.name}-keys")
     return root, result
+
+
+@pytest.fixture(autouse=True)
+def same_signing_key(request: pytest.FixtureRequest) -> None:
+    """A test that runs the tiny run again does so as the user who made it (their key): a ledger
+    record signed by another key is appended again, signed by the new one (gates/stage.py)."""
+    if "tiny_run" in request.fixturenames:
+        root, _ = request.getfixturevalue("tiny_run")
+        shutil.copytree(root.parent / f"{root.name}-keys", keys.keys_dir(), dirs_exist_ok=True)
 
 
 def copy_run(tiny_run, tmp_path: Path) -> Path:
@@ -191,6 +204,7 @@ def test_a_format_that_fails_its_checks_is_blocked_and_stays_blocked(quant_model
         raise QuantizationFailed("the quantized checkpoint produces NaN or Inf logits on the smoke prompt (12 values); not published")
 
     monkeypatch.setattr(quantize, "run", broken)
+    monkeypatch.setenv(IN_PROCESS_ENV, "1")  # `calls` is this process's: the units run here
     mapping = plan_mapping(quant_model, tmp_path, formats=["gptq-int4"])
     result = pipeline.run(from_mapping(mapping), show_progress=False)
     assert result.exit_code == 1 and calls == ["gptq-int4"]

@@ -82,11 +82,12 @@ def test_the_ledger_approves_a_trial_only_through_its_held_out_gate(searched) ->
     lines = [json.loads(line) for line in (out / "ledger.jsonl").read_text().splitlines()]
     assert [line.get("split") for line in lines] == [None, None, *["search"] * len(record["trials"]), "held-out"]
     held = lines[-1]
-    found = verify_checkpoint(out / "checkpoints" / record["chosen"], out / "ledger.jsonl")
+    trust = out / "trusted-keys.pem"  # the run's: the key that signed its ledger
+    found = verify_checkpoint(out / "checkpoints" / record["chosen"], out / "ledger.jsonl", trust)
     assert found.deployable == (held["verdict"] == "approved")
     for trial in record["trials"]:
         if trial["name"] != record["chosen"] and trial["verdict"] == "approved":
-            assert not verify_checkpoint(out / "checkpoints" / trial["name"], out / "ledger.jsonl").deployable
+            assert not verify_checkpoint(out / "checkpoints" / trial["name"], out / "ledger.jsonl", trust).deployable
 
 
 def test_a_second_run_reuses_every_trial(searched) -> None:

@@ -6,6 +6,7 @@ before any work."""
 from __future__ import annotations
 
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -15,12 +16,14 @@ from quantgate import pipeline, serving
 from quantgate.core.artifacts import read_json
 from quantgate.evalsets import served as served_check
 from quantgate.pipeline.plan import from_mapping
-from quantgate.serving import environment
+from quantgate.serving import device, environment
 from tests.helpers import LENIENT_POLICY, SERVED_FORMAT, SERVING_RULES, TINY_POLICY, plan_mapping, write_policy
+from tests.test_serve_deadline import HANG_VARIABLE, hanging_env
 
 SERVING_POLICY = TINY_POLICY.replace("version: v1", "version: v2") + SERVING_RULES
+# load_margin 1.1: a serve that never loads (below) is abandoned at about the floor, 30 s, not 3x a cold start
 SERVE_SETTINGS = {"items": 4, "greedy_prompts": 2, "prompt_tokens": 8, "greedy_tokens": 4, "batch_sizes": [1, 8],
-                  "decode_tokens": 4, "runs": 1, "kv_cache_mib": 64, "bandwidth_mib": 16}
+                  "decode_tokens": 4, "runs": 1, "kv_cache_mib": 64, "bandwidth_mib": 16, "load_margin": 1.1}
 
 
 def _plan(model: Path, root: Path, **changes: object) -> dict:
@@ -49,6 +52,19 @@ def test_the_serve_stage_serves_the_baseline_and_each_format_and_the_gate_judges
         # baseline's own limit for the baseline; the candidate's scales with the baseline's probe)
         assert len(record["probe"]["forward_seconds"]) == served_check.PROBE_PASSES and record["probe_limit_seconds"] > 0
     assert read_json(out / "serve" / "baseline.json")["value"]["probe_limit_seconds"] == served_check.BASELINE_PROBE_SECONDS
+    # the load deadline: the baseline's own default, then a margin of the baseline's cold start measured here
+    cfg = served_check.ServeCheckConfig.model_validate(SERVE_SETTINGS)
+    baseline_record = read_json(out / "serve" / "baseline.json")["value"]
+    candidate_record = read_json(out / "serve" / f"{SERVED_FORMAT}.json")["value"]
+    assert baseline_record["load_deadline_seconds"] == cfg.baseline_load_s and baseline_record["cold_start_seconds"] > 0
+    assert candidate_record["load_deadline_seconds"] == served_check.load_deadline(cfg, baseline_record["cold_start_seconds"]).seconds
+    assert 0 < candidate_record["startup_seconds"] < candidate_record["load_deadline_seconds"]
+    # the effective scheme read from the kernel vLLM logged, agreeing with the table on this machine
+    [scheme] = candidate_record["schemes"]
+    assert scheme["served_as"] == scheme["expected"] and scheme["kernel"] and "mismatch" not in scheme
+    line = {stage.stage: stage for stage in result.stages}[f"serve {SERVED_FORMAT}"].detail
+    assert line.startswith(f"served on {candidate_record['device_class']}: ") and f"{scheme['scheme']} as {scheme['served_as']} " \
+        f"({scheme['kernel']})" in line and "(deadline" in line
     verdict = read_json(out / "verdicts" / f"{SERVED_FORMAT}.json")["value"]
     gates = {gate["gate"]: gate for gate in verdict["gates"]}
     assert gates["serving loads"]["outcome"] == "pass"
@@ -86,6 +102,37 @@ def test_a_finished_run_started_again_serves_nothing_again(served_run, quant_mod
     again = pipeline.run(from_mapping(_plan(quant_model, out.parent)), show_progress=False)
     served = [stage for stage in again.stages if stage.stage.startswith("serve")]
     assert len(served) == 2 and all(stage.status == "reused" for stage in served)
+
+
+def test_a_candidate_serve_that_never_loads_is_abandoned_at_its_load_deadline_and_the_run_goes_on(
+        served_run, quant_model: Path, serving_env: serving.ServingEnv, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM's engine hangs for the candidate's checkpoint (inside the serving environment: the
+    zygote's fork hangs too). Its serve stops at the load deadline the baseline's cold start here
+    sets, the unit's line says how long it ran and why, the verdict is pending on the device class
+    it was served on (named, not "unknown"), and the run goes on to its report."""
+    out, _ = served_run
+    root = tmp_path / "copy"
+    shutil.copytree(out, root / "run")  # everything reused but the candidate's serve
+    (root / "run" / "serve" / f"{SERVED_FORMAT}.json").unlink()
+    monkeypatch.setenv(environment.PYTHON_ENV, str(hanging_env(serving_env, tmp_path / "env").python))
+    monkeypatch.setenv(HANG_VARIABLE, f"/checkpoints/{SERVED_FORMAT}")
+    monkeypatch.setenv("QUANTGATE_HOME", str(tmp_path / "home"))
+    baseline = read_json(root / "run" / "serve" / "baseline.json")["value"]
+    deadline = served_check.load_deadline(served_check.ServeCheckConfig.model_validate(SERVE_SETTINGS), baseline["cold_start_seconds"])
+    assert deadline.seconds <= 180
+    started = time.monotonic()
+    result = pipeline.run(from_mapping(_plan(quant_model, root)), show_progress=False)
+    assert time.monotonic() - started < deadline.seconds + 120  # not the 900 s timeout
+    stages = {stage.stage: stage for stage in result.stages}
+    assert stages["serve baseline"].status == "reused"
+    serve = stages[f"serve {SERVED_FORMAT}"]
+    assert serve.status == "failed" and deadline.seconds <= serve.seconds < deadline.seconds + 30, serve
+    assert f"did not load the checkpoint within {deadline.seconds:.0f} s, its load deadline ({deadline.basis})" in serve.detail
+    verdict = result.verdicts[SERVED_FORMAT].to_json()
+    here = device.local_class()
+    assert verdict["verdict"] == "pending" and list(verdict["classes"]) == [here]
+    assert verdict["serving"]["status"] == "failed" and verdict["serving"]["device_class"] == here
+    assert (root / "run" / "report" / "report.html").is_file()
 
 
 def test_a_policy_that_gates_serving_without_the_environment_is_refused_before_any_work(cli, quant_model: Path, tmp_path: Path,

@@ -150,8 +150,14 @@ def kill_a_quantization(driver: subprocess.Popen[str], out: Path) -> tuple[str, 
 
 def comparable(record: dict[str, Any], out: Path) -> dict[str, Any]:
     """A ledger record without what differs between two runs of the same plan: when it was
-    written, the chain's hashes (they cover the time) and where its run directory is."""
-    dropped = {key: value for key, value in record.items() if key not in ("time", "prev_hash", "record_hash", "verdict_sha256")}
+    written, the chain's hashes (they cover the time), its signature (a random ECDSA nonce), the
+    hashes of the results' manifests and the checkpoint's file manifest (manifests hold their run's
+    times), and where its run directory is."""
+    dropped = {key: value for key, value in record.items()
+               if key not in ("time", "prev_hash", "record_hash", "verdict_sha256", "signature", "results_sha256")}
+    checkpoint = dropped.get("checkpoint")
+    if isinstance(checkpoint, dict):
+        dropped["checkpoint"] = {key: value for key, value in checkpoint.items() if key != "files"}
     return json.loads(json.dumps(dropped).replace(str(out), "<out>"))
 
 

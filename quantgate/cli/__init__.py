@@ -9,10 +9,11 @@ import traceback
 
 from quantgate.cli.app import app
 from quantgate.core.errors import QuantgateError
+from quantgate.core.exitcodes import Exit
 
-# Exit codes: 0 success (every format approved), 1 a verdict said no (a format blocked, a
-# checkpoint not deployable), 2 bad input or configuration, 3 a crash (a bug: traceback shown).
-CRASH_EXIT_CODE = 3
+# The exit codes are quantgate.core.exitcodes.Exit (docs/usage.md, "Exit codes"); a crash is
+# never 1 (= "blocked"): a CI must not read a bug as a verdict.
+CRASH_EXIT_CODE = Exit.CRASHED
 
 
 def main() -> None:
@@ -24,6 +25,6 @@ def main() -> None:
         sys.exit(error.exit_code)
     except Exception:  # noqa: BLE001 - anything else is a bug: say so, never exit 1 (= "blocked")
         traceback.print_exc()
-        print(f"quantgate: crashed (a bug, please report it with the traceback above); exit code {CRASH_EXIT_CODE}", file=sys.stderr)
+        print(f"quantgate: crashed (a bug, please report it with the traceback above); exit code {int(CRASH_EXIT_CODE)}", file=sys.stderr)
         sys.exit(CRASH_EXIT_CODE)
 

@@ -38,8 +38,10 @@ COMMANDS: dict[str, Entry] = {
     "evaluate": Entry("quantgate.cli.evaluate", "Evaluate a model on golden sets: metrics, per-item results, agreement with a baseline."),
     "serving": Entry("quantgate.cli.serve", "Serving in vLLM, in a virtual environment of its own: build it (setup, info, resources), "
                      "and serve a checkpoint in it to compare with what was gated (check)."),
-    "gate": Entry("quantgate.cli.gate", "Gate one candidate against its baseline under a policy: exit 0 approved, 1 blocked, 2 bad input."),
-    "verify": Entry("quantgate.cli.gate", "Exit 0 only if the checkpoint's current weight bytes match an approved ledger record."),
+    "gate": Entry("quantgate.cli.gate", "Gate one candidate against its baseline under a policy: exit 0 approved, 4 pending serving, "
+                  "1 blocked, 2 bad input."),
+    "verify": Entry("quantgate.cli.gate", "Exit 0 only for an approval, signed by a trusted key, of every file of this checkpoint."),
+    "keys": Entry("quantgate.cli.keys", "Your signing key and trust file: show them, make a new key (rotation), trust or untrust a public key."),
     "run": Entry("quantgate.cli.run", "Run every stage for one model: calibrate, quantize each format, measure and bound, "
                  "evaluate the baseline and each candidate, gate, append to the ledger, write the report."),
     "report": Entry("quantgate.cli.run", "Write the size-vs-accuracy report of a run again from its artifacts (or from a report.json alone), "

@@ -7,6 +7,8 @@ from pathlib import Path
 import typer
 
 from quantgate.cli.options import print_json
+from quantgate.core.exitcodes import Exit
+from quantgate.gates import keys
 from quantgate.gates.ledger import verify_checkpoint
 from quantgate.gates.signing import SIGNATURE_FILE
 from quantgate.gates.stage import gate_results
@@ -19,26 +21,36 @@ commands = typer.Typer(add_completion=False)
 def verify_command(
     checkpoint: Path = typer.Argument(..., help="checkpoint directory about to be deployed"),
     ledger_path: Path = typer.Option(..., "--ledger", help="the approval ledger (JSONL)"),
-    public_key: Path | None = typer.Option(None, "--public-key", help="accept only an approval signed by this key "
-                                           "(PEM public key; needs the signing extra)"),
+    trust: Path | None = typer.Option(None, "--trust", "--public-key", help="trust file: the PEM public key(s) whose "
+                                      "signatures are accepted (a run writes trusted-keys.pem beside its ledger); default: "
+                                      "your own, QUANTGATE_HOME/keys/trusted-keys.pem. --public-key is an alias"),
+    allow_unsigned: bool = typer.Option(False, "--allow-unsigned", help="accept unsigned records (an explicit opt-out: "
+                                        "the output says UNSIGNED); a bad signature or an unknown key is still refused"),
     device_class: str | None = typer.Option(None, "--device-class", help="the device class it will serve on (cpu-avx2, "
                                             "cpu-avx512, cpu-avx512-amx, cuda-smXY): it must have served as gated there; "
                                             "default: any class"),
 ) -> None:
-    """Exit 0 only if the checkpoint's current weight bytes match an approved ledger record.
+    """Exit 0 only for an approval, signed by a trusted key, of every file of this checkpoint.
 
-    Otherwise exit 1 and say why: pending serving (what is missing, the command that attests it),
-    blocked (on the device class, where one disagrees), unknown, changed since approval, or ledger tampered.
+    The exit code says what the ledger holds on these files (quantgate/core/exitcodes.py):
 
-    With --public-key, only an approval signed by that key: also unsigned, signed by another key, or ledger rewritten.
+    0 approved: the newest verdict on exactly these files approves them, and it and every record after it are signed by a
+    key of the trust file.
 
-    A missing ledger or a bad key file is bad input (exit 2).
+    1 blocked: blocked (on the device class, where one disagrees), or no verdict on these files.
 
-    Example: quantgate verify ckpt/gptq-int4 --ledger runs/demo/ledger.jsonl --public-key key.pub
+    4 pending serving: quality passed, no class has served it as gated (the command that attests it is printed).
+
+    6 untrusted: a file changed, added or removed since the verdict (each named), unsigned, an unknown key, a bad
+    signature, the ledger rewritten (a record edited and the chain recomputed) or tampered.
+
+    2 bad input: a missing ledger, a bad trust file, a checkpoint that cannot be read.
+
+    Example: quantgate verify demo-out/checkpoints/smoothquant-w8a8 --ledger demo-out/ledger.jsonl --trust demo-out/trusted-keys.pem
     """
-    result = verify_checkpoint(checkpoint, ledger_path, public_key, device_class)
+    result = verify_checkpoint(checkpoint, ledger_path, trust, device_class, allow_unsigned=allow_unsigned)
     typer.echo(f"{checkpoint}: {result.status.value}: {result.reason}")
-    raise typer.Exit(0 if result.deployable else 1)
+    raise typer.Exit(int(result.exit_code))
 
 
 @commands.command("gate")
@@ -50,8 +62,9 @@ def gate_command(
     calibration_dir: Path | None = typer.Option(None, "--calibration", help="its calibration set (default: the one its manifest names); enables the overlap gate"),
     precision: str | None = typer.Option(None, "--precision", help="8bit or 4bit thresholds (default: from the checkpoint's format)"),
     ledger_path: Path | None = typer.Option(None, "--ledger", help="append the verdict to this ledger"),
-    signing_key: Path | None = typer.Option(None, "--signing-key", help="sign an approval with this PEM private key "
-                                            "(ECDSA P-256/384/521): writes CHECKPOINT/model.sig; needs --ledger"),
+    signing_key: Path | None = typer.Option(None, "--signing-key", help="sign the ledger record with this PEM private key "
+                                            "(ECDSA P-256/384/521; default: your own, made on first use under "
+                                            "QUANTGATE_HOME/keys); an approval also writes CHECKPOINT/model.sig; needs --ledger"),
     narrow_policy: list[str] | None = typer.Option(None, "--narrow-policy", help="gate only this golden set of the policy "
                                                    "(repeat for each kept); the verdict records the policy as narrowed"),
     served: Path | None = typer.Option(None, "--served", help="its serve record (quantgate serving check --out DIR): for a policy that "
@@ -59,7 +72,11 @@ def gate_command(
     served_baseline: Path | None = typer.Option(None, "--served-baseline", help="the baseline's serve record: the serving gate's bound"),
     as_json: bool = typer.Option(False, "--json", help="print the verdict record as JSON"),
 ) -> None:
-    """Gate one candidate against its baseline under a policy: exit 0 approved, 1 blocked, 2 bad input.
+    """Gate one candidate against its baseline under a policy: exit 0 approved, 4 pending serving, 1 blocked, 2 bad input.
+
+    With --ledger the verdict is appended, signed (by --signing-key, else your own key, made on
+    first use); the public key goes into trusted-keys.pem beside the ledger. A ledger found
+    tampered is refused (exit 6).
 
     Example: quantgate gate --baseline run/baselines/fp8-e4m3 --candidate run/results/fp8-e4m3 --policy small-model --ledger ledger.jsonl
     """
@@ -76,8 +93,12 @@ def gate_command(
             mark = {"pass": "pass", "fail": "FAIL", "not evaluated": "SKIPPED"}.get(gate.outcome.value, "UNDECIDED")
             typer.echo(f"  {mark}  {gate.reason}")
         signature = Path(record.checkpoint.path) / SIGNATURE_FILE if record.checkpoint else None
-        if signing_key is not None and record.verdict == "approved" and signature is not None and signature.is_file():
-            typer.echo(f"signed: {signature} (and the ledger's record)")
-        elif signing_key is not None and record.verdict == "approved":
-            typer.echo("not signed: a later verdict on these weights in the ledger decides (quantgate verify says which)")
-    raise typer.Exit(0 if record.verdict == "approved" else 1)
+        if ledger_path is not None and record.verdict == "approved" and signature is not None and signature.is_file():
+            typer.echo(f"signed: {signature} and the ledger's record; the public key is in {keys.beside(ledger_path)}")
+        elif ledger_path is not None and record.verdict == "approved":
+            typer.echo("no model.sig: a later verdict on these weights in the ledger decides (quantgate verify says which)")
+    raise typer.Exit(int(VERDICT_EXIT[record.verdict]))
+
+
+# A verdict as an exit code (quantgate/core/exitcodes.py): pending is quality passed, serving evidence missing.
+VERDICT_EXIT = {"approved": Exit.APPROVED, "pending": Exit.PENDING, "blocked": Exit.BLOCKED}

@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from quantgate.core.errors import Interrupted
+from quantgate.gates.keys import beside
 from quantgate.gates.report import build, data_key, read, write
 from quantgate.gates.report_model import Report, Serving
 from quantgate.pipeline import runner as pipeline
@@ -29,8 +30,8 @@ def run_command(
     executor: str | None = typer.Option(None, "--executor", help="where the stages run: local or ray (default: the plan's `executor`)"),
     address: str | None = typer.Option(None, "--address", help="the Ray cluster: auto, HOST:PORT of its head, or ray://HOST:10001 "
                                        "(implies --executor ray; none: a Ray of this machine's own)"),
-    signing_key: Path | None = typer.Option(None, "--signing-key", help="sign each approval with this PEM private key "
-                                            "(ECDSA; default: the plan's `signing_key`, else approvals are unsigned)"),
+    signing_key: Path | None = typer.Option(None, "--signing-key", help="sign every ledger record with this PEM private key "
+                                            "(ECDSA; default: the plan's `signing_key`, else your own, made on first use)"),
 ) -> None:
     """Run every stage for one model: calibrate, quantize each format, measure and bound,
     evaluate the baseline and each candidate, gate, append to the ledger, write the report.
@@ -40,15 +41,23 @@ def run_command(
     looks, the small-model policy, served in vLLM.
 
     Resumable: every artifact is keyed by its inputs' hashes, so a run started again redoes
-    only what is missing. Exit 0 if every format is approved, 1 if any is blocked, 2 on bad
-    input or configuration.
+    only what is missing. No unit ends the run: a quantization, evaluation, serve, calibration,
+    sensitivity or search trial that fails (or whose child process is killed) is that unit's
+    record in run.json and the report, and the run goes on to the report.
+
+    Exit codes (the most urgent one where there are several; docs/usage.md, "Exit codes"):
+    0 every format approved; 1 a format blocked by its gates; 4 approved pending serving
+    (quality passed, no device class served it as gated yet); 5 a unit failed (the summary and
+    run.json's failed_units say which and why; the same command tries it again); 2 bad input or
+    configuration; 6 the ledger found tampered; 3 a crash (a bug); 130 interrupted.
 
     With --executor ray each format's quantization, evaluation and serve check is a Ray task,
     side by side on the cluster (docs/scale-out.md); `out` must be on storage every node sees.
 
-    With --signing-key (or the plan's `signing_key`) each approval is signed in the OpenSSF model
-    signing format: the checkpoint carries model.sig, the ledger record the signature
-    (`quantgate verify --public-key`; docs/gates.md).
+    Every ledger record is signed in the OpenSSF model signing format, with --signing-key (or the
+    plan's `signing_key`), else your own key (QUANTGATE_HOME/keys, made on the first run); an
+    approved checkpoint carries model.sig, and OUT/trusted-keys.pem the public key to verify with
+    (`quantgate verify CKPT --ledger OUT/ledger.jsonl --trust OUT/trusted-keys.pem`; docs/gates.md).
 
     Example: quantgate run my-plan.yaml --executor ray --address 10.0.0.1:6379
     """
@@ -61,7 +70,7 @@ def run_command(
         raise Interrupted("interrupted: the run's tasks were cancelled and every artifact written so far is whole; "
                           "the same command resumes where it stopped") from None
     _print_summary(build(result.out), result)
-    raise typer.Exit(result.exit_code)
+    raise typer.Exit(int(result.exit_code))
 
 
 def _print_summary(report: Report, result: Any = None) -> None:
@@ -100,13 +109,22 @@ def _print_summary(report: Report, result: Any = None) -> None:
             console.print(f"{row.display_name} serving on {line}", highlight=False, soft_wrap=True)
     for sentence in report.summary.engine_defaults:  # the engine's default differs from what was gated
         console.print(sentence, highlight=False, soft_wrap=True)
-    for failed in getattr(result, "failed_units", None) or []:
-        console.print(f"[red]failed unit[/red] (the run went on without it; the same command tries it again): {failed}",
+    if report.no_verdict:
+        console.print(f"[red]no verdict[/red]: {report.no_verdict}", highlight=False, soft_wrap=True)
+    for failed in report.failed_units:
+        console.print(f"[red]failed unit[/red] (the run went on without it; the same command tries it again): {failed.reason}",
                       highlight=False, soft_wrap=True)
     if result is not None:
         redone = len(result.redone)
         console.print(f"run directory {result.out} ({redone} of {len(result.stages)} stages run, {len(result.stages) - redone} reused) "
                       f"in {result.seconds:.0f} s; report {result.out / 'report' / 'report.html'}; ledger {report.ledger}")
+        if report.ledger:  # what the deploy side runs, with the trust file the run wrote beside its ledger
+            trust = beside(Path(report.ledger))
+            for row in report.rows:
+                if row.deployable:
+                    name = row.search.checkpoint if row.search is not None else row.format
+                    console.print(f"before deploying {row.display_name}: quantgate verify {result.out / 'checkpoints' / name} "
+                                  f"--ledger {report.ledger} --trust {trust}", highlight=False, soft_wrap=True)
 
 
 def _served_cell(serving: Serving | None) -> str:

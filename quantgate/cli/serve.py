@@ -12,9 +12,11 @@ from quantgate import evalsets, serving
 from quantgate.cli.options import config
 from quantgate.core.artifacts import atomic_directory
 from quantgate.core.errors import InputError
+from quantgate.core.exitcodes import Exit
 from quantgate.core.models import resolve_model
 from quantgate.evalsets.serve_record import ServeRecord
 from quantgate.evalsets.served import SERVE_FILE, ServeCheckConfig, check, not_comparable
+from quantgate.gates import keys
 from quantgate.gates.attest import attest
 from quantgate.serving import device, environment
 
@@ -90,18 +92,26 @@ def check_command(
     baseline: Path | None = typer.Option(None, "--baseline", help="with --run: the baseline model on this machine "
                                                                  "(default: the path the run used)"),
     ledger: Path | None = typer.Option(None, "--ledger", help="with --run: the ledger to append to (default: the run's)"),
-    signing_key: Path | None = typer.Option(None, "--signing-key", help="with --run: sign the serving record (and the "
-                                                                       "checkpoint's model.sig) when it makes the checkpoint deployable"),
+    signing_key: Path | None = typer.Option(None, "--signing-key", help="with --run: sign the serving record with this PEM "
+                                                                       "private key (default: your own, made on first use); "
+                                                                       "when it makes the checkpoint deployable, model.sig too"),
+    trust: Path | None = typer.Option(None, "--trust", help="with --run: the trust file the verdict's signature must check "
+                                                           "against (default: your own, QUANTGATE_HOME/keys/trusted-keys.pem)"),
 ) -> None:
-    """Serve a checkpoint in vLLM and compare it with what was gated: exit 0 served, 1 not served, 2 bad input.
+    """Serve a checkpoint in vLLM and compare it with what was gated: exit 0 served, 4 pending, 1 not served, 5 failed.
 
-    With --run, add the result to the run's ledger as serving evidence from this machine's device
-    class (exit 0 when served as gated here).
+    Exit codes (quantgate/core/exitcodes.py): 0 served (with --run: served as gated here); 1 vLLM does not serve it (with
+    --run: the serving gates block it here); 4 pending: this engine has no usable path for its scheme here; 5 the serve
+    failed (died or never answered: one line says why; nothing is written at --out); 6 with --run, the verdict it would attest is unsigned, signed by
+    a key the trust file does not hold, or its policy, baseline or results are not those signed; 2 bad input.
+
+    With --run, add the result to the run's ledger as serving evidence from this machine's device class, signed (the
+    verdict keeps its own signature; only the serving record is signed here).
 
     Example: quantgate serving check demo-out/checkpoints/gptq-int4 --run demo-out --out serve-gptq/
     """
     if run is not None:
-        _attest(checkpoint, run, out, baseline=baseline, ledger=ledger, signing_key=signing_key, overwrite=overwrite)
+        _attest(checkpoint, run, out, baseline=baseline, ledger=ledger, signing_key=signing_key, trust=trust, overwrite=overwrite)
         return
     model = resolve_model(checkpoint)
     sizes = _batch_sizes(batch_sizes)
@@ -120,21 +130,29 @@ def check_command(
         for line in describe(record):
             typer.echo(line)
         typer.echo(f"written: {out / SERVE_FILE}")
-    if not record.served:
-        raise typer.Exit(1)
+    raise typer.Exit(int(SERVE_EXIT[record.status]))
+
+
+# A serve check's outcome as an exit code: "no kernel here" is missing evidence (pending), "loads
+# nowhere" blocks, a serve that died or never answered is a failed unit (docs/serving.md).
+SERVE_EXIT = {"served": Exit.APPROVED, "pending": Exit.PENDING, "not_served": Exit.BLOCKED, "failed": Exit.UNIT_FAILED}
+# The serving gates' status (gates.verdict: approved, pending, blocked) as an exit code.
+ATTEST_EXIT = {"approved": Exit.APPROVED, "pending": Exit.PENDING, "blocked": Exit.BLOCKED}
 
 
 def _attest(checkpoint: str, run: Path, out: Path, *, baseline: Path | None, ledger: Path | None, signing_key: Path | None,
-            overwrite: bool) -> None:
+            trust: Path | None, overwrite: bool) -> None:
     with atomic_directory(out, overwrite=overwrite) as staging:
-        attested = attest(resolve_model(checkpoint), run, staging, baseline=baseline, ledger=ledger, signing_key=signing_key)
+        attested = attest(resolve_model(checkpoint), run, staging, baseline=baseline, ledger=ledger, signing_key=signing_key,
+                          trust=trust)
     record = attested.record
     typer.echo(f"{record.format} on {record.device_class}: serving {record.serving_status}"
                + ("" if record.serving_status == "approved" else f" ({'; '.join((record.reasons or [])[:2])})"))
-    typer.echo(f"ledger {attested.ledger}: serving record appended ({'signed' if record.signed else 'unsigned'}); "
-               f"`quantgate verify {checkpoint} --ledger {attested.ledger}` says whether it is deployable now")
-    if record.serving_status != "approved":
-        raise typer.Exit(1)
+    typer.echo(f"ledger {attested.ledger}: serving record appended, signed (key sha256 "
+               f"{record.signature.key_sha256[:16] if record.signature else '?'}...); "
+               f"`quantgate verify {checkpoint} --ledger {attested.ledger} --trust {keys.beside(attested.ledger)}` "
+               "says whether it is deployable now")
+    raise typer.Exit(int(ATTEST_EXIT.get(str(record.serving_status), Exit.BLOCKED)))
 
 
 def _batch_sizes(text: str) -> tuple[int, ...]:

@@ -112,6 +112,8 @@ def verify_files(root: Path, expected: dict[str, str], what: str) -> None:
 FAULT_KILL_AT_WRITE = "QUANTGATE_FAULT_KILL_AT_WRITE"  # N, or N:REGEX: SIGKILL this process inside that write
 FAULT_WRITE_LOG = "QUANTGATE_FAULT_WRITE_LOG"  # a file: each atomic write appends "N<TAB>path" to it
 _writes = {"count": 0, "matched": 0}
+# Set in a unit's child process (quantgate.pipeline.executor.run_forked): the pid of the run it works for.
+UNIT_OF_RUN = "QUANTGATE_UNIT_OF_RUN"
 _writes_lock = threading.Lock()
 
 
@@ -142,6 +144,9 @@ def _fault_point(target: Path, staged: Path) -> None:
                                                          key=lambda path: path.stat().st_size)
         if files:
             os.truncate(files[-1], files[-1].stat().st_size // 2)
+        run = os.environ.get(UNIT_OF_RUN)
+        if run:  # a unit's child process: the run it works for dies inside this write too, as a one-process run would
+            os.kill(int(run), signal.SIGKILL)
         os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -169,14 +174,15 @@ def _staging_prefix(path: Path) -> str:
 
 
 @contextlib.contextmanager
-def atomic_file(path: Path, *, durable: bool = False) -> Iterator[BinaryIO]:
+def atomic_file(path: Path, *, durable: bool = False, mode: int = 0o644) -> Iterator[BinaryIO]:
     """Yield a binary stream on a temporary sibling of `path`; on success it replaces `path`
     in one rename, so a reader sees the old file or the new one, never half of it. `durable`:
     fsync before the rename (a record whose loss a crash must not cause, the ledger), and the
     directory after it.
 
     Testing hook: `$QUANTGATE_FAULT_KILL_AT_WRITE=N` kills the process inside the N-th atomic
-    write (file or directory) after half its bytes, before the rename (`_fault_point`)."""
+    write (file or directory) after half its bytes, before the rename (`_fault_point`). `mode`:
+    the file's permissions (0o600 for a private key: mkstemp makes it 0600 from its creation)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, temporary = tempfile.mkstemp(prefix=_staging_prefix(path), dir=path.parent)
@@ -186,7 +192,7 @@ def atomic_file(path: Path, *, durable: bool = False) -> Iterator[BinaryIO]:
             stream.flush()
             if durable:
                 os.fsync(stream.fileno())
-        os.chmod(temporary, 0o644)  # mkstemp makes 0600; artifacts are meant to be shared
+        os.chmod(temporary, mode)  # mkstemp makes 0600; artifacts are meant to be shared (0644 by default)
         _fault_point(path, Path(temporary))
         os.replace(temporary, path)
         if durable:

@@ -488,6 +488,36 @@ def weight_hashes(checkpoint: Path) -> dict[str, str]:
     return {path.name: sha256_file(path) for path in files}
 
 
+# model-signing's default name for a signature inside a model directory: no file of the model
+SIGNATURE_FILE = "model.sig"
+
+
+def checkpoint_files(checkpoint: Path) -> dict[str, str]:
+    """sha256 of every file of a checkpoint directory by its path relative to it (weights,
+    config.json, tokenizer, chat template, recipe, manifest...): what a loader reads, as OpenSSF
+    model signing's file serialization hashes it (its signature and git files excepted), so the
+    manifest a verdict records is the one its signature's statement lists. A symlink or a file that
+    cannot be read is a ModelError (model-signing refuses symlinks unless told otherwise)."""
+    # model_signing is imported here: it takes about a second to import (it loads sigstore)
+    from model_signing import hashing
+
+    checkpoint = Path(checkpoint)
+    if not checkpoint.is_dir():
+        raise ModelError(f"checkpoint {checkpoint} is not a directory")
+    # hashing.Config's __init__ carries no annotations (model-signing 1.1): called as Any
+    config_class: Any = hashing.Config
+    config = config_class().set_ignored_paths(paths=[SIGNATURE_FILE], ignore_git_paths=True)
+    try:
+        manifest = config.hash(checkpoint)
+    except (ValueError, OSError) as error:  # a symlink, an unreadable file
+        raise ModelError(f"checkpoint {checkpoint}: cannot hash its files ({str(error).splitlines()[0] if str(error) else error})") \
+            from error
+    files = {item.identifier: item.digest.digest_hex for item in manifest.resource_descriptors()}
+    if not any(is_weight_file(name) for name in files):
+        raise ModelError(f"{checkpoint} holds no *.safetensors weight files")
+    return files
+
+
 def weight_file_hashes(manifest_files: dict[str, str]) -> dict[str, str]:
     """The weight files' sha256s from a checkpoint manifest's `files` (top-level *.safetensors):
     the bytes a deployment serves, as the manifest holds them (verified, not hashed again)."""

@@ -1,6 +1,8 @@
 """Where a run's stage work executes (the plan's `executor:`, `quantgate run --executor`).
 
-`LocalExecutor`: in this process, one unit after another, as quantgate always ran. `RayExecutor`:
+`LocalExecutor`: one unit after another on this machine; a quantization, an evaluation or the
+sensitivity in a child process forked for it (`run_forked`), so that an OOM kill or a crash ends
+that unit, not the run; the rest in this process. `RayExecutor`:
 each unit a Ray task (the functions of quantgate.pipeline.units) with the resources the plan asks
 for its stage kind; the driver (this process) keeps the order, the stage cache and the ledger.
 Ray retries a task whose worker died (`max_retries`); an error the task raised itself comes back
@@ -12,10 +14,15 @@ local run never needs it (and never pays its import).
 
 from __future__ import annotations
 
+import io
 import os
+import pickle
+import signal
 import socket
+import sys
 import threading
 import time
+import traceback
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -23,6 +30,7 @@ from typing import Any, Protocol, TypedDict, TypeVar
 
 # ray and torch are imported where used: Ray is an optional extra a local run never loads, and
 # torch is a worker's (it sets the task's threads)
+from quantgate.core import artifacts
 from quantgate.core.console import stderr
 from quantgate.core.errors import InputError, QuantgateError
 from quantgate.pipeline import units
@@ -75,14 +83,228 @@ class Executor(Protocol):
     def close(self) -> None: ...
 
 
+class UnitDied(Exception):
+    """A unit's child process ended without an answer: killed by a signal (the kernel's OOM
+    killer's SIGKILL, a crash's SIGSEGV) or exited on its own; with the child's peak memory."""
+
+    def __init__(self, label: str, signal_name: str | None, exit_status: int | None, peak_memory_bytes: int) -> None:
+        how = f"killed by {signal_name}" if signal_name else f"exited with status {exit_status}"
+        oom = " (the kernel's OOM killer sends SIGKILL: out of memory?)" if signal_name == "SIGKILL" else ""
+        super().__init__(f"{label}: its child process was {how}{oom}, peak memory {peak_memory_bytes / 2**30:.2f} GiB")
+        self.signal, self.exit_status, self.peak_memory_bytes = signal_name, exit_status, peak_memory_bytes
+
+
+# The stage kinds whose units load a model and compute for minutes: each runs in a child process.
+FORKED_KINDS = frozenset({"quantize", "evaluate", "sensitivity"})
+# "1": the local executor runs every unit in the run's own process (a debugger's breakpoint in a
+# unit, a test that watches what a unit does); a unit's crash then ends the run.
+IN_PROCESS_ENV = "QUANTGATE_UNITS_IN_PROCESS"
+# A child whose OpenMP pool hangs exits with this status (the parent then runs it again on one thread).
+_POOL_HUNG = 75
+# A parallel region over 1 Mi elements takes milliseconds; 5 s is one that will never return.
+_POOL_PROBE_S = 5.0
+
+
+class PoolHung(Exception):
+    """A forked child's OpenMP pool hung (see _probe_pool): nothing of the unit ran."""
+
+
+def _torch_threads() -> int:
+    import torch
+
+    return int(torch.get_num_threads())
+
+
+def _set_torch_threads(threads: int) -> None:
+    import torch
+
+    torch.set_num_threads(threads)
+
+
+def _probe_pool(threads: int) -> None:
+    """In a forked child: torch on `threads` threads, and one parallel region run. GNU OpenMP
+    (libgomp, which torch's wheels bundle) hangs in a forked child whose parent ran a parallel
+    region on several threads (the child inherits a pool without its threads): where it hangs
+    here, a timer ends the child with _POOL_HUNG, and the parent runs the unit again on one
+    thread (measured: the first matmul of such a child never returns; on one thread it does)."""
+    if threads <= 1:
+        _set_torch_threads(1)
+        return
+    import torch
+
+    timer = threading.Timer(_POOL_PROBE_S, os._exit, (_POOL_HUNG,))
+    timer.daemon = True
+    timer.start()
+    _set_torch_threads(threads)
+    torch.ones(1 << 20).add_(1.0)  # 1 Mi elements: past ATen's grain size (32768), so a parallel region
+    timer.cancel()
+
+
+def _die_with(run: int) -> None:
+    """In a forked child: killed when the run (`run`, its parent) dies, as a unit in the run's own
+    process would be (Linux's PR_SET_PDEATHSIG; elsewhere the child finishes its unit alone), and
+    the run's pid where the atomic writes' testing hook kills the run (artifacts.UNIT_OF_RUN)."""
+    os.environ[artifacts.UNIT_OF_RUN] = str(run)
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG (prctl(2))
+    if os.getppid() != run:  # the run died between the fork and the prctl
+        os._exit(70)
+
+
+def _fd_backed(stream: object) -> bool:
+    """Whether a text stream writes to a file descriptor (what a forked child shares with its parent)."""
+    try:
+        return isinstance(stream.fileno(), int)  # type: ignore[attr-defined]  # any object: a stream without fileno raises
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is an OSError and a ValueError
+        return False
+
+
+def _captured_streams() -> tuple[io.StringIO, io.StringIO] | None:
+    """In a forked child whose sys.stdout or sys.stderr is no descriptor (a test's captured
+    streams, a notebook's): both replaced by buffers, whose text goes back with the answer and
+    is written to the parent's streams there; None where the child writes to the descriptors."""
+    if _fd_backed(sys.stdout) and _fd_backed(sys.stderr):
+        return None
+    out, err = io.StringIO(), io.StringIO()
+    sys.stdout, sys.stderr = out, err
+    return out, err
+
+
+def _printed(captured: tuple[io.StringIO, io.StringIO] | None) -> tuple[str, str] | None:
+    return None if captured is None else (captured[0].getvalue(), captured[1].getvalue())
+
+
+def _answer(write_fd: int, outcome: tuple[bool, object, dict[str, int], tuple[str, str] | None]) -> None:
+    """The child's answer to its parent: (True, the value) or (False, the error), pickled, with
+    the atomic writes' testing-hook counters (artifacts._writes) and what it printed where its
+    streams were no descriptors."""
+    try:
+        data = pickle.dumps(outcome, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as error:  # noqa: BLE001 - an unpicklable value or error: said in a RuntimeError of its own
+        unsent = RuntimeError(f"the unit's answer could not be sent to the run: {type(error).__name__}: {error}; "
+                              f"its {'value' if outcome[0] else 'error'} was {outcome[1]!r:.300}")
+        data = pickle.dumps((False, (unsent, "".join(traceback.format_exception(error))), outcome[2], outcome[3]))
+    view = memoryview(data)
+    while view:
+        view = view[os.write(write_fd, view):]
+
+
+class ChildTraceback(Exception):
+    """Where a unit's error was raised in its child process: the child's traceback, as the
+    cause of the error raised in the run (the unit's log shows both)."""
+
+
+def _error_answer(error: BaseException) -> tuple[bool, tuple[BaseException, str]]:
+    """A unit's error as the child sends it: the error itself (its type decides what the run does
+    with it: bad input, a full disk, a unit's failure), its traceback from the child as a note."""
+    text = "".join(traceback.format_exception(error))
+    try:
+        sent: BaseException = pickle.loads(pickle.dumps(error))
+    except Exception:  # noqa: BLE001 - an error that does not pickle: its type and message kept
+        sent = RuntimeError(f"{type(error).__name__}: {error}")
+    # a traceback does not pickle: its text travels beside the error, the cause of the error raised in the run
+    return False, (sent, f"in the unit's child process (pid {os.getpid()}):\n{text.rstrip()}")
+
+
+def run_forked(label: str, work: Callable[[], T], threads: int) -> T:
+    """`work` in a child process forked from this one (nothing of it is pickled: the child has
+    this process's memory), its value pickled back through a pipe; its error raised here as if it
+    had run here. A child killed by a signal, or that exited without an answer, is UnitDied with
+    the signal and its peak memory (os.wait4's ru_maxrss: the child's peak resident set, counted
+    from what it shared with this process when forked). The child's stdout and stderr are this
+    process's at the fork (the unit's log, quantgate.core.console.library_output). PoolHung: the
+    child's OpenMP pool could not be used on `threads` threads (nothing ran: run it on one)."""
+    read_fd, write_fd = os.pipe()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    run = os.getpid()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns
+        status = 0
+        try:
+            os.close(read_fd)
+            _die_with(run)
+            printed = _captured_streams()
+            _probe_pool(threads)
+            try:
+                outcome: tuple[bool, object] = (True, work())
+            except BaseException as error:  # noqa: BLE001 - every error goes back to the parent, Ctrl-C's too
+                outcome = _error_answer(error)
+            _answer(write_fd, (*outcome, dict(artifacts._writes), _printed(printed)))
+        except BaseException:  # noqa: BLE001 - the answer could not be written (the parent is gone)
+            status = 70
+        finally:
+            for stream in (sys.stdout, sys.stderr):
+                try:
+                    stream.flush()
+                except Exception:  # noqa: BLE001, S110 - a closed stream: nothing more to say
+                    pass
+            os._exit(status)  # no atexit handler, no finaliser of the parent's objects runs twice
+    os.close(write_fd)
+    return _child_answer(label, pid, read_fd, threads)
+
+
+def _child_answer(label: str, pid: int, read_fd: int, threads: int) -> T:
+    """In the run: the forked child's answer read from its pipe, the child waited for, and its
+    value returned or its error raised (see run_forked)."""
+    chunks: list[bytes] = []
+    try:
+        while chunk := os.read(read_fd, 1 << 20):
+            chunks.append(chunk)
+    except BaseException:  # Ctrl-C here: the child stops too, and is waited for
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        raise
+    finally:
+        os.close(read_fd)
+    _, status, usage = os.wait4(pid, 0)
+    peak = usage.ru_maxrss * 1024  # kilobytes on Linux (getrusage(2))
+    if chunks:
+        ok, value, writes, printed = pickle.loads(b"".join(chunks))
+        artifacts._writes.update(writes)  # the atomic writes' testing hook numbers the child's writes as the run's
+        if printed is not None:
+            sys.stdout.write(printed[0])
+            sys.stderr.write(printed[1])
+        if ok:
+            return value  # type: ignore[no-any-return]  # what `work` returned, through the pipe
+        raised, where = value  # the unit's own error, and its traceback in the child (_error_answer)
+        raise raised from ChildTraceback(where)
+    if os.WIFEXITED(status) and os.WEXITSTATUS(status) == _POOL_HUNG and threads > 1:
+        raise PoolHung(label)
+    name = signal.Signals(os.WTERMSIG(status)).name if os.WIFSIGNALED(status) else None
+    raise UnitDied(label, name, os.WEXITSTATUS(status) if os.WIFEXITED(status) else None, peak)
+
+
 class LocalExecutor:
-    """Every unit in this process, in order."""
+    """Every unit on this machine, in order: a quantization, an evaluation and the sensitivity each
+    in a child process of its own (`run_forked`), the rest in this process. While the run goes,
+    torch in this process runs on one thread, so that no OpenMP pool of several threads exists
+    here when a child is forked; each child runs on the threads this process had (`threads`).
+    `fork`: False runs every unit in this process (where os.fork does not exist)."""
 
     name = "local"
     concurrent = False
 
+    def __init__(self, fork: bool = hasattr(os, "fork"), threads: int | None = None) -> None:
+        self.fork = fork
+        self.threads = (threads or _torch_threads()) if fork else 0
+        if fork:
+            _set_torch_threads(1)
+
     def call(self, kind: str, label: str, work: Callable[[], T], needs: Sequence[str] = ()) -> T:
-        return work()
+        if not (self.fork and kind in FORKED_KINDS):
+            return work()
+        try:
+            return run_forked(label, work, self.threads)
+        except PoolHung:
+            # torch ran on several threads in this process before the run (a notebook, a test): its
+            # OpenMP pool hangs any forked child that uses it, so every child of this run gets one thread
+            stderr.print(f"      [yellow]{label}: this process's OpenMP pool cannot be used in a child process; "
+                         "units run on one thread[/yellow]", highlight=False, soft_wrap=True)
+            self.threads = 1
+            return run_forked(label, work, self.threads)
 
     def where(self, label: str) -> str:
         return ""
@@ -94,7 +316,8 @@ class LocalExecutor:
         return None
 
     def close(self) -> None:
-        return None
+        if self.fork:
+            _set_torch_threads(self.threads)  # this process's torch as it was before the run
 
 
 def _ray() -> Any:
@@ -350,10 +573,32 @@ def _first_line(error: BaseException) -> str:
     return " ".join(text.splitlines()[0].split()) if text else type(error).__name__
 
 
-def make(plan: ExecutorPlan, resources: Mapping[StageKind, StageResources]) -> Executor:
-    """The executor a plan asks for."""
+def forks(plan: ExecutorPlan) -> bool:
+    """Whether a run under `plan` forks its units: the local executor, where os.fork exists and
+    QUANTGATE_UNITS_IN_PROCESS is not 1."""
+    return plan.kind == "local" and hasattr(os, "fork") and os.environ.get(IN_PROCESS_ENV) != "1"
+
+
+def hold_one_thread() -> int:
+    """Torch on one thread in this process from now on, before the run does any torch work here
+    (its preflight converts a demo model on first use and runs it on the smoke prompt): one
+    parallel region on several threads would leave the OpenMP pool that hangs every forked unit
+    (_probe_pool), and the whole run would fall back to one thread. Returns the count it had: the
+    threads the units' children get; `release_threads` gives it back."""
+    threads = _torch_threads()
+    _set_torch_threads(1)
+    return threads
+
+
+def release_threads(threads: int) -> None:
+    _set_torch_threads(threads)
+
+
+def make(plan: ExecutorPlan, resources: Mapping[StageKind, StageResources], threads: int | None = None) -> Executor:
+    """The executor a plan asks for; `threads`: what `hold_one_thread` returned, for the local
+    executor's children (None: this process's count now)."""
     if plan.kind == "local":
-        return LocalExecutor()
+        return LocalExecutor(fork=forks(plan), threads=threads)
     started = time.perf_counter()
     made = RayExecutor(plan, resources, show=lambda line: stderr.print(line, highlight=False, soft_wrap=True))
     nodes = ", ".join(f"{name} at {address}" for name, address in made.nodes.values())

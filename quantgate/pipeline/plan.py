@@ -243,8 +243,10 @@ class RunPlan(Strict):
     hardware: tuple[str, ...] = ("reference", "h200")
     out: str = "runs/out"
     ledger: str | None = Field(default=None, description="default: <out>/ledger.jsonl")
-    # sign each approval with this PEM private key (ECDSA; docs/gates.md "Signed approvals")
-    signing_key: str | None = Field(default=None, description="a PEM private key: each approval is signed with it")
+    # sign every ledger record with this PEM private key (ECDSA; docs/gates.md "Signed records");
+    # default: the user's own, QUANTGATE_HOME/keys/signing-key.pem, made on the first run
+    signing_key: str | None = Field(default=None, description="a PEM private key: every ledger record is signed with it "
+                                    "(default: your own key, made on first use)")
     report: ReportPlan = ReportPlan()
     search: SearchPlan | None = Field(default=None, description="a gated mixed-precision search (docs/search.md)")
     # the serve stage's settings; a policy with a serving gate serves with the defaults when absent

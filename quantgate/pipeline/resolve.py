@@ -23,6 +23,7 @@ from quantgate.core.validation import is_path, validated
 from quantgate.evalsets.evaluate import model_identity
 from quantgate.evalsets.results import ModelIdentity
 from quantgate.evalsets.served import ServeCheckConfig
+from quantgate.gates.keys import ensure_default_key
 from quantgate.gates.policy import PRECISION_CLASSES, LoadedPolicy, mixed_precision_class, precision_class
 from quantgate.gates.samplesize import Discordance, GatePower, GatePowerJSON, gate_powers
 from quantgate.gates.sequential import schedule
@@ -91,7 +92,7 @@ class ResolvedPlan:
     # the serve stage: its settings and the serving environment (None: no serve stage)
     serve_cfg: ServeCheckConfig | None = None
     serving_env: serving.ServingEnv | None = None
-    signing_key: Path | None = None  # each approval is signed with it (checked here: a usable ECDSA PEM key)
+    signing_key: Path | None = None  # every ledger record is signed with it (checked here; default: the user's own key)
     # every gate of every split at each precision class it is judged under: its ceiling, the
     # items it needs and the power the ceiling gives (docs/gates.md, "Planned ceilings")
     powers: tuple[GatePower, ...] = ()
@@ -299,8 +300,12 @@ def resolve_plan(loaded: LoadedPlan, show_progress: bool = True, verbose: bool =
                                     within=f"quantize.{fmt}") for fmt in plan.formats}
     splits = resolve_items(plan, goldens, policy)
     plot = plot_metric(plan.report.plot_metric, set_specs, policy)
+    # every record is signed: with the plan's key (one that cannot sign is refused before any work),
+    # else the user's own, made now on a first run (gates/keys.py)
     if (signing_key := loaded.signing_key) is not None:
-        load_signing_key(signing_key, "signing_key")  # a key that cannot sign is refused before any work
+        load_signing_key(signing_key, "signing_key")
+    else:
+        signing_key = ensure_default_key()
     model_dir = _baseline(plan, show_progress, verbose)
     models_kept, memory_note = _memory(plan, model_dir)
     resolved = ResolvedPlan(

@@ -35,7 +35,8 @@ from quantgate.core.artifacts import (
     write_json,
 )
 from quantgate.core.console import library_output, stderr, tail
-from quantgate.core.errors import InputError, IntegrityError
+from quantgate.core.errors import InputError, IntegrityError, QuantgateError
+from quantgate.core.exitcodes import Exit, most_urgent
 from quantgate.core.headers import read_checkpoint
 from quantgate.core.ids import SERVING, GateId
 from quantgate.core.models import weight_file_hashes
@@ -44,12 +45,25 @@ from quantgate.core.rundir import BASELINE, RUN_KIND, RunDir
 from quantgate.core.stagecache import Cached, StageCache, stored_value
 from quantgate.evalsets.evaluate import cache_root, model_identity
 from quantgate.evalsets.serve_record import ServeRecord
-from quantgate.evalsets.served import FAILED, probe_seconds
+from quantgate.evalsets.served import FAILED, cold_start_seconds, probe_seconds
+from quantgate.gates.ledger import LedgerTampered
 from quantgate.gates.policy import LoadedPolicy, Outcome, mixed_precision_class, precision_class
 from quantgate.gates.report import build as build_report
 from quantgate.gates.report import data_key as report_key
 from quantgate.gates.report import write as write_report
-from quantgate.gates.run_record import PlannedPower, PlotAxes, RunPlan, RunPolicy, RunRecord, RunStage, RunVerdict
+from quantgate.gates.run_record import (
+    BASELINE_FAILED,
+    FINISHED,
+    RUNNING,
+    FailedUnit,
+    PlannedPower,
+    PlotAxes,
+    RunPlan,
+    RunPolicy,
+    RunRecord,
+    RunStage,
+    RunVerdict,
+)
 from quantgate.gates.stage import item_records, record_verdict, verdict_record
 from quantgate.gates.verdict import (
     GateResult,
@@ -76,12 +90,12 @@ from quantgate.gates.verdict_record import (
 )
 from quantgate.pipeline import executor as executors
 from quantgate.pipeline import units
-from quantgate.pipeline.executor import Executor, TaskLost
+from quantgate.pipeline.executor import Executor, TaskLost, UnitDied
 from quantgate.pipeline.lock import RunLock
 from quantgate.pipeline.plan import LoadedPlan
 from quantgate.pipeline.progress import StageLog, StageStatus
 from quantgate.pipeline.resolve import ResolvedPlan, Split, SplitKey, resolve_plan
-from quantgate.pipeline.search import Trials, build_space, mixed_config, run_search
+from quantgate.pipeline.search import SearchRecord, SearchStopped, Trials, build_space, mixed_config, run_search, stopped_search
 from quantgate.pipeline.stages import (
     BASELINE_EVALUATE,
     BASELINE_MEASURE,
@@ -151,7 +165,8 @@ class RunResult:
     stages: list[StageStatus] = field(default_factory=list)
     report: Path | None = None
     seconds: float = 0.0
-    failed_units: list[str] = field(default_factory=list)  # "quantize gptq-int4: RuntimeError: ..." (the run went on)
+    failed_units: list[FailedUnit] = field(default_factory=list)  # each unit that failed (the run went on)
+    status: str = FINISHED  # run.json's: BASELINE_FAILED when there is no verdict at all
 
     @property
     def all_approved(self) -> bool:
@@ -160,9 +175,16 @@ class RunResult:
         return all(entry.verdict == "approved" for entry in self.verdicts.values() if entry.split != "search")
 
     @property
-    def exit_code(self) -> int:
-        """0 only when every format is approved and no unit of the run failed."""
-        return 0 if self.all_approved and not self.failed_units else 1
+    def exit_code(self) -> Exit:
+        """The run's outcome for a CI (quantgate.core.exitcodes): UNIT_FAILED when a unit failed
+        (its record says which: the run is incomplete, the same command tries it again), else
+        BLOCKED when a format (or the search's held-out gate) is blocked, else PENDING when one is
+        approved pending serving, else APPROVED. A search trial's own verdict decides nothing."""
+        outcomes = [Exit.UNIT_FAILED] if self.failed_units or self.status == BASELINE_FAILED else []
+        for entry in self.verdicts.values():
+            if entry.split != "search":
+                outcomes += [Exit.BLOCKED] if entry.verdict == "blocked" else [Exit.PENDING] if entry.verdict == "pending" else []
+        return most_urgent(outcomes)
 
     @property
     def redone(self) -> list[str]:
@@ -172,11 +194,29 @@ class RunResult:
 class UnitFailed(Exception):
     """A unit of work (a quantization, an evaluation, a serve) that raised, died or never answered:
     its candidate is not judged on it this run, and the run goes on (a run started again does it
-    again). `reason` names the unit, what happened and its log."""
+    again). `reason` names the unit, what happened and its log; `record` is run.json's of it."""
 
-    def __init__(self, kind: str, label: str, reason: str) -> None:
-        super().__init__(reason)
-        self.kind, self.label, self.reason = kind, label, reason
+    def __init__(self, record: FailedUnit) -> None:
+        super().__init__(record.reason)
+        self.record = record
+        self.kind, self.label, self.reason = record.kind, record.unit, record.reason
+
+
+class LedgerUntrusted(QuantgateError):
+    """The ledger this run appends to was found tampered: no verdict is added to a chain that
+    cannot be trusted (exit UNTRUSTED, not bad input: the ledger, not the plan, is at fault)."""
+
+    exit_code = Exit.UNTRUSTED
+
+
+def _tampered(error: BaseException) -> bool:
+    """Whether `error`, or what caused it, is the ledger found tampered (gates.ledger)."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, LedgerTampered):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def _unit_error(error: BaseException) -> bool:
@@ -184,6 +224,11 @@ def _unit_error(error: BaseException) -> bool:
     configuration (exit 2 for the whole run), not a full disk, not Ctrl-C."""
     return isinstance(error, Exception) and not isinstance(error, (InputError, IntegrityError, TaskLost)) \
         and _out_of_space(error) is None
+
+
+class _NoBaseline(Exception):
+    """The baseline's measurement or evaluation failed (its failed unit says why): no verdict can
+    be reached this run, and the run goes on to run.json and the report, which say so."""
 
 
 @dataclass(frozen=True)
@@ -308,6 +353,16 @@ class Pipeline:
         return ["calibration", "overlap", "measure", "evaluate", *served, *per_format * len(self.plan.formats), *searched, "report"]
 
     def run(self) -> RunResult:
+        # torch on one thread here before the preflight's own torch work, so that the units' forked
+        # children can use every thread (quantgate.pipeline.executor.hold_one_thread)
+        threads = executors.hold_one_thread() if executors.forks(self.plan.executor) else None
+        try:
+            return self.run_held(threads)
+        finally:
+            if threads is not None:
+                executors.release_threads(threads)
+
+    def run_held(self, threads: int | None) -> RunResult:
         resolved = self.preflight()
         serve, gpus = resolved.serve_cfg, self.plan.resources.get("serve")
         if self.plan.executor.kind == "ray" and serve is not None and serve.tensor_parallel > (gpus.gpus if gpus else 0) >= 1:
@@ -315,7 +370,7 @@ class Pipeline:
                              f"{gpus.gpus if gpus else 0:g} GPUs: give it as many")
         created = _make_out(self.out)  # before any work: an `out` that cannot be made or written is refused here
         try:
-            executor = executors.make(self.plan.executor, self.plan.resources)
+            executor = executors.make(self.plan.executor, self.plan.resources, threads)
         except BaseException:
             if created:
                 shutil.rmtree(self.out, ignore_errors=True)
@@ -343,6 +398,8 @@ class Pipeline:
             executor.cancel()  # no task of this run writes after this
             raise
         except Exception as error:
+            if _tampered(error) and not isinstance(error, LedgerUntrusted):
+                raise LedgerUntrusted(" ".join(str(error).split())) from error
             full = _out_of_space(error)
             if full is None:
                 raise
@@ -375,7 +432,8 @@ class _Run:
         self.log = StageLog(pipeline.planned_stages(plan), pipeline.show_progress, executor.where)
         self.cache = StageCache(self.dir, self.log)
         self.started = time.perf_counter()
-        self.failed_units: list[str] = []
+        self.failed_units: list[FailedUnit] = []
+        self.calibration_failed: str | None = None  # why the calibration set failed (its unit's reason)
         # the baseline's serve record: its probe's forward pass is the base of every candidate's limit
         self.baseline_served: Future[_Served | None] = Future()
 
@@ -385,6 +443,7 @@ class _Run:
         or never answered) becomes UnitFailed, with its traceback in logs/, and the run goes on.
         `also`: errors that otherwise end a run (bad input, a lost task) and here only fail this unit."""
         log = self.dir.unit_log(kind, name)
+        started = time.perf_counter()
         try:
             # each unit's own log of what the libraries printed (the run's libraries.log keeps what
             # is printed between units). Not under a concurrent executor: units then overlap in
@@ -402,12 +461,15 @@ class _Run:
             with open(log, "a", encoding="utf-8") as stream:  # appended after what it printed
                 stream.write("".join(traceback.format_exception(error)))
             reason = f"{label} failed: {type(error).__name__}: {' '.join(str(error).split())[:400]} (log {log})"
-            self.failed_units.append(reason)
-            self.log.end(kind, label, "failed", 0.0, reason)
+            died = error if isinstance(error, UnitDied) else None
+            record = FailedUnit(kind=kind, unit=label, reason=reason, log=str(log), signal=died.signal if died else None,
+                                peak_memory_bytes=died.peak_memory_bytes if died else None)
+            self.failed_units.append(record)
+            self.log.end(kind, label, "failed", time.perf_counter() - started, reason)
             if self.pipeline.show_progress:
                 for line in printed:
                     stderr.print(f"  | {line}", highlight=False, markup=False, soft_wrap=True)
-            raise UnitFailed(kind, label, reason) from error
+            raise UnitFailed(record) from error
 
     def stored(self, stage: JsonStage[..., T], *names: str, key: str, label: str, work: Callable[[], object],
                attempt: str | None = None, needs: Sequence[str] = (), task: str | None = None) -> T:
@@ -437,32 +499,63 @@ class _Run:
         return cached() if attempt is None else self.attempt(stage.kind, label, attempt, cached, also)
 
     def chain(self) -> RunResult:
-        self.manifest(status="running").write(self.dir.run_file)
-        if self.executor.concurrent and len(self.plan.plan.formats) > 1:
+        """Every stage, then run.json and the report, whatever unit failed: the baseline's failure
+        leaves no verdict at all (run.json's status says so), any other unit's its candidates'."""
+        self.manifest(status=RUNNING).write(self.dir.run_file)
+        try:
+            verdicts, status = self.verdicts(), FINISHED
+        except _NoBaseline:
+            verdicts, status = {}, BASELINE_FAILED
+        units.forget()  # the models this process kept for the run
+        self.manifest(status=status, verdicts=verdicts).write(self.dir.run_file)
+        self.report()
+        result = RunResult(self.dir.root, verdicts, self.log.stages, self.dir.report, seconds=time.perf_counter() - self.started,
+                           failed_units=list(self.failed_units), status=status)
+        self.manifest(status=status, verdicts=verdicts, seconds=result.seconds).write(self.dir.run_file)
+        return result
+
+    def verdicts(self) -> dict[str, VerdictRecord]:
+        """Each format's verdict, then the search's; _NoBaseline when the baseline failed."""
+        formats = self.plan.plan.formats
+        if self.executor.concurrent and len(formats) > 1:
             calibration_set, overlap, baseline, verdicts = self.side_by_side()
         else:
             calibration_set = self.calibrate()
-            overlap = self.overlap(calibration_set)
+            overlap = self.overlap(calibration_set) if calibration_set is not None else None
             results = self.baseline_results()
             baseline = _Baseline(results, self.serve_baseline(results))
-            verdicts = {fmt: self.conclude(self.prepare(fmt, calibration_set, overlap), baseline, overlap) for fmt in self.plan.plan.formats}
+            verdicts = {fmt: self.conclude(self.prepare(fmt, calibration_set, overlap), baseline, overlap)
+                        if calibration_set is not None and overlap is not None else self.uncalibrated(fmt, baseline)
+                        for fmt in formats}
         if self.plan.plan.search is not None:
-            verdicts.update(self.search(calibration_set, baseline, overlap, verdicts))
-        units.forget()  # the models this process kept for the run
-        self.manifest(status="finished", verdicts=verdicts).write(self.dir.run_file)
-        self.report()
-        result = RunResult(self.dir.root, verdicts, self.log.stages, self.dir.report, seconds=time.perf_counter() - self.started,
-                           failed_units=list(self.failed_units))
-        self.manifest(status="finished", verdicts=verdicts, seconds=result.seconds).write(self.dir.run_file)
-        return result
+            if calibration_set is None or overlap is None:
+                self.stop_search(f"the calibration set failed ({self.calibration_failed})")
+            else:
+                verdicts.update(self.search(calibration_set, baseline, overlap, verdicts))
+        return verdicts
+
+    def uncalibrated(self, fmt: str, baseline: _Baseline) -> VerdictRecord:
+        """A format's verdict when the run's calibration set failed: it cannot be quantized, so it
+        is blocked for this run, not evaluated, with the calibration's failure as its reason."""
+        reason = f"the calibration set failed, so it was not quantized ({self.calibration_failed})"
+        begun = self.cache.begin(f"quantize {fmt}")
+        self.cache.finish("quantize", f"quantize {fmt}", "skipped", begun, "no calibration set")
+        candidate = _Candidate(fmt, precision_class(get_preset(fmt)), QUANTIZE.where(self.dir, fmt), "no-calibration-set",
+                               Cached(None, {"failed": reason, "lost": reason}))
+        return self.blocked(candidate, baseline, reason)
 
     # ---- once a run -------------------------------------------------------------------------
 
-    def calibrate(self) -> calibration.CalibrationSet:
-        """calibration.run reuses the set itself when its inputs' key matches."""
+    def calibrate(self) -> calibration.CalibrationSet | None:
+        """calibration.run reuses the set itself when its inputs' key matches. None when it failed
+        (a unit's failure, in failed_units): no format can be quantized this run."""
         begun = self.cache.begin("calibration")
-        made: calibration.CalibrationSet = self.call(
-            "calibration", "calibration", CALIBRATION.task(self.plan.calibration_cfg, CALIBRATION.where(self.dir), overwrite=True))
+        try:
+            made: calibration.CalibrationSet = self.attempt("calibration", "calibration", "set", lambda: self.call(
+                "calibration", "calibration", CALIBRATION.task(self.plan.calibration_cfg, CALIBRATION.where(self.dir), overwrite=True)))
+        except UnitFailed as failed:
+            self.calibration_failed = failed.reason
+            return None
         self.cache.finish("calibration", "calibration", "reused" if made.reused else "done", begun,
                           f"{made.samples} x {made.input_ids.shape[1]} tokens, fingerprint {made.fingerprint[:12]}")
         return made
@@ -484,12 +577,16 @@ class _Run:
         return served
 
     def baseline_results(self) -> evalsets.EvaluationResults:
-        """The baseline measured, and evaluated at every set's first look."""
+        """The baseline measured, and evaluated at every set's first look; _NoBaseline when either
+        failed (in failed_units): every verdict pairs with it, so there is none this run."""
         plan = self.plan
-        self.stored(BASELINE_MEASURE, BASELINE, key=BASELINE_MEASURE.key(plan), label="measure baseline",
-                    work=BASELINE_MEASURE.task(plan.model_dir, None, plan.profiles))
-        evaluated = self.made(BASELINE_EVALUATE, BASELINE, key=BASELINE_EVALUATE.key(plan), label="evaluate baseline",
-                              work=BASELINE_EVALUATE.task(plan, BASELINE_EVALUATE.where(self.dir, BASELINE)))
+        try:
+            self.stored(BASELINE_MEASURE, BASELINE, key=BASELINE_MEASURE.key(plan), label="measure baseline", attempt=BASELINE,
+                        work=BASELINE_MEASURE.task(plan.model_dir, None, plan.profiles))
+            evaluated = self.made(BASELINE_EVALUATE, BASELINE, key=BASELINE_EVALUATE.key(plan), label="evaluate baseline",
+                                  attempt=BASELINE, work=BASELINE_EVALUATE.task(plan, BASELINE_EVALUATE.where(self.dir, BASELINE)))
+        except UnitFailed as failed:
+            raise _NoBaseline(failed.reason) from failed
         results = evaluated.value
         assert results is not None  # no failure is caught: a value or an exception
         return results
@@ -508,7 +605,7 @@ class _Run:
 
     # ---- per format -------------------------------------------------------------------------
 
-    def side_by_side(self) -> tuple[calibration.CalibrationSet, _Overlap, _Baseline, dict[str, VerdictRecord]]:
+    def side_by_side(self) -> tuple[calibration.CalibrationSet | None, _Overlap | None, _Baseline, dict[str, VerdictRecord]]:
         """Under a concurrent executor, what does not wait for anything runs at once: the baseline
         (its first looks, then every look a format can ask for) beside the calibration set, each
         format's quantization and measurement as soon as the calibration set is made, each
@@ -520,6 +617,10 @@ class _Run:
             try:
                 looked = pool.submit(self.baseline_looked)
                 calibration_set = self.calibrate()
+                if calibration_set is None:  # no format can be quantized: each is blocked, once the baseline is there
+                    results = looked.result()
+                    baseline = _Baseline(results, self.serve_baseline(results))
+                    return None, None, baseline, {fmt: self.uncalibrated(fmt, baseline) for fmt in formats}
                 overlap = self.overlap(calibration_set)
                 prepared = {fmt: pool.submit(self.prepare, fmt, calibration_set, overlap, looked) for fmt in formats}
                 results = looked.result()
@@ -564,9 +665,17 @@ class _Run:
         return self.examine(self.quantize(fmt, calibration_set), overlap, baseline)
 
     def judge(self, candidate: _Candidate, baseline: _Baseline, overlap: _Overlap) -> VerdictRecord:
-        """A quantized checkpoint (a format's or a search trial's), measured, evaluated on its
-        split and gated: its verdict record."""
-        return self.conclude(self.examine(candidate, overlap, lose=False), baseline, overlap)
+        """A search trial's checkpoint (or its held-out gate), measured, evaluated on its split and
+        gated: its verdict record. A unit of it that failed, or a task lost on a cluster, is no
+        verdict to bisect on: SearchStopped (the search ends saying why; the run goes on)."""
+        try:
+            prepared = self.examine(candidate, overlap, lose=False)
+        except TaskLost as lost:
+            self.failed_units.append(FailedUnit(kind=lost.kind, unit=lost.label, reason=str(lost)))
+            raise SearchStopped(f"{candidate.name}: {lost}") from lost
+        if prepared.lost is not None:
+            raise SearchStopped(f"{candidate.name} was not judged ({prepared.lost})")
+        return self.conclude(prepared, baseline, overlap)
 
     def examine(self, candidate: _Candidate, overlap: _Overlap, baseline: Future[evalsets.EvaluationResults] | None = None,
                 lose: bool = True) -> _Prepared:
@@ -583,8 +692,9 @@ class _Run:
                 candidate, measured=measured, measure_key=measure_key, overlap=overlap))
         except TaskLost as lost:
             self.log.end(lost.kind, lost.label, "failed", 0.0, str(lost))
-            if not lose:  # a search trial: a lost one is no verdict to bisect on; the run stops (and resumes)
+            if not lose:  # a search trial: a lost one is no verdict to bisect on; the search stops (_Run.judge)
                 raise
+            self.failed_units.append(FailedUnit(kind=lost.kind, unit=lost.label, reason=str(lost)))
             return _Prepared(candidate, lost=str(lost))
         except UnitFailed as failed:  # no verdict on this candidate this run; the run goes on
             return _Prepared(candidate, lost=failed.reason)
@@ -654,15 +764,20 @@ class _Run:
         cfg, env = plan.serve_cfg, plan.serving_env
         key = SERVE.key(plan, checkpoint=model_identity(model).numbers(),
                              results=sha256_file(results.path / MANIFEST) if results is not None else None)
-        reference = None if name == BASELINE else probe_seconds(_record_of(self.baseline_served.result()))
+        baseline = None if name == BASELINE else _record_of(self.baseline_served.result())
+        # the baseline's probe pass and cold start here: the bases of this serve's probe limit and load deadline
+        reference, reference_load = probe_seconds(baseline), cold_start_seconds(baseline)
         label = f"serve {name}"
         # on a cluster: a node whose engine serves the checkpoint's schemes (serving.device.node_resources)
         needs = [device.serve_resource(scheme) for scheme in device.checkpoint_schemes(read_checkpoint(model).config)]
         try:
             record = self.stored(SERVE, name, key=key, label=label, attempt=name, needs=needs, work=SERVE.task(
-                model, results, cfg, env, work=self.dir.serve_work(name), reference_probe=reference))
+                model, results, cfg, env, work=self.dir.serve_work(name), reference_probe=reference, reference_load=reference_load))
         except UnitFailed as failed:  # nothing cached: the next run serves it again; the verdict is pending
-            return _Served(ServeRecord(served=False, status=FAILED, reason=failed.reason, engine=env.identity()), f"failed:{key}")
+            # the class it was to serve on is known though nothing served: the summary names it, not "unknown"
+            device_class = device.local_class("cuda" if env.engine == "vllm" else "cpu")
+            return _Served(ServeRecord(served=False, status=FAILED, reason=failed.reason, engine=env.identity(),
+                                       device_class=device_class), f"failed:{key}")
         self.log.amend(label, _served_summary(record), done=False)
         return _Served(record, key)
 
@@ -675,6 +790,7 @@ class _Run:
                                   work=QUANTIZE.task(plan, fmt, calibration_set.path, checkpoint))
         except TaskLost as lost:  # lost for good on a cluster: no checkpoint, and no record of it on disk
             self.log.end(lost.kind, label, "failed", 0.0, str(lost))
+            self.failed_units.append(FailedUnit(kind=lost.kind, unit=label, reason=str(lost)))
             quantized = Cached(None, {"failed": str(lost), "lost": str(lost)})
         except UnitFailed as failed:  # not the inputs' fault as far as anyone knows: the next run quantizes again
             quantized = Cached(None, {"failed": failed.reason, "lost": failed.reason})
@@ -769,7 +885,9 @@ class _Run:
 
         record = self.stored(GATE, fmt, key=key, label=f"gate {fmt}", work=lambda: verdict().to_json())
         # the driver is this run's only writer; another run may share the ledger (record_verdict holds its lock)
-        appended = record_verdict(self.pipeline.ledger, record, self.plan.signing_key)
+        # signed, with what `serving check --run` reads there: the serve check's settings, the results' hashes
+        appended = record_verdict(self.pipeline.ledger, record, self.plan.signing_key, serving=self.plan.serve_cfg,
+                                  baseline_results=self.dir.results(BASELINE))
         self.log.amend(f"gate {fmt}", f"{record.verdict}; ledger {'appended' if appended else 'already holds this verdict'}",
                        done=appended)
         return record
@@ -783,15 +901,22 @@ class _Run:
         plan, search = self.plan, self.plan.plan.search
         assert search is not None
         self.dir.search_file.unlink(missing_ok=True)  # an earlier run's record never stands for this one
+        # a format without a checkpoint this run (its quantization failed, its checkpoint failed its own checks, its task
+        # was lost on a cluster): its bytes are no point of the search (a measurement an earlier run left is not this run's)
+        unmeasured = [name for name in search.formats
+                      if not self.dir.measure(name).is_file() or (name in uniform and uniform[name].checkpoint is None)]
+        if unmeasured:
+            why = uniform[unmeasured[0]].reasons[0] if unmeasured[0] in uniform and uniform[unmeasured[0]].reasons else "no checkpoint"
+            return self.stop_search(f"it mixes {unmeasured[0]}, which this run did not measure ({why})")
         cfg = _sensitivity_config(plan)
-        scores = self.made(SENSITIVITY, key=SENSITIVITY.key(plan, cfg, calibration_set.fingerprint), label="sensitivity",
-                           work=SENSITIVITY.task(cfg, plan.model_dir, calibration_set.path, SENSITIVITY.where(self.dir), overwrite=True,
-                                                 allow_pickle=plan.plan.allow_pickle)).value
-        assert scores is not None
-        unmeasured = [name for name in search.formats if not self.dir.measure(name).is_file()]
-        if unmeasured:  # its checkpoint failed its own checks, or its task was lost on a cluster
-            raise TaskLost("measure", f"measure {unmeasured[0]}", f"the search mixes {unmeasured[0]}, which this run did not measure "
-                           f"({uniform[unmeasured[0]].reasons[0] if unmeasured[0] in uniform and uniform[unmeasured[0]].reasons else 'no checkpoint'})")
+        try:
+            scores = self.made(SENSITIVITY, key=SENSITIVITY.key(plan, cfg, calibration_set.fingerprint), label="sensitivity",
+                               attempt="layer-groups", also=(TaskLost,),
+                               work=SENSITIVITY.task(cfg, plan.model_dir, calibration_set.path, SENSITIVITY.where(self.dir),
+                                                     overwrite=True, allow_pickle=plan.plan.allow_pickle)).value
+        except UnitFailed as failed:
+            return self.stop_search(f"the sensitivity stage failed ({failed.reason})")
+        assert scores is not None  # the sensitivity stage caches no failure: a value or an exception
         measurements = {name: stage_measurement(stored_value(self.dir.measure(name)), str(self.dir.measure(name)))
                         for name in (BASELINE, *search.formats)}
         measurements[quantize.UNQUANTIZED] = measurements.pop(BASELINE)
@@ -802,8 +927,11 @@ class _Run:
 
         # quantgate.pipeline.search decides on the verdicts' JSON; the records themselves are kept here
         def trial(name: str, allocation: Allocation) -> VerdictRecord:
-            made[name] = self.quantize_trial(name, mixed_config(plan, space, allocation), calibration_set,
-                                             space.trial_layers(allocation))
+            try:
+                made[name] = self.quantize_trial(name, mixed_config(plan, space, allocation), calibration_set,
+                                                 space.trial_layers(allocation))
+            except UnitFailed as failed:  # no verdict to bisect on: the search stops, saying why
+                raise SearchStopped(f"{name}'s quantization failed ({failed.reason})") from failed
             judged[name] = self.judge(made[name], baseline, overlap)
             return judged[name]
 
@@ -814,17 +942,25 @@ class _Run:
         record = run_search(plan, space, Trials(lambda name, allocation: trial(name, allocation).to_json(),
                                                 lambda name: held_out(name).to_json(),
                                                 {fmt: verdict.to_json() for fmt, verdict in uniform.items()}))
+        self.write_search(record)
+        return {name: judged[name] for name in record["verdicts"]}
+
+    def stop_search(self, reason: str) -> dict[str, VerdictRecord]:
+        """A search that stops before its first trial: its record says why; no verdict of it."""
+        self.write_search(stopped_search(self.plan, reason))
+        return {}
+
+    def write_search(self, record: SearchRecord) -> None:
         write_json(self.dir.search_file, {key: value for key, value in record.items() if key != "verdicts"})
         stderr.print(f"search: {record['conclusion']}", highlight=False, soft_wrap=True)
-        return {name: judged[name] for name in record["verdicts"]}
 
     def quantize_trial(self, name: str, cfg: MixedConfig, calibration_set: calibration.CalibrationSet,
                        layer_bytes: dict[str, int]) -> _Candidate:
         """A search trial's mixed checkpoint, judged on the search split and held to `layer_bytes`."""
         plan, checkpoint = self.plan, TRIAL_QUANTIZE.where(self.dir, name)
         key = TRIAL_QUANTIZE.key(plan, cfg, calibration_set.fingerprint)
-        # lost on a cluster: TaskLost stops the run (no verdict to bisect on)
-        quantized = self.made(TRIAL_QUANTIZE, name, key=key, label=f"quantize {name}",
+        # raised, died, or lost on a cluster: UnitFailed (the search stops: no verdict to bisect on)
+        quantized = self.made(TRIAL_QUANTIZE, name, key=key, label=f"quantize {name}", attempt=name, also=(TaskLost,),
                               work=TRIAL_QUANTIZE.task(plan, cfg, calibration_set.path, checkpoint))
         bits = {int(get_preset(fmt).weights["num_bits"]) for fmt in cfg.formats}
         precision = mixed_precision_class(plan.policy, bits)
@@ -948,16 +1084,25 @@ def _record_of(served: _Served | None) -> ServeRecord | None:
 
 
 def _served_summary(record: ServeRecord) -> str:
-    """One line for the stage log: 'served: |logprob diff| 0.043 mean, 36.6 tokens/s at batch 1'."""
+    """One line for the stage log: 'served on cpu-avx512: |logprob diff| 0.043 mean, 36.6 tokens/s
+    at batch 1, loaded in 4.2 s (deadline 75 s), W4A16 as W4A16 (CPUWNA16LinearKernel)', and a
+    mismatch of the logged kernel with serving.device.RULES where there is one."""
+    where = f" on {record.device_class}" if record.device_class else ""
+    retried = f" (the probe stopped a first attempt and was tried once more: {record.probe_retried.reason})" \
+        if record.probe_retried is not None and record.probe_retried.reason else ""
     if not record.served:
-        return f"not served: {record.reason}"
+        return f"{record.status.replace('_', ' ')}{where}: {record.reason}{retried}"
     parts = []
     if record.agreement is not None:
         parts.append(f"|logprob diff| {record.agreement.mean_abs_logprob_difference:.3f} mean")
     first = next(iter(record.throughput.batches.items()), None) if record.throughput is not None else None
     if first is not None:
         parts.append(f"{first[1].tokens_per_s:.1f} tokens/s at batch {first[0]}")
-    return "served: " + ", ".join(parts)
+    if record.startup_seconds is not None and record.load_deadline_seconds is not None:
+        parts.append(f"loaded in {record.startup_seconds:.1f} s (deadline {record.load_deadline_seconds:.0f} s)")
+    parts += [f"{entry.scheme} as {entry.served_as}" + (f" ({entry.kernel})" if entry.kernel else "") for entry in record.schemes or []]
+    mismatches = record.mismatches()
+    return f"served{where}: " + ", ".join(parts) + retried + (f"; MISMATCH with the table: {'; '.join(mismatches)}" if mismatches else "")
 
 
 def _with_split(record: VerdictRecord, candidate: _Candidate) -> VerdictRecord:

@@ -24,6 +24,7 @@ from quantgate.core.errors import InputError
 from quantgate.gates.search import Tried, chosen, conclusion, next_budget
 from quantgate.gates.verdict import passes_here
 from quantgate.pipeline.budget import ignored as _ignored
+from quantgate.pipeline.plan import SearchPlan
 from quantgate.pipeline.resolve import ResolvedPlan
 from quantgate.quantize.allocation import Allocation, AllocationJSON, Option, Unit, allocate
 from quantgate.quantize.config import UNQUANTIZED, MixedConfig
@@ -71,16 +72,22 @@ class HeldOutVerdict(TypedDict):
     reasons: list[str]
 
 
-class SearchRecord(TypedDict):
+class _SearchBounds(TypedDict, total=False):
+    """What a search knows once its space is built: absent from the record of a search that
+    stopped before (`stopped_search`)."""
+
+    ceiling_bytes: int
+    lo_bytes: int
+    space: SpaceSummary
+
+
+class SearchRecord(_SearchBounds):
     """The search's record: search.json, and under `verdicts` (not written there) every trial's
     verdict record by name."""
 
     formats: list[str]
     objective: str
     max_trials: int
-    ceiling_bytes: int
-    lo_bytes: int
-    space: SpaceSummary
     trials: list[TrialEntry]
     repeats: list[Repeat]
     verdicts: dict[str, dict[str, Any]]  # name -> its verdict record (the runner's)
@@ -151,14 +158,35 @@ def mixed_config(plan: ResolvedPlan, space: Space, allocation: Allocation) -> Mi
     return MixedConfig(layers=assigned, knobs=knobs, group_size=first.group_size, ignore=first.ignore)
 
 
+class SearchStopped(Exception):
+    """A unit the search cannot go on without failed (a trial's quantization, its evaluation):
+    the search ends with no verdict of its own, its conclusion says why, and the run goes on."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+NO_VERDICT = "no verdict of the search"
+
+
+def stopped_search(plan: ResolvedPlan, reason: str) -> SearchRecord:
+    """The record of a search that stopped before its first trial (its sensitivity failed, or a
+    format it mixes was not measured): what it would have searched, and why it did not."""
+    search = plan.plan.search
+    assert search is not None  # the runner calls it for a plan with a search only
+    return {"formats": list(search.formats), "objective": search.objective, "max_trials": search.max_trials, "trials": [],
+            "repeats": [], "verdicts": {}, "chosen": None, "held_out": None, "conclusion": f"{NO_VERDICT}: {reason}"}
+
+
 @dataclass(frozen=True)
 class Trials:
     """The runner's side of a search: `trial(name, allocation)` quantizes, measures, evaluates
     (search split) and gates one trial, returning its verdict record; `held_out(name)` gates a
     trial again on the held-out split; `uniform` holds the run's verdicts on the uniform formats."""
 
-    trial: Callable[[str, Allocation], dict[str, Any]]
-    held_out: Callable[[str], dict[str, Any]]
+    trial: Callable[[str, Allocation], dict[str, Any]]  # raises SearchStopped when the trial could not be judged
+    held_out: Callable[[str], dict[str, Any]]  # the same
     uniform: Mapping[str, Mapping[str, Any]]
 
 
@@ -184,6 +212,16 @@ def run_search(plan: ResolvedPlan, space: Space, trials: Trials) -> SearchRecord
     tried = [Tried(fmt, space.uniform[fmt], space.uniform[fmt], passes_here(trials.uniform.get(fmt, {})),
                    trial=False) for fmt in search.formats]
     ran: dict[str, Allocation] = {}
+    try:
+        return _bisect(search, space, trials, record, tried=tried, ran=ran, lo=lo, ceiling=ceiling)
+    except SearchStopped as stopped:  # no trial after it, no held-out gate: the trials so far keep their verdicts
+        record["conclusion"] = f"{NO_VERDICT}: {stopped.reason}"
+        return record
+
+
+def _bisect(search: SearchPlan, space: Space, trials: Trials, record: SearchRecord, *, tried: list[Tried], ran: dict[str, Allocation],
+            lo: int, ceiling: int) -> SearchRecord:
+    """The trials, then the held-out gate of the smallest approved one: `record` completed."""
     while len(ran) < search.max_trials:
         budget = next_budget(lo, ceiling, tried, resolution=int(search.resolution * space.baseline))
         if budget is None:

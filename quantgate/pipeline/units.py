@@ -185,7 +185,7 @@ def quantize_trial(plan: ResolvedPlan, cfg: quantize.MixedConfig, calibration: P
 
 
 def serve_check(checkpoint: Path, results: evalsets.EvaluationResults | None, cfg: served.ServeCheckConfig,
-                env: ServingEnv, *, work: Path, reference_probe: float | None) -> dict[str, JsonValue]:
+                env: ServingEnv, *, work: Path, reference_probe: float | None, reference_load: float | None = None) -> dict[str, JsonValue]:
     """The serve stage's value: the serve record (evalsets.served.check) as the JSON it is
     cached as; the runner reads it back through ServeRecord."""
-    return served.check(checkpoint, results, cfg, env, work, reference_probe=reference_probe).to_json()
+    return served.check(checkpoint, results, cfg, env, work, reference_probe=reference_probe, reference_load=reference_load).to_json()
