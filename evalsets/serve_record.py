@@ -37,13 +37,21 @@ class ServeMachine(RecordPart):
     system: str
 
 
-class SchemeServed(RecordPart):
-    """A scheme the checkpoint asks for and the scheme the engine computes for it: under the
-    settings the check ran with, and under the engine's defaults."""
+class SchemeServed(_Sparse):
+    """A scheme the checkpoint asks for and the scheme the engine computes for it under the
+    settings the check ran with (`served_as`: read from the kernel the engine logged where its
+    log decides it, else what serving.device.RULES expect), and under the engine's defaults (the
+    rules' expectation); `expected`: what the rules expect under the check's settings; `kernel`,
+    `evidence`: the kernel vLLM selected and what the scheme rests on; `mismatch`: the log shows
+    another scheme than the rules expect (serving.device.scheme_mismatch)."""
 
     scheme: str
     served_as: str
     engine_default: str
+    expected: str | None = None
+    kernel: str | None = None
+    evidence: str | None = None
+    mismatch: str | None = None
 
 
 class GatedSide(RecordPart):
@@ -59,7 +67,8 @@ class GatedSide(RecordPart):
 
 
 class Probe(_Sparse):
-    """The timed probe: the worker's answer (`prompt_tokens`), or why it stopped (`reason`, the limits)."""
+    """The timed probe: the worker's answer (`prompt_tokens`), or why it stopped (`reason`, the
+    limits; `log`: a stop that was tried again keeps its worker's log there)."""
 
     forward_seconds: list[float]
     kind: str | None = None
@@ -68,6 +77,7 @@ class Probe(_Sparse):
     reason: str | None = None
     limit_seconds: float | None = None
     warmup_limit_seconds: float | None = None
+    log: str | None = None
 
 
 class ItemNLL(RecordPart):
@@ -109,13 +119,17 @@ class Greedy(RecordPart):
 
 
 class EngineDefault(_Sparse):
-    """What the engine's default settings would serve on this class, where they compute another
-    scheme than the settings the check ran with."""
+    """What the engine's default settings would serve on this class, where serving.device.RULES
+    expect them to compute another scheme than the settings the check ran with: `served_as` read
+    from its log's kernels where they decide it (else the rules'), `expected` the rules', and a
+    `mismatch` of the two."""
 
     settings: dict[str, str]
     served_as: dict[str, str]
     because: list[str]
     served: bool
+    expected: dict[str, str] | None = None
+    mismatch: str | None = None
     reason: str | None = None
     agreement: Agreement | None = None
     kernels: list[str] | None = None
@@ -193,21 +207,37 @@ class ServeRecord(Record):
     engine_settings: dict[str, str] | None = None
     schemes: list[SchemeServed] | None = None
     probe_limit_seconds: float | None = None
+    load_deadline_seconds: float | None = None  # how long its engine could take to load (evalsets.served.load_deadline)
+    load_deadline_basis: str | None = None  # where that number comes from
     gated: GatedSide | None = None
     not_compared: str | None = None  # why nothing was compared (no gated text-set results)
     log: str | None = None
     kernels: list[str] | None = None
     probe: Probe | None = None
+    probe_retried: Probe | None = None  # a first attempt the probe stopped, tried once more (the machine's load?)
+    probe_not_retried: str | None = None  # why a probe stop was not tried again: too little left of the check's cap
+    answer_cap_seconds: float | None = None  # the check's cap on waiting for engines that have not answered (evalsets.served._Budget)
+    answer_cap_spent_seconds: float | None = None  # what its serves spent of it
     isolated: bool | None = None
     dtype: str | None = None
     device: str | None = None
     threads: int | None = None
     load_seconds: float | None = None
+    startup_seconds: float | None = None  # asked to loaded, as the caller waited
+    cold_start_seconds: float | None = None  # importing vLLM plus loading the engine: the base of the candidates' load deadline
     seconds: float | None = None
     agreement: Agreement | None = None
     greedy: Greedy | None = None
     engine_default: EngineDefault | None = None
     throughput: Throughput | None = None
+
+    def mismatches(self) -> list[str]:
+        """Where the engine's log shows another scheme than serving.device.RULES expect: the
+        serve's own schemes and its engine-default serve's."""
+        found = [entry.mismatch for entry in self.schemes or [] if entry.mismatch]
+        if self.engine_default is not None and self.engine_default.mismatch:
+            found.append(f"under the engine's defaults: {self.engine_default.mismatch}")
+        return found
 
     def to_json(self) -> dict[str, Any]:
         """The fields the check reached (see the module docstring), with its kind and version."""

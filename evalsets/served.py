@@ -25,12 +25,23 @@ measures that too: `engine_default`), and the kernels vLLM selected. Its `status
 
 - `served`: served and compared;
 - `pending`: no usable path on this device class: a timed probe (one forward pass, before the full
-  check) ran far past the baseline's, or the engine is known to have no kernel for the scheme
-  here and could not load it. Missing evidence, not a failed checkpoint: serve it where it will run;
+  check) ran far past the baseline's twice (a stop is tried once more: one slow pass can be the
+  machine's load), or the engine is known to have no kernel for the scheme here and could not
+  load it. Missing evidence, not a failed checkpoint: serve it where it will run;
 - `not_served`: vLLM could not load or serve it here for another reason, which blocks this class.
 
-A serving environment that cannot import vLLM, or a worker that runs past its time or dies, is an
-error (nothing is recorded: the next run tries again; the run itself goes on, the verdict pending).
+A serving environment that cannot import vLLM, or a worker that runs past its time, never loads
+its engine by the load deadline (`load_deadline`: a multiple of the baseline's cold start on this
+machine, at most 3 minutes) or by what is left of the check's cap, or dies, is an error (nothing
+is recorded: the next run tries again; the run itself goes on, the verdict pending). The cap
+(`load_cap_s`, `_Budget`) is one per check: its serves (the serve, a retry of a probe stop, the
+engine-default serve) wait for their engines' first answer (the probe's first forward pass) at
+most that long in all; a first pass still running when it runs out is a probe stop.
+
+The scheme the engine computes (`schemes`' `served_as`) is evidence: the kernel vLLM logged for
+each layer scheme and the flags of the loaded layers (serving.device.effective_schemes), checked
+against what serving.device.RULES expect on this class (`expected`); a disagreement is the
+entry's `mismatch`, said in the report.
 """
 
 from __future__ import annotations
@@ -40,6 +51,7 @@ from __future__ import annotations
 import os
 import platform
 import statistics
+import time
 from pathlib import Path
 from typing import Any, Final, TypedDict, cast
 
@@ -54,13 +66,13 @@ from quantgate.core.models import max_sequence_length
 from quantgate.core.validation import Strict
 from quantgate.evalsets import agreement
 from quantgate.evalsets.evaluate import TOPK_FILE, EvaluationResults, load_side, model_identity
-from quantgate.evalsets.serve_record import Agreement, EngineDefault, GatedSide, Greedy, ServeRecord, Throughput
+from quantgate.evalsets.serve_record import Agreement, EngineDefault, GatedSide, Greedy, SchemeServed, ServeRecord, Throughput
 from quantgate.evalsets.text_eval import head_logits, prefix_token
 from quantgate.quantize.measure.accounting import measure
 from quantgate.quantize.measure.bounds import kv_bytes_per_sequence, memory_time, model_from_checkpoint
 from quantgate.quantize.measure.measurement import Measurement
 from quantgate.serving import device
-from quantgate.serving.launch import ProbeStopped
+from quantgate.serving.launch import LOG, PROGRESS, AnswerCap, ProbeStopped, loaded_at
 from quantgate.serving.worker import (
     BandwidthTask,
     EngineSettings,
@@ -75,8 +87,9 @@ from quantgate.serving.worker import (
 )
 
 # Bump when a change to the serve check or the worker changes a number, or the record's shape:
-# cached serve records are redone (3: the record's schema_version 3)
-SERVE_CHECK_VERSION = 3
+# cached serve records are redone (3: the record's schema_version 3; 4: load deadline, cold start,
+# probe retry and the effective scheme from the kernel log)
+SERVE_CHECK_VERSION = 4
 SERVED, PENDING, NOT_SERVED = "served", "pending", "not_served"
 FAILED: Final = "failed"  # a serve that timed out or whose worker died: no evidence (the run's record of the unit, never cached)
 # The probe's first forward pass also warms the kernels up: it may take this much longer.
@@ -85,6 +98,10 @@ PROBE_WARMUP_SECONDS = 30.0
 # this bounds it only against a hang (a large model's forward pass on a CPU takes seconds).
 BASELINE_PROBE_SECONDS = 60.0
 PROBE_PASSES = 3  # the first warms the kernels up; the fastest of the others is the probe's time
+# No serve check waits longer than this, in all, for engines that have not answered (issue 35: a
+# serve that never answers costs at most 3 minutes): its load, its probe's first forward pass, the
+# retry of a probe stop and the engine-default serve's load and first pass share it (`_Budget`)
+LOAD_CAP_SECONDS = 180.0
 MIB = 2**20
 BOUND_NOTE = ("an upper bound on tokens/s: every stored tensor byte read once a step at the copy bandwidth measured "
               "here; this CPU's peak FLOP/s is not known, so compute is not bounded")
@@ -112,6 +129,24 @@ class ServeCheckConfig(Strict):
     # usable ones at 0.7-1.2x the baseline's 0.054 s, FP8's at 9.4x (it decodes at 0.05x)
     probe_factor: float = Field(default=5.0, gt=1, description="a forward pass at most this many times the baseline's")
     probe_floor_s: float = Field(default=0.25, gt=0, description="the probe's limit is never below this (seconds)")
+    # The load deadline (docs/serving.md, "The load deadline"): a serve whose engine is not loaded
+    # this long after it was asked for is stopped. A candidate's is load_margin times the
+    # baseline's cold start measured on this machine (importing vLLM plus loading the engine),
+    # never below load_floor_s, never above load_cap_s; the baseline's own (nothing measured yet)
+    # is baseline_load_s. Measured on 2 AVX-512 cores (docs/serving.md): a cold start of 19.5-25 s
+    # (16-21 s importing vLLM, 3.4-4.8 s loading the tiny model), 49 s on the first serve after the
+    # serving environment was built (its modules compiled on first import); a candidate forked from
+    # a warm zygote loaded in 3.4-4.1 s. 3x covers a machine shared with other work; 150 s is 3x
+    # the slowest cold start.
+    load_margin: float = Field(default=3.0, gt=1, description="a load may take at most this many times the baseline's cold start")
+    load_floor_s: float = Field(default=30.0, gt=0, description="the load deadline is never below this (seconds)")
+    # load_cap_s is also the check's whole budget for engines that have not answered (`_Budget`):
+    # the serve's load and first forward pass, a retry's, and the engine-default serve's together
+    load_cap_s: float = Field(default=LOAD_CAP_SECONDS, gt=0, le=LOAD_CAP_SECONDS,
+                              description="the most a serve check waits, in all, for engines that have not answered (seconds; "
+                                          "at most 180); the load deadline is never above it")
+    baseline_load_s: float = Field(default=150.0, gt=0, le=LOAD_CAP_SECONDS,
+                                   description="the baseline's own load deadline (seconds; nothing measured before it)")
     # GPUs vLLM splits the model over (its tensor_parallel_size): on a Ray cluster, give the serve
     # stage as many (`resources: {serve: {gpus: N}}`); they are the GPUs Ray hands the task
     tensor_parallel: int = Field(default=1, ge=1, description="GPUs vLLM shards the model over (tensor parallelism)")
@@ -199,18 +234,38 @@ def probe_limit(cfg: ServeCheckConfig, reference_seconds: float | None) -> servi
     return serving.ProbeLimit(forward_seconds=forward, warmup_seconds=forward + PROBE_WARMUP_SECONDS)
 
 
+def load_deadline(cfg: ServeCheckConfig, reference_cold_start: float | None) -> serving.LoadDeadline:
+    """How long a serve may wait for its engine: `load_margin` times the baseline's cold start
+    (`reference_cold_start`, seconds), between `load_floor_s` and `load_cap_s`; for the baseline
+    itself (None) `baseline_load_s`."""
+    if reference_cold_start is None:
+        return serving.LoadDeadline(min(cfg.baseline_load_s, cfg.load_cap_s), "the baseline's default: nothing measured before it")
+    wanted = cfg.load_margin * reference_cold_start
+    seconds = min(max(wanted, cfg.load_floor_s), cfg.load_cap_s)
+    bound = " (the floor)" if seconds > wanted else " (the cap)" if seconds < wanted else ""
+    return serving.LoadDeadline(seconds, f"{cfg.load_margin:g} x the baseline's cold start of {reference_cold_start:.1f} s here{bound}")
+
+
+def cold_start_seconds(record: ServeRecord | None) -> float | None:
+    """A serve record's cold start (importing vLLM and loading the engine, measured), or None."""
+    return record.cold_start_seconds if record is not None else None
+
+
 def probe_seconds(record: ServeRecord | None) -> float | None:
     """A serve record's forward pass after warm-up (the probe's fastest later pass), or None."""
     return record.probe_seconds() if record is not None else None
 
 
 def check(checkpoint: Path, results: EvaluationResults | None, cfg: ServeCheckConfig, env: serving.ServingEnv,
-          work: Path, reference_probe: float | None = None) -> ServeRecord:
+          work: Path, reference_probe: float | None = None, reference_load: float | None = None) -> ServeRecord:
     """Serve `checkpoint` in vLLM and compare it with `results` (the evaluation its gate saw; None,
     or results with no comparable text set: load and throughput only, `not_compared` says why).
-    `reference_probe`: the baseline's probe forward pass, the base of this one's limit. The
-    record's `status` says served, pending (no usable path here) or not served (the reason); an
-    environment that cannot import vLLM, a timeout or a worker that died raises ServingError."""
+    `reference_probe`: the baseline's probe forward pass, the base of this one's limit;
+    `reference_load`: the baseline's cold start here, the base of its load deadline (None: the
+    baseline's own default). The record's `status` says served, pending (no usable path here)
+    or not served (the reason); an environment that cannot import vLLM, a timeout, an engine not
+    loaded by the load deadline or a worker that died raises ServingError."""
+    budget = _Budget(cfg.load_cap_s)  # this checkpoint's serve check's, shared by its serves
     missing = not_comparable(results, cfg.evalset)
     gated = _Gated(checkpoint, results, cfg) if results is not None and missing is None else None
     prompts = gated.greedy_prompts() if gated else []
@@ -225,38 +280,135 @@ def check(checkpoint: Path, results: EvaluationResults | None, cfg: ServeCheckCo
     schemes = device.checkpoint_schemes(read_checkpoint(checkpoint).config)
     settings = device.serve_settings(env.engine, device_class, schemes)
     limit = probe_limit(cfg, reference_probe)
+    deadline = load_deadline(cfg, reference_load)
     record: dict[str, Any] = {"served": False, "engine": env.identity(), "checkpoint": str(checkpoint),
                               "settings": cfg.model_dump(mode="json"), "quantized_activations": quantized_activations(checkpoint),
                               "machine": machine(), "serve_check_version": SERVE_CHECK_VERSION,
                               "device_class": device_class, "engine_settings": settings,
-                              "schemes": [{"scheme": scheme, "served_as": device.effective_scheme(env.engine, device_class, scheme, settings),
-                                           "engine_default": device.effective_scheme(env.engine, device_class, scheme, {})}
-                                          for scheme in schemes],
-                              "probe_limit_seconds": limit.forward_seconds}
+                              "schemes": scheme_entries(env.engine, device_class, schemes, settings, None),
+                              "probe_limit_seconds": limit.forward_seconds, "load_deadline_seconds": deadline.seconds,
+                              "load_deadline_basis": deadline.basis, "answer_cap_seconds": budget.seconds}
     if gated is not None:
         record["gated"] = gated.describe()
     else:
         record["not_compared"] = missing
     try:
-        response = serving.run(env, request, work, cfg.timeout_s, settings=settings, probe=limit)
+        response = _run_retrying_a_probe_stop(env, request, work, cfg, settings=settings, probe=limit, deadline=deadline, record=record,
+                                              budget=budget)
     except serving.WorkerFailed as failure:
+        record["answer_cap_spent_seconds"] = budget.spent
         return ServeRecord.model_validate({**record, **_not_served(failure, env, device_class, schemes)}, strict=False)
     answer = response.value
+    log_text = response.log.read_text(errors="replace")
     record.update(served=True, status=SERVED, log=str(response.log), isolated=response.isolated, dtype=answer.get("dtype"),
                   device=answer.get("device"), threads=answer.get("threads"), load_seconds=answer.get("load_seconds"),
-                  seconds=answer.get("seconds"), kernels=device.kernels_in_log(response.log.read_text(errors="replace")),
-                  probe=response.result("probe"))
+                  startup_seconds=response.startup_seconds, cold_start_seconds=response.cold_start_seconds,
+                  seconds=answer.get("seconds"), kernels=device.kernels_in_log(log_text),
+                  schemes=scheme_entries(env.engine, device_class, schemes, settings, log_text), probe=response.result("probe"))
     if gated is not None:
         record["agreement"] = gated.compare(_result(response, "prompt_logprobs")["prompts"])
         if prompts:
             record["greedy"] = gated.compare_greedy(prompts, _result(response, "greedy")["continuations"])
-        default = _engine_default(checkpoint, gated, env, device_class=device_class, schemes=schemes,
-                                  engine_cfg=engine_cfg, work=work, cfg=cfg)
+        default = _engine_default(checkpoint, gated, env, device_class=device_class, schemes=schemes, engine_cfg=engine_cfg, work=work,
+                                  cfg=cfg, deadline=deadline, probe=limit, probe_prompt=probe_prompt, budget=budget,
+                                  load_seconds=response.startup_seconds)
         if default is not None:
             record["engine_default"] = default
+    record["answer_cap_spent_seconds"] = budget.spent
     bandwidth = _result(response, "bandwidth")
     record["throughput"] = throughput(_result(response, "throughput")["batches"], bandwidth, checkpoint, cfg)
     return ServeRecord.model_validate(record, strict=False)
+
+
+def scheme_entries(engine: str, device_class: str, schemes: list[str], settings: dict[str, str], log: str | None) -> list[SchemeServed]:
+    """Each scheme the checkpoint asks for: what the engine computes for it (`served_as`: from the
+    kernel its log names where the log decides it, else what RULES expect), what RULES expect
+    (`expected`), the kernel, the evidence, and a mismatch of the two; `log` None: not served."""
+    evidence = {found.scheme: found for found in device.effective_schemes(log, schemes)} if log is not None else {}
+    entries = []
+    for scheme in schemes:
+        expected = device.effective_scheme(engine, device_class, scheme, settings)
+        found = evidence.get(scheme)
+        computes = found.computes if found is not None else None
+        entry = {"scheme": scheme, "served_as": computes or expected, "engine_default": device.effective_scheme(engine, device_class, scheme, {}),
+                 "expected": expected, "kernel": found.kernel if found is not None else None,
+                 "evidence": found.basis if found is not None else "not served: what serving.device.RULES expect, no kernel seen",
+                 "mismatch": device.scheme_mismatch(found, expected, device_class, settings) if found is not None else None}
+        # absent, not null, where the check did not reach it (serve_record's module docstring)
+        entries.append(SchemeServed.model_validate({key: value for key, value in entry.items() if value is not None}, strict=False))
+    return entries
+
+
+class _Budget:
+    """A serve check's cap (`load_cap_s`, at most 3 minutes): the time its serves spend waiting on
+    engines that have not answered (from the moment each is asked for: vLLM importing, the engine
+    loading, the probe's first forward pass), the serve's, its retry's and its engine-default
+    serve's together; each serve is stopped when none is left (launch.AnswerCap). The time a serve
+    runs after its engine's first answer (its tasks: held to timeout_s alone), and this process's
+    own work between serves (the gated side's comparison), are not the cap's."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.spent = 0.0  # seconds serves waited for a first answer
+
+    def left(self) -> float:
+        return max(0.0, self.seconds - self.spent)
+
+    def cap(self, what: str) -> AnswerCap:
+        return AnswerCap(self.left(), f"what was left of the serve check's {self.seconds:.0f} s cap for engines that have not answered "
+                                      f"({what})")
+
+    def run(self, env: serving.ServingEnv, request: RequestBody, work: Path, cfg: ServeCheckConfig, what: str, *,
+            settings: dict[str, str], probe: serving.ProbeLimit, deadline: serving.LoadDeadline | None) -> serving.Response:
+        """serving.run held to what is left of the cap; what it waited for its first answer is spent."""
+        started = time.monotonic()
+        try:
+            response = serving.run(env, request, work, cfg.timeout_s, settings=settings, probe=probe, load_deadline=deadline,
+                                   cap=self.cap(what))
+        except serving.WorkerFailed:
+            self.spent += time.monotonic() - started  # a stop before a first answer (after one, the check ends anyway)
+            raise
+        self.spent += response.answered_seconds if response.answered_seconds is not None else time.monotonic() - started
+        return response
+
+    def short(self, load_seconds: float | None, probe: serving.ProbeLimit, what: str) -> str | None:
+        """Why `what` is not started (too little left of the cap for a load as long as
+        `load_seconds` and a first forward pass as long as the probe's limit for it), or None."""
+        left, needs = self.left(), (load_seconds or 0.0) + probe.warmup_seconds
+        if left >= needs:
+            return None
+        load = f"a load as long as the serve's here ({load_seconds:.1f} s) and " if load_seconds is not None else ""
+        return (f"{what} not started: {left:.1f} s left of the serve check's {self.seconds:.0f} s cap for engines that have not answered, "
+                f"it needs {needs:.1f} s: {load}the probe's {probe.warmup_seconds:.1f} s limit on the first forward pass")
+
+
+def _run_retrying_a_probe_stop(env: serving.ServingEnv, request: RequestBody, work: Path, cfg: ServeCheckConfig, *,
+                               settings: dict[str, str], probe: serving.ProbeLimit, deadline: serving.LoadDeadline,
+                               record: dict[str, Any], budget: _Budget) -> serving.Response:
+    """serving.run, tried once more where the probe stopped it: a slow pass can be the machine's
+    load (other work on its cores) rather than the engine's path, and a second stop is the
+    verdict ("no usable path"). The first stop is kept in the record (`probe_retried`) and its log
+    beside the second's. Both are held to the check's cap (`budget`); a retry with too little left
+    of it (less than the first try's load and the probe's first-pass limit) is not started: the
+    first stop is the verdict and the record says why (`probe_not_retried`)."""
+    asked = time.time()
+    try:
+        return budget.run(env, request, work, cfg, "the serve", settings=settings, probe=probe, deadline=deadline)
+    except serving.WorkerFailed as failure:
+        if failure.probe is None:
+            raise
+        loaded = loaded_at(work / PROGRESS)
+        short = budget.short(loaded - asked if loaded is not None else None, probe, "a retry of the probe's stop")
+        if short is not None:
+            record["probe_not_retried"] = short
+            stopped: ProbeStopped = {**failure.probe, "reason": f"{failure.probe['reason']} ({short})"}
+            raise serving.WorkerFailed(stopped["reason"], failure.log, failure.phase, timed_out=failure.timed_out,
+                                       probe=stopped) from failure
+        first = work / f"first-{LOG}"
+        if failure.log.is_file():
+            failure.log.replace(first)
+        record["probe_retried"] = {**failure.probe, "log": str(first)}
+    return budget.run(env, request, work, cfg, "the retry of a probe stop", settings=settings, probe=probe, deadline=deadline)
 
 
 def _result(response: serving.Response, kind: str) -> TaskResult:
@@ -287,7 +439,9 @@ def _not_served(failure: serving.WorkerFailed, env: serving.ServingEnv, device_c
     if failure.probe is not None:
         return {"served": False, "status": PENDING, "reason": f"{where}: {failure.reason}", "probe": failure.probe, "log": log,
                 "kernels": kernels}
-    if failure.timed_out or failure.phase in ("import", None):
+    if failure.timed_out or failure.phase is None:  # died or never answered: this serve failed (exit 5), nothing recorded
+        raise serving.ServeFailed(f"{failure.reason} (serving {failure.log.parent}; log {failure.log})") from failure
+    if failure.phase == "import":  # the serving environment cannot import vLLM: its set-up is at fault
         raise serving.ServingError(f"{failure.reason} (serving {failure.log.parent}; log {failure.log})") from failure
     # a kernel missing from this class's build shows at the load or at the first forward pass (the probe):
     # on an AVX2-only CPU a W4A16 checkpoint loads, then its first forward pass finds no cpu_gemm_wna16
@@ -301,26 +455,49 @@ def _not_served(failure: serving.WorkerFailed, env: serving.ServingEnv, device_c
 
 
 def _engine_default(checkpoint: Path, gated: _Gated, env: serving.ServingEnv, *, device_class: str, schemes: list[str],
-                    engine_cfg: EngineSettings, work: Path, cfg: ServeCheckConfig) -> EngineDefault | None:
+                    engine_cfg: EngineSettings, work: Path, cfg: ServeCheckConfig,
+                    deadline: serving.LoadDeadline | None = None, probe: serving.ProbeLimit | None = None,
+                    probe_prompt: list[int] | None = None, budget: _Budget | None = None,
+                    load_seconds: float | None = None) -> EngineDefault | None:
     """Where the engine's default would compute another scheme on this class (INT4 as W4A8 on AMX),
     what it would serve and how far that is from the gated numerics: the same prompts served
-    under the default settings; None where it would compute the same."""
+    under the default settings, held to the same load deadline as the serve itself and, with
+    `probe` (as check() calls it), to the same probe and to what is left of the check's cap
+    (`budget`; not started when less is left than a load as long as the serve's, `load_seconds`,
+    and the probe's first-pass limit); None where it would compute the same. What it computes is
+    read from its log (`served_as`), beside what RULES expect (`expected`)."""
     rules = device.default_differs(env.engine, device_class, schemes)
     if not rules:
         return None
-    described = {"settings": {rule.setting[0]: rule.default for rule in rules}, "served_as": {rule.scheme: rule.default_scheme for rule in rules},
+    expected = {rule.scheme: rule.default_scheme for rule in rules}
+    described = {"settings": {rule.setting[0]: rule.default for rule in rules}, "served_as": expected, "expected": expected,
                  "because": [rule.source for rule in rules]}
     task: PromptLogprobsTask = {"kind": "prompt_logprobs", "prompts": gated.prompts(), "top_k": cfg.top_k}
-    request: RequestBody = {"model": str(checkpoint.absolute()), "engine": engine_cfg, "tasks": [task]}
+    tasks: list[Task] = [task]
+    if probe is not None:  # the probe's first pass is its first answer, the cap's end: as the serve's
+        tasks.insert(0, {"kind": "probe", "prompt": probe_prompt or [0] * cfg.prompt_tokens, "runs": PROBE_PASSES})
+    request: RequestBody = {"model": str(checkpoint.absolute()), "engine": engine_cfg, "tasks": tasks}
     # the default set explicitly: a variable in this process's environment would otherwise reach the worker
     defaults = {rule.setting[0]: rule.default for rule in rules}
     try:
-        response = serving.run(env, request, work / "engine-default", cfg.timeout_s, settings=defaults)
+        if budget is not None and probe is not None:
+            short = budget.short(load_seconds, probe, "the engine-default serve")
+            if short is not None:
+                return EngineDefault.model_validate({**described, "served": False, "reason": short}, strict=False)
+            response = budget.run(env, request, work / "engine-default", cfg, "the engine-default serve", settings=defaults, probe=probe,
+                                  deadline=deadline)
+        else:
+            response = serving.run(env, request, work / "engine-default", cfg.timeout_s, settings=defaults, probe=probe,
+                                   load_deadline=deadline)
     except serving.WorkerFailed as failure:
         return EngineDefault.model_validate({**described, "served": False, "reason": failure.reason}, strict=False)
     agreement = gated.compare(_result(response, "prompt_logprobs")["prompts"])
-    return EngineDefault.model_validate({**described, "served": True, "agreement": agreement.kept(),
-                                         "kernels": device.kernels_in_log(response.log.read_text(errors="replace"))}, strict=False)
+    log = response.log.read_text(errors="replace")
+    entries = scheme_entries(env.engine, device_class, [rule.scheme for rule in rules], defaults, log)
+    mismatches = [entry.mismatch for entry in entries if entry.mismatch]
+    return EngineDefault.model_validate({**described, "served": True, "agreement": agreement.kept(), "kernels": device.kernels_in_log(log),
+                                         "served_as": {entry.scheme: entry.served_as for entry in entries},
+                                         **({"mismatch": "; ".join(mismatches)} if mismatches else {})}, strict=False)
 
 
 def _tasks(cfg: ServeCheckConfig, gated: _Gated | None, prompts: list[list[int]]) -> list[Task]:

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Protocol, TypedDict
 
 from quantgate.core.artifacts import read_json, write_json
+from quantgate.core.exitcodes import Exit
 from quantgate.serving.environment import ServingEnv, ServingError
 from quantgate.serving.worker import PROTOCOL as WORKER_PROTOCOL
 from quantgate.serving.worker import ZYGOTE, Progress, RequestBody, TaskResult, WorkerResponse, ZygoteOrder
@@ -84,6 +85,14 @@ def _worker_failed(reason: str, log: Path, phase: str | None, timed_out: bool, p
     return WorkerFailed(reason, log, phase, timed_out=timed_out, probe=probe)
 
 
+class ServeFailed(ServingError):
+    """A serve that died or never answered (past its time or its load deadline): that serve's own
+    failure, maybe passing, not bad input: `serving check` exits 5 (a failed unit), as a run's
+    serve unit is recorded failed (quantgate/core/exitcodes.py)."""
+
+    exit_code = int(Exit.UNIT_FAILED)
+
+
 @dataclass(frozen=True)
 class ProbeLimit:
     """How long the probe's forward passes may take (the request's `probe` task): the first, which
@@ -95,10 +104,41 @@ class ProbeLimit:
 
 
 @dataclass(frozen=True)
+class LoadDeadline:
+    """How long a request may wait for its engine to be loaded, from the moment it is made (the
+    zygote's start, where one starts for it, included): past it the worker is stopped, whatever
+    it is doing (importing vLLM, forking, loading). `basis` says where the number comes from."""
+
+    seconds: float
+    basis: str
+
+
+@dataclass(frozen=True)
+class AnswerCap:
+    """How long a request may go, from the moment it is made, without a first answer from its
+    engine (its probe's first forward pass done): past it the worker is stopped, whether vLLM is
+    still importing, loading, or in that first pass. The serve check's budget for engines that
+    have not answered (evalsets.served: one per checkpoint's serve check, at most 3 minutes);
+    `basis` says what is left of it and why. The tasks after a first answer are held only to the
+    request's `timeout`."""
+
+    seconds: float
+    basis: str
+
+
+@dataclass(frozen=True)
 class Response:
     value: WorkerResponse
     log: Path
     isolated: bool = False  # run inside a loopback-only network namespace
+    # the request to the engine loaded, as the caller waited (None: no engine, or no progress file)
+    startup_seconds: float | None = None
+    # what a start from nothing costs here: importing vLLM (the zygote's import, measured when it
+    # came up, whether for this request or an earlier one) plus loading the engine
+    cold_start_seconds: float | None = None
+    # the request to its engine's first answer (the probe's first forward pass done), as the
+    # caller waited: what it used of an AnswerCap (None: no probe, or no progress file)
+    answered_seconds: float | None = None
 
     def result(self, kind: str) -> TaskResult:
         """The result of the task of `kind`: what its callers read of it depends on the kind."""
@@ -121,24 +161,39 @@ def loopback_prefix() -> tuple[str, ...]:
 
 
 def run(env: ServingEnv, request: RequestBody, work: Path, timeout: float, *, settings: dict[str, str] | None = None,
-        probe: ProbeLimit | None = None) -> Response:
+        probe: ProbeLimit | None = None, load_deadline: LoadDeadline | None = None, cap: AnswerCap | None = None) -> Response:
     """Run one request in the serving environment; the response, or WorkerFailed with vLLM's reason.
     `settings`: engine settings (environment variables) the worker runs under; `probe`: the limits
-    its probe task's forward passes are held to. The worker is a child of the serving environment's
-    zygote where one is up or can start (`_Zygote`: vLLM imported once), else a process of its own."""
+    its probe task's forward passes are held to; `load_deadline`: how long it may take to have its
+    engine loaded (a hang while vLLM imports or loads costs that, not `timeout`); `cap`: how long
+    it may go without a first answer (with `probe` only: the probe's first forward pass is that
+    answer; a hang in that pass costs at most what is left of the cap). The worker is a
+    child of the serving environment's zygote where one is up or can start (`_Zygote`: vLLM
+    imported once), else a process of its own."""
     work.mkdir(parents=True, exist_ok=True)
     request_path, response_path, log, progress = work / "request.json", work / "response.json", work / LOG, work / PROGRESS
     for stale in (response_path, progress):
         stale.unlink(missing_ok=True)
-    write_json(request_path, {"protocol": PROTOCOL, **request, **({"progress": str(progress)} if probe else {})})
+    if cap is not None and probe is None:
+        raise ValueError("an answer cap needs the probe: its first forward pass is the engine's first answer")
+    watched = probe is not None or load_deadline is not None
+    write_json(request_path, {"protocol": PROTOCOL, **request, **({"progress": str(progress)} if watched else {})})
     base = {key: value for key, value in os.environ.items() if key not in DROPPED} | WORKER_ENV
     environment = base | (settings or {})
     prefix = loopback_prefix()
-    deadline = time.monotonic() + timeout
+    started, wall_started = time.monotonic(), time.time()
+    deadline = started + timeout
+    load_by = started + load_deadline.seconds if load_deadline is not None else deadline
+    answer_by = started + cap.seconds if cap is not None else deadline
     order: ZygoteOrder = {"request": str(request_path), "response": str(response_path), "log": str(log), "cwd": str(work),
                           "environment": environment}
     worker_command = [*prefix, str(env.python), str(WORKER)]
-    forked = _fork(_zygote(worker_command, base), order, deadline)
+    zygote = _zygote(worker_command, base)
+    forked = _fork(zygote, order, min(deadline, load_by, answer_by))
+    if forked is None and cap is not None and time.monotonic() > answer_by and answer_by < load_by:
+        raise _not_answered(env, cap, log, "vLLM was still being imported (the serving environment's zygote never came up)")
+    if forked is None and load_deadline is not None and time.monotonic() > load_by:  # a zygote stuck importing vLLM
+        raise _not_loaded(env, load_deadline, log, "vLLM was still being imported (the serving environment's zygote never came up)")
     if forked is None and time.monotonic() > deadline:  # a zygote that never came up: as a worker that never answered
         raise WorkerFailed(f"{env.label} did not finish within {timeout:.0f} s", log, timed_out=True)
     worker: _Worker
@@ -148,8 +203,11 @@ def run(env: ServingEnv, request: RequestBody, work: Path, timeout: float, *, se
         with open(log, "wb") as stream:  # its own session: a worker stopped early is stopped with every process it started
             worker = subprocess.Popen([*worker_command, str(request_path), str(response_path)], stdout=stream, stderr=subprocess.STDOUT,
                                       env=environment, cwd=work, start_new_session=True)
+    answered: list[float] = []  # when the watch saw the engine's first answer (monotonic)
     try:
-        returncode = _watch(worker, env, log, deadline=deadline, timeout=timeout, progress=progress if probe else None, probe=probe)
+        returncode = _watch(worker, env, log, deadline=deadline, timeout=timeout, progress=progress if watched else None, probe=probe,
+                            load=(load_by, load_deadline) if load_deadline is not None else None,
+                            cap=(answer_by, cap) if cap is not None else None, answered=answered)
     finally:
         if worker.poll() is None:
             _stop(worker)
@@ -160,12 +218,56 @@ def run(env: ServingEnv, request: RequestBody, work: Path, timeout: float, *, se
         died = f"the worker died (exit status {returncode})" if answer is None else None
         reason = (answer or {}).get("error") or died or _last_line(log)
         raise WorkerFailed(reason, log, (answer or {}).get("phase"))
-    return Response(answer, log, bool(prefix))
+    loaded = loaded_at(progress) if watched else None
+    load_seconds = answer.get("load_seconds")
+    # a forked worker's own load excludes vLLM's import (the zygote did it); a worker of its own includes it
+    imported = zygote.import_seconds if forked is not None and zygote is not None else 0.0
+    return Response(answer, log, bool(prefix), startup_seconds=loaded - wall_started if loaded is not None else None,
+                    cold_start_seconds=imported + float(load_seconds) if load_seconds is not None and imported is not None else None,
+                    answered_seconds=answered[0] - started if answered else None)
+
+
+def _not_loaded(env: ServingEnv, limit: LoadDeadline, log: Path, doing: str) -> WorkerFailed:
+    return WorkerFailed(f"{env.label} did not load the checkpoint within {limit.seconds:.0f} s, its load deadline ({limit.basis}); "
+                        f"{doing}", log, "load", timed_out=True)
+
+
+def _not_answered(env: ServingEnv, cap: AnswerCap, log: Path, doing: str) -> WorkerFailed:
+    return WorkerFailed(f"{env.label} did not load the checkpoint within {cap.seconds:.0f} s, {cap.basis}; {doing}",
+                        log, "load", timed_out=True)
+
+
+def _first_answer(progress: Path) -> tuple[bool, bool]:
+    """Whether the worker said its engine was loaded, and whether its probe's first forward pass
+    is done (the engine's first answer)."""
+    try:
+        state: Progress = read_json(progress)
+    except (OSError, ValueError):
+        return False, False  # not written yet (or being renamed into place)
+    answered = bool(state.get("forward_seconds")) or state.get("phase") == "probed"
+    return answered or state.get("phase") == "loaded" or state.get("loaded") is not None, answered
+
+
+def loaded_at(progress: Path) -> float | None:
+    """When the worker said its engine was loaded (wall clock), or None: not yet (or never)."""
+    try:
+        state: Progress = read_json(progress)
+    except (OSError, ValueError):
+        return None  # not written yet (or being renamed into place)
+    if state.get("phase") == "loaded":
+        return float(state.get("time", time.time()))
+    loaded = state.get("loaded")  # the later phases carry it on
+    return float(loaded) if loaded is not None else None
 
 
 def _watch(worker: _Worker, env: ServingEnv, log: Path, *, deadline: float, timeout: float, progress: Path | None,
-           probe: ProbeLimit | None) -> int:
-    """Wait for the worker; stop it past the deadline, or as soon as its probe shows no usable path."""
+           probe: ProbeLimit | None, load: tuple[float, LoadDeadline] | None = None,
+           cap: tuple[float, AnswerCap] | None = None, answered: list[float] | None = None) -> int:
+    """Wait for the worker; stop it past the deadline, past its load deadline with no engine
+    loaded, past its answer cap with no first answer, or as soon as its probe shows no usable
+    path. `answered` gets the moment the first answer was seen (monotonic)."""
+    loaded = False
+    first = False
     while True:
         try:
             return worker.wait(timeout=0.25)
@@ -174,6 +276,25 @@ def _watch(worker: _Worker, env: ServingEnv, log: Path, *, deadline: float, time
         if time.monotonic() > deadline:
             _stop(worker)
             raise WorkerFailed(f"{env.label} did not finish within {timeout:.0f} s", log, timed_out=True)
+        if load is not None and progress is not None and not loaded:
+            loaded = loaded_at(progress) is not None
+            if not loaded and time.monotonic() > load[0]:
+                _stop(worker)
+                raise _not_loaded(env, load[1], log, "the worker was started but its engine never said it was loaded")
+        if progress is not None and probe is not None and not first:
+            engine_loaded, first = _first_answer(progress)
+            if first and answered is not None:
+                answered.append(time.monotonic())
+            if not first and cap is not None and time.monotonic() > cap[0]:
+                _stop(worker)
+                if not engine_loaded:
+                    raise _not_answered(env, cap[1], log, "the worker was started but its engine never said it was loaded")
+                stopped: ProbeStopped = {
+                    "reason": f"no usable path here: its first forward pass had not ended {cap[1].seconds:.0f} s after the serve was asked for, "
+                              f"{cap[1].basis}",
+                    "forward_seconds": [], "limit_seconds": probe.forward_seconds,
+                    "warmup_limit_seconds": min(probe.warmup_seconds, cap[1].seconds)}
+                raise WorkerFailed(stopped["reason"], log, "probe", probe=stopped)
         if progress is None or probe is None:
             continue
         slow = _too_slow(progress, probe)
@@ -244,6 +365,8 @@ class _Zygote:
         self.process = subprocess.Popen([*command, ZYGOTE], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                         env=dict(environment), cwd="/", start_new_session=True)
         self.busy = threading.Lock()
+        self.started = time.monotonic()
+        self.import_seconds: float | None = None  # from its start to "ready": vLLM's import here
         self.ready = False
         self.dead = False
         self.pending = b""  # what it said that no message has been read from yet
@@ -284,6 +407,8 @@ class _Zygote:
                 return False
             self.ready = message.get("ready") == WORKER_PROTOCOL
             self.dead = not self.ready
+            if self.ready:
+                self.import_seconds = time.monotonic() - self.started
         return self.ready
 
     def order(self, order: ZygoteOrder, until: float) -> int | None:

@@ -204,12 +204,14 @@ class WorkerResponse(TypedDict, total=False):
 
 
 class Progress(TypedDict, total=False):
-    """progress.json: the phase ("loaded", "probe": a pass running since `started`, "probed") and
-    the probe's passes so far."""
+    """progress.json: the phase ("loaded", "probe": a pass running since `started`, "probed"), the
+    probe's passes so far, and from the load on, when the engine was loaded (`loaded`, wall clock:
+    the caller's load deadline ends there)."""
 
     time: float
     phase: str
     load_seconds: float
+    loaded: float
     forward_seconds: list[float]
     started: float
 
@@ -225,9 +227,14 @@ def _finite(value: float) -> float | None:
     return value if math.isfinite(value) else None
 
 
+_engine_loaded_at: list[float] = []  # when the engine was loaded (wall clock): every later progress write carries it
+
+
 def _progress(request: WorkerRequest, **state: Unpack[Progress]) -> None:
+    if state.get("phase") == "loaded":
+        _engine_loaded_at[:] = [time.time()]
     if request.get("progress"):
-        _write(Path(request["progress"]), {"time": time.time(), **state})
+        _write(Path(request["progress"]), {"time": time.time(), **({"loaded": _engine_loaded_at[0]} if _engine_loaded_at else {}), **state})
 
 
 def probe(llm: Any, task: ProbeTask, request: WorkerRequest) -> ProbeAnswer:
@@ -382,7 +389,9 @@ def serve(request: WorkerRequest) -> WorkerResponse:
         config = llm.llm_engine.model_config
         response.update({"dtype": str(config.dtype).removeprefix("torch."), "quantization": config.quantization,
                          "device": _device(), "threads": torch.get_num_threads()})
-        _progress(request, phase="loaded", load_seconds=response["load_seconds"])
+        _log_layer_kernels(llm)
+    # said with no engine too (a request of bandwidth alone): the caller's load deadline ends here
+    _progress(request, phase="loaded", load_seconds=response.get("load_seconds", 0.0))
     results: list[TaskResult] = []
     for task in request["tasks"]:
         task_started = time.perf_counter()
@@ -406,6 +415,44 @@ def serve(request: WorkerRequest) -> WorkerResponse:
     response["results"] = results
     response["seconds"] = time.perf_counter() - started
     return response
+
+
+LAYER_LINE = "quantgate worker: layers"
+
+
+def _log_layer_kernels(llm: Any) -> None:
+    """One log line per kind of quantized linear layer the engine built: vLLM's scheme class, the
+    kernel object it holds, and the flags that kernel decides its arithmetic by at run time.
+
+    vLLM logs the kernel it selects ("Using CPUWNA16LinearKernel for CompressedTensorsWNA16"), not
+    what the kernel then computes: its CPU INT4 kernel computes W4A8 (activations quantized to
+    int8) or W4A16 by a per-layer `use_w4a8`, set once the weights are loaded from
+    VLLM_CPU_INT4_W4A8, the activations' dtype and AMX tile support (vLLM 0.32,
+    model_executor/kernels/linear/mixed_precision/cpu.py). This line is that flag as the loaded
+    layers hold it (serving.device.effective_schemes reads it). Best effort: a layer layout this
+    walk does not know leaves the line out, never the serve."""
+    def describe(model: Any) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for module in model.modules():
+            scheme = getattr(module, "scheme", None)
+            if scheme is None:
+                continue
+            kernel = getattr(scheme, "kernel", None)
+            flags = [f"{name}={getattr(module, name)}" for name in ("use_w4a8",) if hasattr(module, name)]
+            entry = " ".join([type(scheme).__name__, type(kernel).__name__ if kernel is not None else "-", *flags])
+            counts[entry] = counts.get(entry, 0) + 1
+        return counts
+
+    try:
+        found: dict[str, int] = {}
+        for counts in llm.apply_model(describe):
+            for entry, count in counts.items():
+                found[entry] = found.get(entry, 0) + count
+    except Exception as error:  # noqa: BLE001 - evidence only: the serve goes on without the line
+        print(f"{LAYER_LINE}: not read ({type(error).__name__}: {_first_line(error)})", file=sys.stderr, flush=True)
+        return
+    for entry, count in sorted(found.items()):
+        print(f"{LAYER_LINE}: {count} x {entry}", file=sys.stderr, flush=True)
 
 
 def _device() -> str:

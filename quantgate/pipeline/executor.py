@@ -26,7 +26,7 @@ import traceback
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol, TypedDict, TypeVar
+from typing import Any, Protocol, TypedDict, TypeVar, cast
 
 # ray and torch are imported where used: Ray is an optional extra a local run never loads, and
 # torch is a worker's (it sets the task's threads)
@@ -243,10 +243,10 @@ def run_forked(label: str, work: Callable[[], T], threads: int) -> T:
                     pass
             os._exit(status)  # no atexit handler, no finaliser of the parent's objects runs twice
     os.close(write_fd)
-    return _child_answer(label, pid, read_fd, threads)
+    return cast(T, _child_answer(label, pid, read_fd, threads))  # what `work` returned, through the pipe
 
 
-def _child_answer(label: str, pid: int, read_fd: int, threads: int) -> T:
+def _child_answer(label: str, pid: int, read_fd: int, threads: int) -> object:
     """In the run: the forked child's answer read from its pipe, the child waited for, and its
     value returned or its error raised (see run_forked)."""
     chunks: list[bytes] = []
@@ -268,7 +268,7 @@ def _child_answer(label: str, pid: int, read_fd: int, threads: int) -> T:
             sys.stdout.write(printed[0])
             sys.stderr.write(printed[1])
         if ok:
-            return value  # type: ignore[no-any-return]  # what `work` returned, through the pipe
+            return value
         raised, where = value  # the unit's own error, and its traceback in the child (_error_answer)
         raise raised from ChildTraceback(where)
     if os.WIFEXITED(status) and os.WEXITSTATUS(status) == _POOL_HUNG and threads > 1:
