@@ -123,7 +123,7 @@ class Interrupting(Recording):
 
 def use_executor(patch: pytest.MonkeyPatch, executor: Any) -> None:
     """The runner makes its executor with quantgate.pipeline.executor.make: it gets `executor`."""
-    patch.setattr(executors, "make", lambda plan, resources: executor)
+    patch.setattr(executors, "make", lambda plan, resources, threads=None: executor)
 
 
 def outcomes(result: pipeline.RunResult) -> dict[str, tuple[str, list[str]]]:
