@@ -99,6 +99,9 @@ class FailedUnit(RecordPart):
 # run.json's status: "running" while it goes, "finished" once every verdict and the report are
 # written, BASELINE_FAILED when the baseline (the one unit every verdict needs) failed: no verdicts.
 RUNNING, FINISHED, BASELINE_FAILED = "running", "finished", "baseline failed"
+# STOPPED: the run ended before its verdicts (Ctrl-C, bad input found mid-run, a tampered ledger, a
+# bug): what run.json says instead of "running", with the failed units so far; the same command resumes.
+STOPPED = "stopped"
 
 
 class RunRecord(Sparse, Record):
@@ -110,7 +113,7 @@ class RunRecord(Sparse, Record):
 
     kind: Literal["quantgate-run"]
     schema_version: Literal[1]
-    status: str  # RUNNING, FINISHED, BASELINE_FAILED
+    status: str  # RUNNING, FINISHED, BASELINE_FAILED, STOPPED
     plan: RunPlan
     plan_file: str | None
     plan_sha256: str

@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -365,7 +366,7 @@ executor = executors.LocalExecutor()
 first = executor.call("quantize", "quantize x", lambda: (torch.get_num_threads(), float((square @ square).sum())))
 second = executor.call("evaluate", "evaluate x", lambda: torch.get_num_threads())
 executor.close()
-print(json.dumps({"first": first[0], "second": second, "threads": executor.threads}))
+print(json.dumps({"first": first[0], "second": second, "threads": executor.threads, "restored": torch.get_num_threads()}))
 """
 
 
@@ -384,7 +385,8 @@ def test_a_forked_units_torch_runs_on_the_runs_threads_after_the_run_ran_torch_a
 
 def test_a_pool_made_before_the_run_falls_back_to_one_thread_instead_of_hanging() -> None:
     answer = _python(POLLUTED_POOL)
-    assert answer == {"first": 1, "second": 1, "threads": 1}  # probed once, then one thread for every child
+    assert answer == {"first": 1, "second": 1, "threads": 1,  # probed once, then one thread for every child
+                      "restored": 2}  # and this process's two threads given back, not the children's one
 
 
 def test_a_unit_killed_by_a_signal_is_unit_died_naming_the_signal_and_the_childs_peak_memory() -> None:
@@ -417,5 +419,69 @@ def test_a_units_own_error_comes_back_as_itself_with_the_childs_traceback() -> N
             executor.call("evaluate", "evaluate x", refuses)
         cause = refused.value.__cause__
         assert cause is not None and "in the unit's child process" in str(cause) and "in refuses" in str(cause)
+    finally:
+        executor.close()
+
+
+def test_a_unit_that_calls_sys_exit_is_its_own_failure_not_the_runs_exit_status() -> None:
+    """A library's sys.exit(1) inside a unit: raised in the run as SystemExit, it would end the run
+    with status 1, which a CI reads as "blocked"; it comes back as that unit's failure."""
+    executor = LocalExecutor(threads=1)  # one thread: no probe of the pool
+    try:
+        def exits() -> None:
+            sys.exit(1)
+
+        with pytest.raises(RuntimeError, match=r"the unit raised SystemExit\(1\)") as raised:
+            executor.call("quantize", "quantize x", exits)
+        assert pipeline._unit_error(raised.value)  # the run records it as this unit's failure and goes on
+        assert "in exits" in str(raised.value.__cause__)  # where it exited, from the child's traceback
+    finally:
+        executor.close()
+
+
+def test_a_child_killed_while_it_sends_its_answer_is_unit_died_naming_the_signal(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A child killed half-way through writing its answer (an OOM kill as it pickles a large
+    value): the unit's failure names the signal, not a truncated pickle."""
+    def cut_short(write_fd: int, outcome: object) -> None:
+        data = pickle.dumps(outcome)
+        os.write(write_fd, data[: len(data) // 2])
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    monkeypatch.setattr(executors, "_answer", cut_short)  # the child is forked with it
+    executor = LocalExecutor(threads=1)
+    try:
+        with pytest.raises(UnitDied) as died:
+            executor.call("evaluate", "evaluate x", lambda: list(range(1000)))
+        assert died.value.signal == "SIGKILL" and "killed by SIGKILL" in str(died.value)
+    finally:
+        executor.close()
+
+
+def test_a_ctrl_c_reaching_a_units_child_is_left_to_the_run_never_unwinding_the_child_through_the_runs_frames() -> None:
+    """Ctrl-C goes to the whole process group: a child that took it would raise KeyboardInterrupt
+    through the run's own frames (its lock's release, its clean-up). The child ignores it (the run
+    stops its child itself): its unit finishes and its value comes back."""
+    executor = LocalExecutor()
+    try:
+        def interrupted() -> str:
+            os.kill(os.getpid(), signal.SIGINT)  # what a Ctrl-C at the terminal sends the child too
+            time.sleep(0.2)  # where a KeyboardInterrupt would have been raised
+            return "finished"
+
+        assert executor.call("evaluate", "evaluate x", interrupted) == "finished"
+    finally:
+        executor.close()
+
+
+def test_a_process_that_initialised_cuda_runs_its_units_here_not_in_a_child(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CUDA does not survive a fork: where the run's own process initialised it, a unit runs in that
+    process, as before (a GPU machine's run would otherwise fail every unit)."""
+    import torch
+
+    executor = LocalExecutor()
+    try:
+        assert executor.call("evaluate", "evaluate x", os.getpid) != os.getpid()
+        monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+        assert executor.call("evaluate", "evaluate x", os.getpid) == os.getpid()
     finally:
         executor.close()

@@ -23,17 +23,18 @@ WORDS = {Exit.APPROVED: "approved", Exit.BLOCKED: "blocked", Exit.BAD_INPUT: "ba
 
 def test_a_run_appending_to_a_tampered_ledger_exits_6_in_one_line(cli, quant_model: Path, tmp_path: Path) -> None:
     plan = tmp_path / "plan.yaml"
-    plan.write_text(yaml.safe_dump(plan_mapping(quant_model, tmp_path, formats=["fp8-e4m3"])))
+    ledger = tmp_path / "ledger.jsonl"  # the plan's own ledger, shared by its runs
+    plan.write_text(yaml.safe_dump({**plan_mapping(quant_model, tmp_path, formats=["fp8-e4m3"]), "ledger": str(ledger)}))
     approved = cli("run", plan, "--quiet")
     assert approved.code == Exit.APPROVED, approved.err[-3000:]
-    ledger = tmp_path / "run" / "ledger.jsonl"
     first = ledger.read_text().splitlines()[0]
     assert '"approved"' in first
     ledger.write_text(first.replace('"approved"', '"blocked"', 1) + "\n")  # an edit the chain catches
-    again = cli("run", plan, "--quiet")
+    again = cli("run", plan, "--quiet", "--out", tmp_path / "again")
     assert again.code == Exit.UNTRUSTED, again.err[-3000:]
     (line,) = [line for line in again.err.splitlines() if line.startswith("quantgate: error:")]
     assert "tampered" in line and "Traceback" not in again.err
+    assert not (tmp_path / "again").exists()  # refused before any work: no run directory made
 
 
 def test_run_help_says_every_run_exit_code() -> None:

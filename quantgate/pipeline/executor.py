@@ -14,6 +14,7 @@ local run never needs it (and never pays its import).
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import pickle
@@ -33,6 +34,7 @@ from typing import Any, Protocol, TypedDict, TypeVar, cast
 from quantgate.core import artifacts
 from quantgate.core.console import stderr
 from quantgate.core.errors import InputError, QuantgateError
+from quantgate.core.exitcodes import Exit
 from quantgate.pipeline import units
 from quantgate.pipeline.plan import ExecutorPlan, StageKind, StageResources
 
@@ -49,7 +51,7 @@ class TaskLost(QuantgateError):
     """A task Ray could not finish however often it tried: its worker or node died (after the
     retries), or it ran out of memory. Not the inputs' fault: nothing of it is cached."""
 
-    exit_code = 2
+    exit_code = Exit.UNIT_FAILED
 
     def __init__(self, kind: str, label: str, message: str) -> None:
         super().__init__(message)
@@ -99,6 +101,9 @@ FORKED_KINDS = frozenset({"quantize", "evaluate", "sensitivity"})
 # "1": the local executor runs every unit in the run's own process (a debugger's breakpoint in a
 # unit, a test that watches what a unit does); a unit's crash then ends the run.
 IN_PROCESS_ENV = "QUANTGATE_UNITS_IN_PROCESS"
+# A child that could not send its answer (its run is gone, or it died mid-way) exits with this status
+# (EX_SOFTWARE); one the run reads as "exited without an answer".
+_EXIT_UNANSWERED = 70
 # A child whose OpenMP pool hangs exits with this status (the parent then runs it again on one thread).
 _POOL_HUNG = 75
 # A parallel region over 1 Mi elements takes milliseconds; 5 s is one that will never return.
@@ -150,7 +155,7 @@ def _die_with(run: int) -> None:
 
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG (prctl(2))
     if os.getppid() != run:  # the run died between the fork and the prctl
-        os._exit(70)
+        os._exit(_EXIT_UNANSWERED)
 
 
 def _fd_backed(stream: object) -> bool:
@@ -200,6 +205,10 @@ def _error_answer(error: BaseException) -> tuple[bool, tuple[BaseException, str]
     """A unit's error as the child sends it: the error itself (its type decides what the run does
     with it: bad input, a full disk, a unit's failure), its traceback from the child as a note."""
     text = "".join(traceback.format_exception(error))
+    if not isinstance(error, (Exception, KeyboardInterrupt)):
+        # a library's sys.exit() (SystemExit) or another BaseException: raised in the run as it is, it would
+        # end the run with the library's status (1 reads "blocked" to a CI); it is this unit's failure
+        error = RuntimeError(f"the unit raised {type(error).__name__}({' '.join(str(error).split())})")
     try:
         sent: BaseException = pickle.loads(pickle.dumps(error))
     except Exception:  # noqa: BLE001 - an error that does not pickle: its type and message kept
@@ -220,9 +229,15 @@ def run_forked(label: str, work: Callable[[], T], threads: int) -> T:
     sys.stdout.flush()
     sys.stderr.flush()
     run = os.getpid()
+    # Ctrl-C is held off across the fork: a child must never unwind through the run's own frames (its
+    # lock's release, its clean-up, its zygotes' shutdown); the run SIGKILLs its child on Ctrl-C instead
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     pid = os.fork()
     if pid == 0:  # the child: never returns
-        status = 0
+        status = _EXIT_UNANSWERED
+        with contextlib.suppress(ValueError):  # ValueError: forked from a thread that is not Python's main one
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
         try:
             os.close(read_fd)
             _die_with(run)
@@ -233,16 +248,24 @@ def run_forked(label: str, work: Callable[[], T], threads: int) -> T:
             except BaseException as error:  # noqa: BLE001 - every error goes back to the parent, Ctrl-C's too
                 outcome = _error_answer(error)
             _answer(write_fd, (*outcome, dict(artifacts._writes), _printed(printed)))
+            status = 0
         except BaseException:  # noqa: BLE001 - the answer could not be written (the parent is gone)
-            status = 70
+            pass
         finally:
             for stream in (sys.stdout, sys.stderr):
                 try:
                     stream.flush()
-                except Exception:  # noqa: BLE001, S110 - a closed stream: nothing more to say
+                except BaseException:  # noqa: BLE001, S110 - a closed stream: nothing more to say; os._exit must run
                     pass
             os._exit(status)  # no atexit handler, no finaliser of the parent's objects runs twice
-    os.close(write_fd)
+    try:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)  # a Ctrl-C held off is raised here: the child stops too
+        os.close(write_fd)
+    except BaseException:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        os.close(read_fd)
+        raise
     return cast(T, _child_answer(label, pid, read_fd, threads))  # what `work` returned, through the pipe
 
 
@@ -261,8 +284,14 @@ def _child_answer(label: str, pid: int, read_fd: int, threads: int) -> object:
         os.close(read_fd)
     _, status, usage = os.wait4(pid, 0)
     peak = usage.ru_maxrss * 1024  # kilobytes on Linux (getrusage(2))
-    if chunks:
-        ok, value, writes, printed = pickle.loads(b"".join(chunks))
+    try:
+        answer = pickle.loads(b"".join(chunks)) if chunks else None
+    except (pickle.UnpicklingError, EOFError, ValueError):
+        if not os.WIFSIGNALED(status):
+            raise
+        answer = None  # a signal cut its answer short (an OOM kill as it wrote): the signal is the unit's failure
+    if answer is not None:
+        ok, value, writes, printed = answer
         artifacts._writes.update(writes)  # the atomic writes' testing hook numbers the child's writes as the run's
         if printed is not None:
             sys.stdout.write(printed[0])
@@ -290,11 +319,13 @@ class LocalExecutor:
     def __init__(self, fork: bool = hasattr(os, "fork"), threads: int | None = None) -> None:
         self.fork = fork
         self.threads = (threads or _torch_threads()) if fork else 0
+        # what close() gives back: not self.threads, which a pool that hung (PoolHung) lowers to 1
+        self.found = _torch_threads() if fork else 0
         if fork:
             _set_torch_threads(1)
 
     def call(self, kind: str, label: str, work: Callable[[], T], needs: Sequence[str] = ()) -> T:
-        if not (self.fork and kind in FORKED_KINDS):
+        if not (self.fork and kind in FORKED_KINDS) or _cuda_initialized():
             return work()
         try:
             return run_forked(label, work, self.threads)
@@ -317,7 +348,7 @@ class LocalExecutor:
 
     def close(self) -> None:
         if self.fork:
-            _set_torch_threads(self.threads)  # this process's torch as it was before the run
+            _set_torch_threads(self.found)  # this process's torch as it was before this executor
 
 
 def _ray() -> Any:
@@ -579,12 +610,23 @@ def forks(plan: ExecutorPlan) -> bool:
     return plan.kind == "local" and hasattr(os, "fork") and os.environ.get(IN_PROCESS_ENV) != "1"
 
 
+def _cuda_initialized() -> bool:
+    """Whether this process initialised CUDA: then a unit runs here, not in a forked child, since the
+    CUDA runtime does not survive a fork (torch refuses: "Cannot re-initialize CUDA in forked
+    subprocess"). A run keeps it uninitialised where it can (hold_one_thread)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and bool(torch.cuda.is_initialized())
+
+
 def hold_one_thread() -> int:
     """Torch on one thread in this process from now on, before the run does any torch work here
     (its preflight converts a demo model on first use and runs it on the smoke prompt): one
     parallel region on several threads would leave the OpenMP pool that hangs every forked unit
     (_probe_pool), and the whole run would fall back to one thread. Returns the count it had: the
     threads the units' children get; `release_threads` gives it back."""
+    # torch.cuda.is_available() asks NVML, not the CUDA driver, so that the run's own checks leave CUDA
+    # uninitialised for the units' children (torch/cuda/__init__.py, PYTORCH_NVML_BASED_CUDA_CHECK)
+    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
     threads = _torch_threads()
     _set_torch_threads(1)
     return threads

@@ -12,6 +12,7 @@ finished run started again does nothing and prints the same verdicts.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import shutil
@@ -47,6 +48,7 @@ from quantgate.evalsets.evaluate import cache_root, model_identity
 from quantgate.evalsets.serve_record import ServeRecord
 from quantgate.evalsets.served import FAILED, cold_start_seconds, probe_seconds
 from quantgate.gates.ledger import LedgerTampered
+from quantgate.gates.ledger import read as read_ledger
 from quantgate.gates.policy import LoadedPolicy, Outcome, mixed_precision_class, precision_class
 from quantgate.gates.report import build as build_report
 from quantgate.gates.report import data_key as report_key
@@ -55,6 +57,7 @@ from quantgate.gates.run_record import (
     BASELINE_FAILED,
     FINISHED,
     RUNNING,
+    STOPPED,
     FailedUnit,
     PlannedPower,
     PlotAxes,
@@ -226,6 +229,12 @@ def _unit_error(error: BaseException) -> bool:
         and _out_of_space(error) is None
 
 
+# What fails a search unit (its sensitivity, a trial's quantization) beside its own errors: a task lost
+# on a cluster, and bad input only its unit finds (a mixed config llmcompressor refuses, a model the
+# sensitivity cannot load): found after the formats' verdicts, it stops the search, not the run.
+SEARCH_UNIT_ERRORS: tuple[type[Exception], ...] = (TaskLost, InputError, IntegrityError)
+
+
 class _NoBaseline(Exception):
     """The baseline's measurement or evaluation failed (its failed unit says why): no verdict can
     be reached this run, and the run goes on to run.json and the report, which say so."""
@@ -364,6 +373,10 @@ class Pipeline:
 
     def run_held(self, threads: int | None) -> RunResult:
         resolved = self.preflight()
+        try:  # a tampered ledger is refused before any work, not after the run's quantizations and evaluations
+            read_ledger(self.ledger)
+        except LedgerTampered as error:
+            raise LedgerUntrusted(" ".join(str(error).split())) from error
         serve, gpus = resolved.serve_cfg, self.plan.resources.get("serve")
         if self.plan.executor.kind == "ray" and serve is not None and serve.tensor_parallel > (gpus.gpus if gpus else 0) >= 1:
             raise InputError(f"serving.tensor_parallel is {serve.tensor_parallel} but resources.serve gives each serve task "
@@ -506,6 +519,12 @@ class _Run:
             verdicts, status = self.verdicts(), FINISHED
         except _NoBaseline:
             verdicts, status = {}, BASELINE_FAILED
+        except BaseException:
+            # what ends the run itself (Ctrl-C, bad input found mid-run, a tampered ledger, a bug): run.json
+            # never stays "running", and keeps the failed units so far; the error says the rest
+            with contextlib.suppress(OSError):  # a full disk: the error being raised says so
+                self.manifest(status=STOPPED).write(self.dir.run_file)
+            raise
         units.forget()  # the models this process kept for the run
         self.manifest(status=status, verdicts=verdicts).write(self.dir.run_file)
         self.report()
@@ -911,7 +930,7 @@ class _Run:
         cfg = _sensitivity_config(plan)
         try:
             scores = self.made(SENSITIVITY, key=SENSITIVITY.key(plan, cfg, calibration_set.fingerprint), label="sensitivity",
-                               attempt="layer-groups", also=(TaskLost,),
+                               attempt="layer-groups", also=SEARCH_UNIT_ERRORS,
                                work=SENSITIVITY.task(cfg, plan.model_dir, calibration_set.path, SENSITIVITY.where(self.dir),
                                                      overwrite=True, allow_pickle=plan.plan.allow_pickle)).value
         except UnitFailed as failed:
@@ -960,7 +979,7 @@ class _Run:
         plan, checkpoint = self.plan, TRIAL_QUANTIZE.where(self.dir, name)
         key = TRIAL_QUANTIZE.key(plan, cfg, calibration_set.fingerprint)
         # raised, died, or lost on a cluster: UnitFailed (the search stops: no verdict to bisect on)
-        quantized = self.made(TRIAL_QUANTIZE, name, key=key, label=f"quantize {name}", attempt=name, also=(TaskLost,),
+        quantized = self.made(TRIAL_QUANTIZE, name, key=key, label=f"quantize {name}", attempt=name, also=SEARCH_UNIT_ERRORS,
                               work=TRIAL_QUANTIZE.task(plan, cfg, calibration_set.path, checkpoint))
         bits = {int(get_preset(fmt).weights["num_bits"]) for fmt in cfg.formats}
         precision = mixed_precision_class(plan.policy, bits)
