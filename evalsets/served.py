@@ -292,14 +292,16 @@ def check(checkpoint: Path, results: EvaluationResults | None, cfg: ServeCheckCo
         record["gated"] = gated.describe()
     else:
         record["not_compared"] = missing
+    note: _RetryNote = {}
     try:
-        response = _run_retrying_a_probe_stop(env, request, work, cfg, settings=settings, probe=limit, deadline=deadline, record=record,
+        response = _run_retrying_a_probe_stop(env, request, work, cfg, settings=settings, probe=limit, deadline=deadline, note=note,
                                               budget=budget)
     except serving.WorkerFailed as failure:
-        record["answer_cap_spent_seconds"] = budget.spent
+        record.update(note, answer_cap_spent_seconds=budget.spent)
         return ServeRecord.model_validate({**record, **_not_served(failure, env, device_class, schemes)}, strict=False)
     answer = response.value
     log_text = response.log.read_text(errors="replace")
+    record.update(note)
     record.update(served=True, status=SERVED, log=str(response.log), isolated=response.isolated, dtype=answer.get("dtype"),
                   device=answer.get("device"), threads=answer.get("threads"), load_seconds=answer.get("load_seconds"),
                   startup_seconds=response.startup_seconds, cold_start_seconds=response.cold_start_seconds,
@@ -382,12 +384,25 @@ class _Budget:
                 f"it needs {needs:.1f} s: {load}the probe's {probe.warmup_seconds:.1f} s limit on the first forward pass")
 
 
+class ProbeRetried(ProbeStopped):
+    """A first attempt the probe stopped, tried once more: why, its passes, and its log."""
+
+    log: str
+
+
+class _RetryNote(TypedDict, total=False):
+    """What a probe's retry adds to the serve record (ServeRecord's fields of the same names)."""
+
+    probe_retried: ProbeRetried  # the first stop, tried once more
+    probe_not_retried: str  # why a stop was not tried again: too little left of the check's cap
+
+
 def _run_retrying_a_probe_stop(env: serving.ServingEnv, request: RequestBody, work: Path, cfg: ServeCheckConfig, *,
                                settings: dict[str, str], probe: serving.ProbeLimit, deadline: serving.LoadDeadline,
-                               record: dict[str, Any], budget: _Budget) -> serving.Response:
+                               note: _RetryNote, budget: _Budget) -> serving.Response:
     """serving.run, tried once more where the probe stopped it: a slow pass can be the machine's
     load (other work on its cores) rather than the engine's path, and a second stop is the
-    verdict ("no usable path"). The first stop is kept in the record (`probe_retried`) and its log
+    verdict ("no usable path"). The first stop is kept in `note` (`probe_retried`) and its log
     beside the second's. Both are held to the check's cap (`budget`); a retry with too little left
     of it (less than the first try's load and the probe's first-pass limit) is not started: the
     first stop is the verdict and the record says why (`probe_not_retried`)."""
@@ -400,14 +415,14 @@ def _run_retrying_a_probe_stop(env: serving.ServingEnv, request: RequestBody, wo
         loaded = loaded_at(work / PROGRESS)
         short = budget.short(loaded - asked if loaded is not None else None, probe, "a retry of the probe's stop")
         if short is not None:
-            record["probe_not_retried"] = short
+            note["probe_not_retried"] = short
             stopped: ProbeStopped = {**failure.probe, "reason": f"{failure.probe['reason']} ({short})"}
             raise serving.WorkerFailed(stopped["reason"], failure.log, failure.phase, timed_out=failure.timed_out,
                                        probe=stopped) from failure
         first = work / f"first-{LOG}"
         if failure.log.is_file():
             failure.log.replace(first)
-        record["probe_retried"] = {**failure.probe, "log": str(first)}
+        note["probe_retried"] = {**failure.probe, "log": str(first)}
     return budget.run(env, request, work, cfg, "the retry of a probe stop", settings=settings, probe=probe, deadline=deadline)
 
 
