@@ -163,6 +163,6 @@ def attest(checkpoint: Path, run_dir: Path, work: Path, *, baseline: Path | None
         ledger_module.require_signed(ledger, now, newest, trusted)
         # an approval of these files: model.sig is written too, so model-signing alone accepts the directory
         deployable = status == APPROVED and verdict.verdict in (APPROVED, "pending")
-        appended = ledger_module.append(ledger, entry, key, model_sig=checkpoint if deployable else None)
+        appended = ledger_module.append(ledger, entry, key, model_sig=checkpoint if deployable else None, records=now)
     keys.trust(keys.beside(ledger), key)
     return Attested(appended, ledger)

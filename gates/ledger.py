@@ -24,7 +24,7 @@ from pydantic import JsonValue, ValidationError
 from quantgate.core.artifacts import atomic_file, canonical_json, sha256_bytes
 from quantgate.core.errors import InputError, QuantgateError
 from quantgate.core.exitcodes import Exit
-from quantgate.core.models import checkpoint_files, is_weight_file
+from quantgate.core.models import checkpoint_files, weight_file_hashes
 from quantgate.gates import keys, signing
 from quantgate.gates.ledger_record import SERVING_KIND as SERVING_KIND
 from quantgate.gates.ledger_record import LedgerRecord
@@ -163,14 +163,17 @@ def _checked(ledger: Path, number: int, record: Line) -> LedgerRecord:
     raise LedgerTampered(f"ledger {ledger} tampered: line {number} has a malformed {problem!r} field")
 
 
-def append(ledger: Path, entry: LedgerRecord, key: signing.Key | None = None, *, model_sig: Path | None = None) -> LedgerRecord:
+def append(ledger: Path, entry: LedgerRecord, key: signing.Key | None = None, *, model_sig: Path | None = None,
+           records: list[LedgerRecord] | None = None) -> LedgerRecord:
     """Chain `entry` onto the ledger, signed with `key` (its claims, its place in the chain and
     the files it names; with `model_sig`, a checkpoint directory, the signature is also written
     there as model.sig), and write the whole file anew atomically (temp + rename). The caller
     holds the ledger's sibling_lock where another process may append at once. Without a key the
-    record says `signed: false` (tests, and ledgers of older versions)."""
+    record says `signed: false` (tests, and ledgers of older versions). `records`: the ledger as
+    the caller read it under that lock (not read again)."""
     ledger = Path(ledger)
-    records = read(ledger)  # refuses to extend a tampered ledger
+    if records is None:
+        records = read(ledger)  # refuses to extend a tampered ledger
     record: Line = {
         **entry.to_json(),
         "schema_version": SCHEMA_VERSION,
@@ -246,7 +249,7 @@ def verify_checkpoint(checkpoint: Path, ledger: Path, trust: Path | None = None,
     if not ledger.is_file():
         raise InputError(f"ledger {ledger} is not a file")
     # a trust file given is read first (a bad one is bad input); the user's own only when a verdict needs it
-    trusted = _trust(trust, allow_unsigned) if trust is not None else None
+    trusted = trusted_keys(trust, allow_unsigned) if trust is not None else None
     try:
         records = read(ledger)
     except LedgerTampered as error:
@@ -255,12 +258,13 @@ def verify_checkpoint(checkpoint: Path, ledger: Path, trust: Path | None = None,
     found, verdict = _decide(Path(checkpoint), records, files, device_class)
     if found.status not in (Status.approved, Status.pending) or verdict is None:
         return found
-    return _signed(found, records, _index(records, verdict), trusted if trusted is not None else _trust(None, allow_unsigned),
+    return _signed(found, records, _index(records, verdict), trusted if trusted is not None else trusted_keys(None, allow_unsigned),
                    allow_unsigned)
 
 
-def _trust(path: Path | None, allow_unsigned: bool) -> dict[str, signing.Key]:
-    """The trusted keys by fingerprint: the file given, else the user's own trust file."""
+def trusted_keys(path: Path | None, allow_unsigned: bool = False) -> dict[str, signing.Key]:
+    """The trusted keys by fingerprint: the trust file given, else the user's own (bad input when
+    there is none, unless `allow_unsigned`: then none)."""
     if path is not None:
         return keys.load_trust(path).keys
     default = keys.default_trust_file()
@@ -281,14 +285,9 @@ def require_signed(ledger: Path, records: list[LedgerRecord], record: LedgerReco
             raise Untrusted(f"ledger {ledger} line {number}: {check.problem.value}: {check.reason}")
 
 
-def trusted_keys(trust: Path | None, allow_unsigned: bool = False) -> dict[str, signing.Key]:
-    """The keys of the trust file `trust`, else of the user's own (bad input when there is none)."""
-    return _trust(trust, allow_unsigned)
-
-
 def matches(record: LedgerRecord, files: dict[str, str]) -> bool:
     """Whether `record` judges a checkpoint of exactly these files (see `_matches`)."""
-    return _matches(record, files, {name: digest for name, digest in files.items() if is_weight_file(name)})
+    return _matches(record, files, weight_file_hashes(files))
 
 
 def _matches(record: LedgerRecord, files: dict[str, str], weights: dict[str, str]) -> bool:
@@ -300,7 +299,7 @@ def _decide(checkpoint: Path, records: list[LedgerRecord], files: dict[str, str]
             device_class: str | None) -> tuple[Verification, LedgerRecord | None]:
     """What the ledger says of these files before any signature is checked, and the verdict it
     rests on (the first record whose signature and everything after it must hold)."""
-    weights = {name: digest for name, digest in files.items() if is_weight_file(name)}
+    weights = weight_file_hashes(files)
     matching = [record for record in records if _matches(record, files, weights)]
     # serving records (quantgate serving check --run) add evidence to the verdict before them; they judge nothing alone
     attested = [record for record in matching if record.kind == SERVING_KIND]

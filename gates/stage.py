@@ -15,7 +15,7 @@ from quantgate.core.artifacts import MANIFEST, read_json, sha256_file, sibling_l
 from quantgate.core.errors import InputError, IntegrityError
 from quantgate.core.ids import SetRef
 from quantgate.core.metrics import GATEABLE
-from quantgate.core.models import checkpoint_files, is_weight_file
+from quantgate.core.models import checkpoint_files, weight_file_hashes
 from quantgate.evalsets import EvaluationResults, GoldenSet, SetResults
 from quantgate.evalsets.serve_record import ServeRecord
 from quantgate.evalsets.served import ServeCheckConfig, load_record
@@ -143,7 +143,7 @@ def checkpoint_ref(checkpoint: Path, fmt: str, weights: dict[str, str] | None = 
     """The checkpoint as a verdict names it: every file by sha256 (what verify matches and the
     signature covers) and the weight files among them (what the report and the search read)."""
     files = checkpoint_files(checkpoint)
-    hashed = {name: digest for name, digest in files.items() if is_weight_file(name)}
+    hashed = weight_file_hashes(files)
     if weights is not None and weights != hashed:
         raise IntegrityError(f"checkpoint {checkpoint}: its weight files are not those its manifest holds "
                              f"({signing.describe_changes(weights, hashed)}): it changed while it was gated; quantize it again")
@@ -220,7 +220,7 @@ def _record_verdict(ledger: Path, record: VerdictRecord, key: signing.Key, servi
         return False
     if not approval and checkpoint is not None:
         signing.withdraw(checkpoint)  # its newest verdict approves nothing
-    ledger_module.append(ledger, entry, key, model_sig=checkpoint if approval else None)
+    ledger_module.append(ledger, entry, key, model_sig=checkpoint if approval else None, records=existing)
     return True
 
 

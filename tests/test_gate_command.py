@@ -129,7 +129,8 @@ def test_ledger_records_verify_and_detect_edits_and_changes(cli, run_dir: Path, 
     # key is another QUANTGATE_HOME's: this user's trust file does not hold it)
     own = run_dir / "checkpoints" / "gptq-int4", "--ledger", run_dir / "ledger.jsonl"
     assert cli("verify", *own, "--trust", run_dir / "trusted-keys.pem").code == Exit.APPROVED
-    assert cli("verify", *own).code == Exit.UNTRUSTED
+    untrusted = cli("verify", *own)
+    assert untrusted.code == Exit.UNTRUSTED and ": signed by an unknown key: " in untrusted.out, untrusted.out
 
     edited = tmp_path / "edited.jsonl"
     record = json.loads(ledger.read_text())

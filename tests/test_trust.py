@@ -114,7 +114,7 @@ def test_the_first_signing_command_makes_an_owner_only_key_and_both_trust_files(
 def test_a_key_others_can_read_is_refused_as_ssh_refuses_it(approved, tmp_path: Path) -> None:
     ckpt, book = approved
     keys.default_key_path().chmod(0o644)
-    with pytest.raises(Exception, match="permissions 0644 let others read it; make it owner-only: chmod 600"):
+    with pytest.raises(InputError, match="permissions 0644 let others read it; make it owner-only: chmod 600"):
         record_verdict(book, verdict(ckpt, policy_version="v2"))
 
 
@@ -268,12 +268,15 @@ def test_each_verify_exit_code_through_the_cli(cli, tmp_path: Path) -> None:
         "status": "pending", "reason": "no serving evidence", "next": "quantgate serving check CKPT --run RUN"}}))
     assert cli("verify", approved_ckpt, "--ledger", book).code == Exit.APPROVED == 0
     assert cli("verify", blocked_ckpt, "--ledger", book).code == Exit.BLOCKED == 1
-    assert cli("verify", unknown_ckpt, "--ledger", book).code == Exit.BLOCKED
+    unknown = cli("verify", unknown_ckpt, "--ledger", book)
+    assert unknown.code == Exit.BLOCKED and ": unknown: no verdict in the ledger for these files" in unknown.out, unknown.out
     pending = cli("verify", pending_ckpt, "--ledger", book)
     assert pending.code == Exit.PENDING == 4 and "quantgate serving check CKPT --run RUN" in pending.out
     (approved_ckpt / "config.json").write_text("{}\n")
-    assert cli("verify", approved_ckpt, "--ledger", book).code == Exit.UNTRUSTED == 6
-    assert cli("verify", approved_ckpt, "--ledger", tmp_path / "missing.jsonl").code == Exit.BAD_INPUT == 2
+    changed = cli("verify", approved_ckpt, "--ledger", book)
+    assert changed.code == Exit.UNTRUSTED == 6 and ": changed since the verdict: config.json changed" in changed.out, changed.out
+    missing = cli("verify", approved_ckpt, "--ledger", tmp_path / "missing.jsonl")
+    assert missing.code == Exit.BAD_INPUT == 2 and "does not exist" in missing.err
     private_trust = cli("verify", pending_ckpt, "--ledger", book, "--trust", keys.default_key_path())
     assert private_trust.code == Exit.BAD_INPUT and "it holds a private key" in private_trust.err
     book.write_text(book.read_text().replace('"blocked"', '"approved"', 1))  # an edit the chain catches
@@ -287,7 +290,8 @@ def test_key_rotation_with_the_keys_commands(approved, cli) -> None:
     old = signing.load_signing_key(keys.default_key_path())
     shown = cli("keys", "show")
     assert shown.code == 0 and old.fingerprint in shown.out and "BEGIN PUBLIC KEY" in shown.out and "PRIVATE" not in shown.out
-    assert cli("keys", "new").code == Exit.BAD_INPUT  # never replaced by accident
+    kept = cli("keys", "new")
+    assert kept.code == Exit.BAD_INPUT and "rotate it with `quantgate keys new --replace`" in kept.err  # never replaced by accident
     rotated = cli("keys", "new", "--replace")
     assert rotated.code == 0 and "retired-" in rotated.out
     new = signing.load_signing_key(keys.default_key_path())
