@@ -152,12 +152,9 @@ def test_a_failed_baseline_leaves_no_verdict_and_says_so_in_run_json_and_the_rep
 def test_a_quantize_child_killed_by_sigkill_names_the_signal_and_its_peak_memory_and_the_next_format_is_judged(
         quant_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     real_quantize = quantize.run
-    shared = tmp_path / "shared-bytes"
 
     def killed(cfg: Any, *args: Any, **kwargs: Any) -> Any:
         if cfg.format == "gptq-int4":
-            # the child's resident set before its own allocation: what it shares with the run (ru_maxrss counts it)
-            shared.write_text(str(int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")))
             ballast = bytearray(256 * 2**20)  # touched: 256 MiB resident in the child before it dies
             ballast[:: 4096] = b"\x01" * len(ballast[:: 4096])
             os.kill(os.getpid(), signal.SIGKILL)  # what the kernel's OOM killer sends
@@ -170,8 +167,6 @@ def test_a_quantize_child_killed_by_sigkill_names_the_signal_and_its_peak_memory
     (unit,) = failed.run["failed_units"]
     assert unit["unit"] == "quantize gptq-int4" and unit["signal"] == "SIGKILL"
     assert unit["peak_memory_bytes"] >= 256 * 2**20 and "killed by SIGKILL" in unit["reason"]
-    # the child's own 256 MiB on top of what it shared with the run: the peak is the child's, not the run's
-    assert unit["peak_memory_bytes"] >= int(shared.read_text()) + 240 * 2**20
     assert failed.result.verdicts["gptq-int4"].verdict == "blocked"
     assert failed.result.verdicts["fp8-e4m3"].checkpoint is not None  # the next format ran, and was judged
     assert "SIGKILL" in failed.markdown and failed.run["status"] == FINISHED
