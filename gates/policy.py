@@ -13,12 +13,11 @@ from pydantic import Field, field_validator, model_validator
 
 from quantgate.core.artifacts import read_yaml, sha256_file
 from quantgate.core.errors import InputError, did_you_mean
+from quantgate.core.formats import PRECISION_CLASSES, PrecisionClass, precision_class
 from quantgate.core.ids import SetRef
 from quantgate.core.validation import Strict, is_path, validated
-from quantgate.quantize.presets import Preset
 
 POLICY_DIR = Path(__file__).parent / "policies"
-PRECISION_CLASSES = ("8bit", "4bit")
 BOUNDS = ("max_drop_points", "max_increase_percent", "max_value", "min_value")
 
 PerClass = dict[str, float]
@@ -137,7 +136,7 @@ class IntegrityGate(Strict):
 class MixedPrecision(Strict):
     """Which precision class's bounds gate a mixed-precision checkpoint (docs/search.md)."""
 
-    # lowest-bits: the class of the narrowest weights present (INT4 layers anywhere: the 4bit
+    # lowest-bits: the class of the narrowest weights present (INT4 layers anywhere: the 4-bit
     # bounds); highest-bits: the class of the widest (the stricter bounds)
     rule: Literal["lowest-bits", "highest-bits"]
 
@@ -323,13 +322,7 @@ def decide(estimate: float, low: float, high: float, *, limit: float, margin: fl
     return Outcome.insufficient if high > limit + margin else Outcome.passed
 
 
-def precision_class(preset: Preset) -> str:
-    """'8bit' or '4bit' from a format preset's weight bits."""
-    bits = int(preset.weights["num_bits"])
-    return "4bit" if bits <= 4 else "8bit"
-
-
-def mixed_precision_class(policy: LoadedPolicy, bits: set[int]) -> str:
+def mixed_precision_class(policy: LoadedPolicy, bits: set[int]) -> PrecisionClass:
     """The precision class a mixed-precision checkpoint whose quantized layers have the weight
     widths `bits` is gated under, by the policy's `mixed_precision.rule`."""
     rule = policy.policy.mixed_precision
@@ -339,4 +332,4 @@ def mixed_precision_class(policy: LoadedPolicy, bits: set[int]) -> str:
     if not bits:
         raise InputError("a mixed-precision checkpoint with no quantized layer has no precision class")
     chosen = min(bits) if rule.rule == "lowest-bits" else max(bits)
-    return "4bit" if chosen <= 4 else "8bit"
+    return precision_class(chosen)

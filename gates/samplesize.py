@@ -28,10 +28,11 @@ from typing import TypedDict
 
 from quantgate import evalsets
 from quantgate.core.errors import InputError, did_you_mean
+from quantgate.core.formats import PRECISION_CLASSES, PrecisionClass
 from quantgate.core.ids import SetRef
 from quantgate.core.metrics import METRICS, Metric, Statistic
 from quantgate.evalsets.sets import all_names
-from quantgate.gates.policy import PRECISION_CLASSES, LoadedPolicy, MetricGate, load_policy
+from quantgate.gates.policy import LoadedPolicy, MetricGate, load_policy
 from quantgate.gates.sequential import critical_value, look_confidence, schedule
 from quantgate.gates.stage import item_records, valid_metrics
 from quantgate.gates.verdict import Records, gate_records, metric_gate
@@ -47,7 +48,7 @@ DEFAULT_EFFECT_FRACTION = 0.5
 # measurements: quantized models flip answers both ways even where accuracy holds (Dutta et al.,
 # 2024, "Accuracy is Not All You Need", arXiv 2407.09141), so d is well above the accuracy change;
 # 8-bit formats flip few answers, INT4 formats more, small models most. Measure your own.
-DEFAULT_DISCORDANCE: dict[str, float] = {"8bit": 0.05, "4bit": 0.15}
+DEFAULT_DISCORDANCE: dict[str, float] = {PrecisionClass.eight_bit: 0.05, PrecisionClass.four_bit: 0.15}
 
 
 # ---- the arithmetic -------------------------------------------------------------------------

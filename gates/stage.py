@@ -13,6 +13,7 @@ from quantgate import calibration, evalsets
 from quantgate.calibration import CalibrationSet
 from quantgate.core.artifacts import MANIFEST, read_json, sha256_file, sibling_lock
 from quantgate.core.errors import InputError, IntegrityError
+from quantgate.core.formats import PRECISION_CLASSES
 from quantgate.core.ids import SetRef
 from quantgate.core.metrics import GATEABLE
 from quantgate.core.models import checkpoint_files, weight_file_hashes
@@ -23,7 +24,7 @@ from quantgate.evalsets.sets import all_names, scored_metrics
 from quantgate.gates import keys, signing
 from quantgate.gates import ledger as ledger_module
 from quantgate.gates.ledger_record import LedgerRecord
-from quantgate.gates.policy import PRECISION_CLASSES, LoadedPolicy, load_policy, precision_class
+from quantgate.gates.policy import LoadedPolicy, load_policy
 from quantgate.gates.verdict import Records, ServingEvidence, Verdict, judge, tails
 from quantgate.gates.verdict_record import (
     BaselineRef,
@@ -280,8 +281,9 @@ def gate_results(baseline: Path, candidate: Path, policy_spec: str | Path, *, ch
     fmt = manifest["format"] if manifest else (checkpoint.name if checkpoint else Path(candidate).name)
     if precision is None:
         if manifest is None:
-            raise InputError("cannot tell the candidate's format: give --precision 8bit or 4bit (or --checkpoint of a quantgate checkpoint)")
-        precision = precision_class(get_preset(manifest["format"]))
+            raise InputError(f"cannot tell the candidate's format: give --precision {' or '.join(PRECISION_CLASSES)} "
+                             "(or --checkpoint of a quantgate checkpoint)")
+        precision = get_preset(manifest["format"]).precision
     elif precision not in PRECISION_CLASSES:
         raise InputError(f"--precision must be one of {', '.join(PRECISION_CLASSES)}, got {precision!r}")
 

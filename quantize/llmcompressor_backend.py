@@ -7,17 +7,19 @@ from __future__ import annotations
 # llmcompressor, compressed_tensors and torch are imported where used: they take seconds to
 # import, and building the group-size plan or `quantgate --help` needs none of them.
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from quantgate.core.errors import InputError
+from quantgate.core.formats import ALGORITHMS, Step
 from quantgate.core.hf_config import QuantizationArgs as QuantizationArgsJSON
 from quantgate.quantize.checkpoint import LayerFormat
 from quantgate.quantize.compat import cpu_safe_pinning, no_traced_namespace_kept
 from quantgate.quantize.config import MixedConfig, QuantizeConfig
 from quantgate.quantize.fusion import FUSED, layer_groups
 from quantgate.quantize.groups import GroupPlan, plan_group_sizes
-from quantgate.quantize.presets import FP8_DYNAMIC_WEIGHTS, Algorithm, Preset, get_preset
+from quantgate.quantize.presets import PRESETS, Algorithm, Preset, get_preset
 
 if TYPE_CHECKING:
     from compressed_tensors.quantization import QuantizationScheme
@@ -45,8 +47,9 @@ SMOOTH_NORMS: dict[str | None, dict[str, str]] = {
 # need to know per architecture which module feeds which. llmcompressor keeps these mappings in
 # registries by architecture and falls back to Llama's for any other name, which fails mid-run
 # where the names differ (GPT-NeoX's query_key_value) and smooths the wrong layers where they
-# happen to match: such an architecture is refused before the model loads.
-MAPPED = {Algorithm.awq: "AWQ", Algorithm.smoothquant_gptq: "SmoothQuant"}
+# happen to match: such an architecture is refused before the model loads (the registry's
+# AlgorithmSteps.mappings names the algorithms that need them).
+MAPPED = {algorithm: steps.mappings for algorithm, steps in ALGORITHMS.items() if steps.mappings}
 
 
 def mapped_architectures(algorithm: Algorithm) -> frozenset[str]:
@@ -148,10 +151,16 @@ def config_groups(preset: Preset, cfg: QuantizeConfig, plan: GroupPlan | None, s
             f"group_{index}": _scheme(targets, {**weight_args(preset, cfg), "group_size": size}, preset.input_activations, storage_dtype)
             for index, (size, targets) in enumerate(plan.targets_by_group_size().items())
         }
-    weights, activations = weight_args(preset, cfg), preset.input_activations
+    return {"group_0": _scheme(["Linear"], *_ungrouped_args(preset, cfg), storage_dtype)}
+
+
+def _ungrouped_args(preset: Preset, cfg: QuantizeConfig) -> tuple[QuantizationArgsJSON, QuantizationArgsJSON | None]:
+    """(weights, input activations) of an ungrouped format: its dynamic variant's where the config
+    asks for it and the format has one (those weights as the registry gives them), else its own
+    with the config's observer."""
     if cfg.fp8_dynamic and preset.dynamic_input_activations:
-        weights, activations = FP8_DYNAMIC_WEIGHTS, preset.dynamic_input_activations
-    return {"group_0": _scheme(["Linear"], weights, activations, storage_dtype)}
+        return preset.args(dynamic=True)
+    return weight_args(preset, cfg), preset.input_activations
 
 
 def restore_storage_dtype(model: Any, storage_dtype: str) -> None:
@@ -179,25 +188,22 @@ def build_recipe(preset: Preset, cfg: QuantizeConfig, plan: GroupPlan | None, st
     ignore = [*cfg.ignore, *(plan.unquantized if plan else []), *(routers(model) if model is not None else [])]
     architecture = type(model).__name__ if model is not None else None
     groups = config_groups(preset, cfg, plan, storage_dtype)
-    gptq_knobs: dict[str, Any] = {"dampening_frac": cfg.dampening_frac, "block_size": cfg.block_size}
-    if preset.algorithm is Algorithm.gptq:
-        return [GPTQModifier(config_groups=groups, ignore=ignore, actorder=cfg.actorder, **gptq_knobs)]
-    if preset.algorithm is Algorithm.awq:
-        return [
-            AWQModifier(n_grid=cfg.awq_n_grid, duo_scaling=cfg.awq_duo_scaling),
-            QuantizationModifier(config_groups=groups, ignore=ignore),
-        ]
-    if preset.algorithm is Algorithm.smoothquant_gptq:
-        return [
-            SmoothQuantModifier(smoothing_strength=cfg.smoothing_strength, mappings=smoothquant_mappings(architecture)),
-            GPTQModifier(config_groups=groups, ignore=ignore, **gptq_knobs),
-        ]
-    return [QuantizationModifier(config_groups=groups, ignore=ignore)]
+    # the config's activation order where the weights are grouped (the order g_idx records);
+    # ungrouped formats take GPTQModifier's default
+    gptq_knobs: dict[str, Any] = {"dampening_frac": cfg.dampening_frac, "block_size": cfg.block_size,
+                                  **({"actorder": cfg.actorder} if preset.grouped else {})}
+    modifiers: dict[Step, Callable[[], Any]] = {
+        "smoothquant": lambda: SmoothQuantModifier(smoothing_strength=cfg.smoothing_strength, mappings=smoothquant_mappings(architecture)),
+        "awq": lambda: AWQModifier(n_grid=cfg.awq_n_grid, duo_scaling=cfg.awq_duo_scaling),
+        "gptq": lambda: GPTQModifier(config_groups=groups, ignore=ignore, **gptq_knobs),
+        "quantize": lambda: QuantizationModifier(config_groups=groups, ignore=ignore),
+    }
+    return [modifiers[step]() for step in preset.steps.steps]
 
 
 def needs_calibration(preset: Preset, cfg: QuantizeConfig) -> bool:
-    # FP8 with dynamic activations has no activation scales to observe: weights alone decide.
-    return not (preset.algorithm is Algorithm.round_to_nearest and cfg.fp8_dynamic)
+    # Round to nearest with dynamic activations has no activation scales to observe: weights alone decide.
+    return preset.steps.solver or not (cfg.fp8_dynamic and preset.dynamic_input_activations is not None)
 
 
 def quantize_in_place(model: Any, recipe: list[Any], dataset: Any, samples: int, seq_len: int) -> None:
@@ -226,12 +232,9 @@ def release() -> None:
 
 # ---- mixed precision: one scheme per layer group, one llmcompressor run ---------------------
 
-# The algorithms a mixed checkpoint's INT4 layers may take, and its 8-bit layers'. GPTQ handles
-# any weight scheme, so one GPTQ pass quantizes both; AWQ's scales come before a round-to-nearest
-# pass over every group. FP8 is left out: its uniform format needs no calibration and its
-# activation scales differ per tensor, and vLLM's CPU build has no FP8 kernels to serve it with.
-MIXED_4BIT = (Algorithm.gptq, Algorithm.awq)
-MIXED_8BIT = (Algorithm.smoothquant_gptq,)
+# The formats a mixed checkpoint may hold are the registry's `mixable` ones. GPTQ handles any
+# weight scheme, so one GPTQ pass quantizes every class; AWQ's scales come before a
+# round-to-nearest pass over every group.
 
 
 @dataclass(frozen=True)
@@ -247,16 +250,16 @@ def _exact(name: str) -> str:
 
 
 def check_mixed_formats(formats: list[str]) -> None:
-    """Refuse, in one line, formats that one mixed checkpoint cannot hold together: one INT4
-    format by GPTQ or AWQ, one 8-bit format by SmoothQuant + GPTQ (MIXED_4BIT, MIXED_8BIT)."""
+    """Refuse, in one line, formats that one mixed checkpoint cannot hold together: the registry's
+    mixable formats only, one of each weight width."""
     by_bits: dict[int, list[str]] = {}
     for name in formats:
         preset = get_preset(name)
-        by_bits.setdefault(int(preset.weights["num_bits"]), []).append(name)
-        allowed = MIXED_4BIT if preset.weights["num_bits"] == 4 else MIXED_8BIT
-        if preset.algorithm not in allowed:
-            raise InputError(f"{name} cannot be mixed: mixed checkpoints take {' or '.join(a.value for a in allowed)} "
-                             f"for their {preset.weights['num_bits']}-bit layers")
+        by_bits.setdefault(preset.bits, []).append(name)
+        if not preset.mixable:
+            allowed = [entry.name for entry in PRESETS.values() if entry.mixable and entry.bits == preset.bits]
+            raise InputError(f"{name} cannot be mixed: mixed checkpoints take {' or '.join(allowed) or 'no format'} "
+                             f"for their {preset.bits}-bit layers")
     for bits, names in by_bits.items():
         if len(names) > 1:
             raise InputError(f"a mixed checkpoint takes one {bits}-bit format, not {', '.join(names)}")
@@ -294,10 +297,7 @@ def _mixed_groups(cfg: MixedConfig, layers: list[tuple[str, int]], storage_dtype
                                                     preset.input_activations, storage_dtype)
             table.update({layer.name: LayerFormat(format=name, group_size=layer.group_size) for layer in plan.layers if layer.group_size})
         else:
-            weights, activations = weight_args(preset, knobs), preset.input_activations
-            if knobs.fp8_dynamic and preset.dynamic_input_activations:
-                weights, activations = FP8_DYNAMIC_WEIGHTS, preset.dynamic_input_activations
-            groups[name] = _scheme([_exact(layer) for layer, _ in mine], weights, activations, storage_dtype)
+            groups[name] = _scheme([_exact(layer) for layer, _ in mine], *_ungrouped_args(preset, knobs), storage_dtype)
             table.update({layer: LayerFormat(format=name, group_size=None) for layer, _ in mine})
     return groups, table, unquantized
 

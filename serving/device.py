@@ -4,9 +4,11 @@ its own class (docs/serving.md, "Device classes").
 
 vLLM's CPU build picks its kernels by instruction set, and one of its defaults changes the scheme
 it computes: on a CPU with AMX it serves an INT4 weight-only (W4A16) checkpoint as W4A8, with the
-activations quantized to int8 per token, unless `VLLM_CPU_INT4_W4A8=0`. The rules below are data,
-each with its source; `effective_scheme` applies them, `serve_settings` gives the engine settings
-that serve what was gated, and `known_gap` names what a class is known not to serve usably.
+activations quantized to int8 per token, unless `VLLM_CPU_INT4_W4A8=0`. Those facts are data in
+the format registry (quantgate.core.formats, each entry's `serving`, with its source); RULES,
+KNOWN_GAPS and SCHEMES below are derived from it. `effective_scheme` applies the rules,
+`serve_settings` gives the engine settings that serve what was gated, and `known_gaps` names what a
+class is known not to serve usably.
 """
 
 from __future__ import annotations
@@ -16,27 +18,19 @@ import re
 import shutil
 import subprocess
 from dataclasses import dataclass
-from pathlib import Path
 
+from quantgate.core.cpu import cpu_flags
+
+# The device classes (docs/serving.md, "Device classes") are the format registry's, re-exported here
+from quantgate.core.formats import AVX2 as AVX2
+from quantgate.core.formats import AVX512 as AVX512
+from quantgate.core.formats import AVX512_AMX as AVX512_AMX
+from quantgate.core.formats import CPU_CLASSES as CPU_CLASSES
+from quantgate.core.formats import CUDA_PREFIX as CUDA_PREFIX
+from quantgate.core.formats import FORMATS, Computes, Expectation, scheme_name, served_schemes
 from quantgate.core.hf_config import ConfigGroup, ModelConfig
 
-# The device classes (docs/serving.md, "Device classes"): vLLM's CPU kernels differ between them.
-AVX2 = "cpu-avx2"  # x86 without AVX-512 (or any other CPU: no AVX-512 kernel is built for it)
-AVX512 = "cpu-avx512"  # avx512f, no AMX
-AVX512_AMX = "cpu-avx512-amx"  # avx512f and amx_bf16 (Sapphire Rapids and later)
-CUDA_PREFIX = "cuda-sm"  # cuda-sm90: an NVIDIA GPU of compute capability 9.0
-CPU_CLASSES = (AVX2, AVX512, AVX512_AMX)
 CLASS_NAMES = {AVX2: "AVX2 (no AVX-512)", AVX512: "AVX-512 (no AMX)", AVX512_AMX: "AVX-512 with AMX"}
-
-
-def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
-    """The first processor's flags in /proc/cpuinfo (empty where there is none)."""
-    try:
-        text = cpuinfo.read_text(errors="replace")
-    except OSError:
-        return frozenset()
-    line = next((line for line in text.splitlines() if line.startswith(("flags", "Features"))), "")
-    return frozenset(line.split(":", 1)[1].split()) if ":" in line else frozenset()
 
 
 def cpu_class(flags: frozenset[str]) -> str:
@@ -82,12 +76,7 @@ def describe_class(device_class: str) -> str:
 def scheme_of(group: ConfigGroup) -> str:
     """A compressed-tensors config group's scheme: W4A16, W8A8 (int8 activations), FP8 (float8
     weights and activations), W8A16 ... from its weights' and input activations' bits and type."""
-    weights = group.get("weights") or {}
-    activations = group.get("input_activations") or {}
-    bits = int(weights.get("num_bits", 16))
-    if weights.get("type") == "float" and bits == 8:
-        return "FP8" if activations else "FP8-W8A16"
-    return f"W{bits}A{int(activations.get('num_bits', 16)) if activations else 16}"
+    return scheme_name(group.get("weights") or {}, group.get("input_activations") or None)
 
 
 def checkpoint_schemes(config: ModelConfig | None) -> list[str]:
@@ -110,12 +99,25 @@ class EngineRule:
     source: str
 
 
-RULES = (
-    # vllm/envs.py: VLLM_CPU_INT4_W4A8 defaults to "1"; model_executor/kernels/linear/mixed_precision/cpu.py:
-    # use_w4a8 where AMX tiles are supported and the activations are BF16, then ops.int4_scaled_mm_cpu
-    EngineRule(engine="vllm-cpu", device_class=AVX512_AMX, scheme="W4A16", default_scheme="W4A8",
-               setting=("VLLM_CPU_INT4_W4A8", "0"), default="1", source="vLLM 0.32 CPU build: vllm/envs.py (VLLM_CPU_INT4_W4A8, default 1) and "
-               "model_executor/kernels/linear/mixed_precision/cpu.py (use_w4a8 with AMX and BF16 activations)"),
+def _registry_facts() -> list[tuple[str, Expectation]]:
+    """(scheme, expectation) for every format's serving expectations: the scheme of the variant it
+    is about (both, for one about both), each pair once, in registry order."""
+    found: list[tuple[str, Expectation]] = []
+    for entry in FORMATS.values():
+        for fact in entry.serving:
+            variants = (False, True) if fact.variant is None else (fact.variant == "dynamic",)
+            for scheme in dict.fromkeys(entry.served_scheme(dynamic) for dynamic in variants):
+                if (scheme, fact) not in found:
+                    found.append((scheme, fact))
+    return found
+
+
+# Where the engine's default computes another scheme: the registry's `serves_as` expectations.
+RULES = tuple(
+    EngineRule(engine=fact.engine, device_class=fact.device_class, scheme=scheme, default_scheme=fact.served_as,
+               setting=fact.setting, default=fact.default or "", source=fact.source)
+    for scheme, fact in _registry_facts()
+    if fact.computes is Computes.serves_as and fact.served_as and fact.setting
 )
 
 
@@ -151,16 +153,10 @@ class KnownGap:
     source: str
 
 
-KNOWN_GAPS = (
-    KnownGap("vllm-cpu", AVX2, "W4A16", "no kernel",
-             "cpu_gemm_wna16 is compiled only with AVX-512 (vLLM issue #55613; measured: the INT4 checkpoint does not load)"),
-    KnownGap("vllm-cpu", AVX2, "FP8", "no usable path",
-             "static FP8: no static_scaled_fp8_quant op in the AVX2 library (it does not load); dynamic FP8: about 2 tokens/s "
-             "a sequence at batch 1 on the demo model (measured)"),
-    KnownGap("vllm-cpu", AVX512, "FP8", "a slow path",
-             "3.0 tokens/s at batch 1 on the demo model against the BF16 baseline's 65.6 (measured): no FP8 instructions"),
-    KnownGap("vllm-cpu", AVX512_AMX, "FP8", "a slow path",
-             "ChannelWiseTorchFP8ScaledMMLinearKernel: 54.8 s a forward pass of a 17-token prompt on the demo model (measured)"),
+# The registry's expectations that are gaps (no kernel, no usable path, a slow path).
+KNOWN_GAPS = tuple(
+    KnownGap(fact.engine, fact.device_class, scheme, fact.computes.value, fact.source)
+    for scheme, fact in _registry_facts() if fact.computes.gap
 )
 
 
@@ -189,7 +185,7 @@ def kernels_in_log(log: str) -> list[str]:
 
 # ---- where a cluster serves each scheme ---------------------------------------------------------
 
-SCHEMES = ("W4A16", "W8A8", "FP8")  # the schemes of the project's formats (quantize/presets.py)
+SCHEMES = served_schemes()  # the schemes of the registry's formats (quantgate.core.formats)
 RESOURCE_PREFIX = "quantgate-serves-"
 
 

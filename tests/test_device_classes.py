@@ -64,8 +64,11 @@ def test_the_table_expects_w4a16_served_as_w4a8_on_amx_unless_the_setting_keeps_
 def test_known_gaps_name_what_a_class_cannot_serve_usably() -> None:
     assert [gap.what for gap in device.known_gaps("vllm-cpu", device.AVX2, ["W4A16", "W8A8"])] == ["no kernel"]
     assert device.known_gaps("vllm-cpu", device.AVX2, ["W8A8"]) == []  # the one 8-bit path every CPU class serves
-    assert [gap.what for gap in device.known_gaps("vllm-cpu", device.AVX512_AMX, ["FP8"])] == ["a slow path"]
-    assert [gap.what for gap in device.known_gaps("vllm-cpu", device.AVX512, ["W4A16", "W8A8", "FP8"])] == ["a slow path"]  # FP8
+    # FP8: dynamic a slow path on AMX (the probe's time makes it pending), static no kernel on any CPU
+    assert [gap.what for gap in device.known_gaps("vllm-cpu", device.AVX512_AMX, ["FP8"])] == ["a slow path", "no kernel"]
+    # AVX-512 without AMX serves dynamic FP8 (slowly, its tokens/s reported): static FP8's is the one gap
+    assert [(gap.what, gap.source.split(":")[0]) for gap in device.known_gaps("vllm-cpu", device.AVX512, ["W4A16", "W8A8", "FP8"])] == [
+        ("no kernel", "static per-tensor FP8")]
     assert device.known_gaps("vllm-cpu", device.AVX512, ["W4A16", "W8A8"]) == []
 
 
@@ -235,7 +238,9 @@ def test_the_probe_limit_is_a_multiple_of_the_baselines_forward_pass_with_a_floo
     assert served.probe_limit(cfg, 0.5).forward_seconds == 5.0
     assert served.probe_limit(cfg, 0.01).forward_seconds == 1.0  # never below the floor
     assert served.probe_limit(cfg, None).forward_seconds == served.BASELINE_PROBE_SECONDS  # the baseline: only against a hang
-    assert served.probe_limit(served.ServeCheckConfig(), 0.054).forward_seconds == pytest.approx(0.27)  # the defaults: 5x, at least 0.25 s
+    # the defaults, 20x and at least 0.25 s: FP8 on AVX-512 without AMX (0.509 s, 9.4x) passes, the AMX path (54.8 s) does not
+    assert served.probe_limit(served.ServeCheckConfig(), 0.054).forward_seconds == pytest.approx(1.08)
+    assert 0.509 < served.probe_limit(served.ServeCheckConfig(), 0.054).forward_seconds < 54.8
     assert served.probe_seconds(_record({**BASE, "probe": {"forward_seconds": [3.0, 0.2, 0.3]}})) == 0.2  # after warm-up
     assert served.probe_seconds(_record({**BASE, "probe": {"forward_seconds": [0.4]}})) == 0.4
     assert served.probe_seconds(None) is None

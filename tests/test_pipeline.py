@@ -149,7 +149,7 @@ def test_run_command_exit_codes_and_summary(cli, quant_model: Path, tmp_path: Pa
 
 
 @pytest.mark.parametrize("change, message", [
-    ({"formats": ["gptq-int5"]}, "unknown format 'gptq-int5' (did you mean 'gptq-int4'?)"),
+    ({"formats": ["gptq-imt4"]}, "unknown format 'gptq-imt4' (did you mean 'gptq-int4'?)"),
     ({"colour": "blue"}, "colour: unknown field; valid: schema_version, model, formats"),
     ({"calibration": {"sample": 8}}, "calibration.sample: unknown field (did you mean 'samples'?)"),
     ({"quantize": {"awq-int4": {"awq_n_grid": 5}}}, "quantize options for 'awq-int4', which is not in formats"),

@@ -106,7 +106,7 @@ def write_plan(tmp_path: Path, mapping: dict[str, Any]) -> Path:
 
 @pytest.mark.parametrize(("search", "items", "fragment"), [
     ({"formats": ["gptq-int4"]}, None, "a search mixes at least two formats"),
-    ({"formats": ["gptq-int4", "gptq-int8"]}, None, "unknown format 'gptq-int8'"),
+    ({"formats": ["gptq-int4", "gptq-int3"]}, None, "unknown format 'gptq-int3'"),
     ({"formats": ["gptq-int4", "smoothquant-w8a8"], "max_bytes_ratio": 0.2}, None, "below the smallest format it mixes"),
     ({"formats": ["gptq-int4", "fp8-e4m3"]}, None, "which is not in formats"),
     (FORMATS, {"wiki-text": {"ceiling": 4, "held_out": 100000}, "lambada": 4}, "held out"),

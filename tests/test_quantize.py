@@ -96,6 +96,15 @@ def test_checkpoint_reloads_and_generates(checkpoints: dict[str, Path], name: st
     assert generated.shape[1] == ids.shape[1] + 4
 
 
+@pytest.mark.parametrize("name", [*FORMATS, "fp8-e4m3-dynamic"])
+def test_each_checkpoint_is_stored_in_the_layout_its_registry_entry_names(checkpoints: dict[str, Path], name: str) -> None:
+    """The planner predicts a format's bytes from its entry's layout; the checkpoint must be in it."""
+    from quantgate.core.formats import FORMATS as REGISTRY
+    from quantgate.quantize.measure.accounting import measure
+
+    assert measure(checkpoints[name]).format.layout == REGISTRY[name.removesuffix("-dynamic")].layout
+
+
 @pytest.mark.parametrize("name", FORMATS)
 def test_unquantized_tensors_keep_the_baseline_dtype(checkpoints: dict[str, Path], name: str) -> None:
     header = read_header(checkpoints[name] / "model.safetensors")

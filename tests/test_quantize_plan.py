@@ -44,8 +44,8 @@ def test_layers_of_one_role_with_different_widths_are_targeted_by_name() -> None
 
 
 def test_unknown_format_lists_the_valid_ones() -> None:
-    with pytest.raises(InputError, match=r"unknown format 'gptq-int3' \(did you mean 'gptq-int4'\?\); valid formats: gptq-int4, awq-int4, smoothquant-w8a8, fp8-e4m3"):
-        get_preset("gptq-int3")
+    with pytest.raises(InputError, match=r"unknown format 'gptq-imt4' \(did you mean 'gptq-int4'\?\); valid formats: gptq-int4, awq-int4, smoothquant-w8a8, fp8-e4m3"):
+        get_preset("gptq-imt4")
 
 
 @pytest.mark.parametrize("size", [0, -32, 48, 100])

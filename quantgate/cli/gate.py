@@ -8,6 +8,7 @@ import typer
 
 from quantgate.cli.options import print_json
 from quantgate.core.exitcodes import Exit
+from quantgate.core.formats import PRECISION_CLASSES
 from quantgate.gates import keys
 from quantgate.gates.ledger import verify_checkpoint
 from quantgate.gates.signing import SIGNATURE_FILE
@@ -60,7 +61,7 @@ def gate_command(
     policy: str = typer.Option("default", "--policy", help="a policy YAML file, or NAME[@vN] of a built-in one"),
     checkpoint: Path | None = typer.Option(None, "--checkpoint", help="the candidate checkpoint (default: the one its results name); enables the size gate"),
     calibration_dir: Path | None = typer.Option(None, "--calibration", help="its calibration set (default: the one its manifest names); enables the overlap gate"),
-    precision: str | None = typer.Option(None, "--precision", help="8bit or 4bit thresholds (default: from the checkpoint's format)"),
+    precision: str | None = typer.Option(None, "--precision", help=f"{' or '.join(PRECISION_CLASSES)} thresholds (default: from the checkpoint's format)"),
     ledger_path: Path | None = typer.Option(None, "--ledger", help="append the verdict to this ledger"),
     signing_key: Path | None = typer.Option(None, "--signing-key", help="sign the ledger record with this PEM private key "
                                             "(ECDSA P-256/384/521; default: your own, made on first use under "

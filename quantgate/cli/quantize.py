@@ -9,6 +9,7 @@ import typer
 from quantgate import quantize
 from quantgate.cli.options import config
 from quantgate.core.artifacts import peak_memory_bytes
+from quantgate.core.formats import FORMATS
 from quantgate.quantize.checkpoint import CommonGroupSize
 
 # This module's commands; quantgate.cli.app.COMMANDS names each, so `quantgate --help` need not import it.
@@ -18,7 +19,7 @@ commands = typer.Typer(add_completion=False)
 @commands.command("quantize")
 def quantize_command(
     model: str = typer.Option(..., "--model", help="baseline model directory or demo model name"),
-    format: str = typer.Option(..., "--format", help="gptq-int4, awq-int4, smoothquant-w8a8 or fp8-e4m3"),
+    format: str = typer.Option(..., "--format", help=" or ".join([", ".join(list(FORMATS)[:-1]), list(FORMATS)[-1]])),
     calibration_dir: Path = typer.Option(..., "--calibration", help="calibration set directory (quantgate calibrate)"),
     out: Path = typer.Option(..., "--out", help="output checkpoint directory (appears only when complete)"),
     group_size: int = typer.Option(128, "--group-size", help="INT4 formats: weights per scale, a multiple of 32"),

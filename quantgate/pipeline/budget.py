@@ -12,10 +12,7 @@ from quantgate.quantize.config import QuantizeConfig
 from quantgate.quantize.groups import effective_group_size
 from quantgate.quantize.measure.accounting import measure
 from quantgate.quantize.measure.layouts import Scheme, ceil_div, expected_bytes
-from quantgate.quantize.presets import FP8_DYNAMIC_WEIGHTS, get_preset
-
-# compressed-tensors' storage of each weight type (quantize.measure.layouts names them)
-_LAYOUT = {("int", 4): "pack-quantized", ("int", 8): "int-quantized", ("float", 8): "float-quantized"}
+from quantgate.quantize.presets import get_preset
 
 
 def ignored(name: str, ignore: tuple[str, ...]) -> bool:
@@ -30,13 +27,14 @@ def ignored(name: str, ignore: tuple[str, ...]) -> bool:
 
 def _scheme(cfg: QuantizeConfig, in_features: int) -> Scheme | None:
     preset = get_preset(cfg.format)
-    weights = FP8_DYNAMIC_WEIGHTS if cfg.fp8_dynamic and preset.dynamic_input_activations else preset.weights
+    weights, _ = preset.args(dynamic=cfg.fp8_dynamic)
     group_size = effective_group_size(in_features, cfg.group_size) if preset.grouped else None
     if preset.grouped and group_size is None:
         return None  # left unquantized
     activations = preset.input_activations or {}
     symmetric = bool(weights.get("symmetric", True))
-    return Scheme(layout=_LAYOUT[(weights["type"], int(weights["num_bits"]))], bits=int(weights["num_bits"]), type=weights["type"],
+    # the layout compressed-tensors stores the format in (the registry's entry)
+    return Scheme(layout=preset.layout, bits=int(weights["num_bits"]), type=weights["type"],
                   symmetric=symmetric, strategy=weights["strategy"], group_size=group_size,
                   static_input=bool(activations) and not activations.get("dynamic", False) and not cfg.fp8_dynamic,
                   zero_point_bits=0 if symmetric else int(weights["num_bits"]))

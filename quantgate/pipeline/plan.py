@@ -11,12 +11,13 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args
+from typing import TYPE_CHECKING, Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, create_model, field_validator, model_validator
 
 from quantgate.core.artifacts import read_yaml, sha256_json
 from quantgate.core.errors import InputError, did_you_mean
+from quantgate.core.formats import PRECISION_CLASSES, PrecisionClass
 from quantgate.core.validation import Problem, Strict, is_path, validated
 from quantgate.evalsets.served import ServeCheckConfig
 from quantgate.quantize.presets import get_preset
@@ -75,15 +76,12 @@ def _ceiling(value: Any) -> Any:
 Ceiling = Annotated[int | Literal["planned"], BeforeValidator(_ceiling)]
 
 
-class DiscordancePrior(Strict):
-    """The share of items two models answer differently that `planned` ceilings assume for
-    accuracy gates, per precision class (a class not given: quantgate's default), and where that
-    number comes from: recorded with every gate's power."""
+class _DiscordanceBase(Strict):
+    """What DiscordancePrior holds besides one field a precision class (those are built from the
+    format registry's classes, keyed as a policy keys its bounds)."""
 
     model_config = ConfigDict(serialize_by_alias=True)
 
-    eight_bit: float | None = Field(default=None, alias="8bit", gt=0, le=1)
-    four_bit: float | None = Field(default=None, alias="4bit", gt=0, le=1)
     source: str = Field(description="where the values come from (a measurement, a paper): required")
 
     @model_validator(mode="before")
@@ -94,14 +92,32 @@ class DiscordancePrior(Strict):
             if not isinstance(source, str) or not source.strip():
                 raise ValueError("a planning discordance needs `source:`, where its values come from (a measurement, a paper): "
                                  "it is recorded with every gate's power")
-            if not any(precision in value for precision in ("8bit", "4bit")):
-                raise ValueError("a planning discordance gives `8bit:`, `4bit:` or both (a share of items in (0, 1])")
+            if not any(precision in value for precision in PRECISION_CLASSES):
+                named = ", ".join(f"`{precision}:`" for precision in PRECISION_CLASSES)
+                several = "both" if len(PRECISION_CLASSES) == 2 else "several"
+                raise ValueError(f"a planning discordance gives {named} or {several} (a share of items in (0, 1])")
         return value
 
     @property
     def values(self) -> dict[str, float]:
-        given = {"8bit": self.eight_bit, "4bit": self.four_bit}
+        given = {precision.value: getattr(self, _class_field(precision)) for precision in PRECISION_CLASSES}
         return {precision: value for precision, value in given.items() if value is not None}
+
+
+def _class_field(precision: PrecisionClass) -> str:
+    return f"class_{precision.name}"
+
+
+if TYPE_CHECKING:
+    DiscordancePrior = _DiscordanceBase
+else:
+    DiscordancePrior = create_model(
+        "DiscordancePrior", __base__=_DiscordanceBase, __module__=__name__,
+        __doc__="""The share of items two models answer differently that `planned` ceilings assume for
+    accuracy gates, per precision class (a class not given: quantgate's default), and where that
+    number comes from: recorded with every gate's power.""",
+        **{_class_field(precision): (float | None, Field(default=None, alias=precision.value, gt=0, le=1)) for precision in PRECISION_CLASSES},
+    )
 
 
 def _set_items(value: Any) -> Any:
@@ -145,12 +161,16 @@ class EvaluationPlan(Strict):
     # named: the whole set. The policy's looks come before the ceiling.
     items: dict[str, Annotated[SetItems, BeforeValidator(_set_items)]] = Field(
         default_factory=dict, description="how many items each set gets: its first N, or `planned`")
-    # the prior of `planned` ceilings for accuracy gates: {8bit: D, 4bit: D, source: "..."}
+    # the prior of `planned` ceilings for accuracy gates: {CLASS: D, ..., source: "..."}, a class
+    # of core.formats.PRECISION_CLASSES each
     discordance: DiscordancePrior | None = None
     batch_size: int = Field(default=4, gt=0)
     max_tokens: int = Field(default=512, gt=1)
     top_k: int = Field(default=64, gt=0)
     device: str | None = None
+    # the dtype the reference evaluation computes in: auto (BF16 on a CPU with BF16 arithmetic and a
+    # BF16-stored model, else FP32; the accelerator's storage dtype), float32 or bfloat16
+    dtype: str = "auto"
     backend: str = "hf"
 
     @model_validator(mode="before")

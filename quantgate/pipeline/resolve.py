@@ -16,6 +16,7 @@ from quantgate import calibration, evalsets, quantize, serving
 from quantgate.core import memory
 from quantgate.core.console import library_output, stderr
 from quantgate.core.errors import InputError, ModelError, did_you_mean
+from quantgate.core.formats import PRECISION_CLASSES
 from quantgate.core.ids import GateId, SetRef
 from quantgate.core.metrics import metric
 from quantgate.core.models import DEMO_MODELS, demo_model_dir, pull, resolve_model
@@ -24,7 +25,7 @@ from quantgate.evalsets.evaluate import model_identity
 from quantgate.evalsets.results import ModelIdentity
 from quantgate.evalsets.served import ServeCheckConfig
 from quantgate.gates.keys import ensure_default_key
-from quantgate.gates.policy import PRECISION_CLASSES, LoadedPolicy, mixed_precision_class, precision_class
+from quantgate.gates.policy import LoadedPolicy, mixed_precision_class
 from quantgate.gates.samplesize import Discordance, GatePower, GatePowerJSON, gate_powers
 from quantgate.gates.sequential import schedule
 from quantgate.gates.signing import load_signing_key
@@ -178,7 +179,7 @@ def _evaluation_config(plan: RunPlan, set_specs: list[str], ceilings: Mapping[st
     return validated(evalsets.EvaluateConfig, {
         "evalsets": tuple(set_specs), "limit": None, "limits": dict(ceilings),
         "batch_size": evaluation.batch_size, "max_tokens": evaluation.max_tokens, "top_k": evaluation.top_k,
-        "device": evaluation.device, "backend": evaluation.backend, "allow_pickle": plan.allow_pickle}, "plan", within="evaluation")
+        "device": evaluation.device, "dtype": evaluation.dtype, "backend": evaluation.backend, "allow_pickle": plan.allow_pickle}, "plan", within="evaluation")
 
 
 def _prior(plan: RunPlan) -> Discordance:
@@ -191,7 +192,7 @@ def _own_ceilings(plan: RunPlan, goldens: Mapping[str, evalsets.GoldenSet], poli
                   prior: Discordance) -> tuple[dict[str, int], list[GatePower]]:
     """Each set's ceiling (`evaluation.items`, else the whole set; `planned`: the planner's) and
     the power it gives each gate at the precision classes of the plan's formats."""
-    classes = sorted({precision_class(get_preset(fmt)) for fmt in plan.formats}, key=PRECISION_CLASSES.index)
+    classes = sorted({get_preset(fmt).precision for fmt in plan.formats}, key=PRECISION_CLASSES.index)
     ceilings, powers = {}, []
     for spec, golden in goldens.items():
         given = plan.evaluation.items_for(spec, golden.name).ceiling or golden.size
@@ -353,7 +354,7 @@ def _memory(plan: RunPlan, model_dir: Path) -> tuple[int, str | None]:
 
 def unservable_here(resolved: ResolvedPlan) -> list[str]:
     """Before any quantization, the candidates this machine's engine is known not to serve usably
-    (serving.device.KNOWN_GAPS): each will be pending serving here, and needs serving evidence from
+    (the format registry's serving expectations, for the variant the plan makes): each will be pending serving here, and needs serving evidence from
     a machine of another class (`quantgate serving check --run`). The serve stage's probe decides on
     the machine itself; this only says what to expect."""
     env = resolved.serving_env
@@ -363,12 +364,11 @@ def unservable_here(resolved: ResolvedPlan) -> list[str]:
     search = resolved.plan.search
     lines = []
     for fmt in dict.fromkeys([*resolved.plan.formats, *(search.formats if search else ())]):
-        preset = get_preset(fmt)
         dynamic = fmt in resolved.quantize_cfgs and getattr(resolved.quantize_cfgs[fmt], "fp8_dynamic", False)
-        activations = preset.dynamic_input_activations if dynamic and preset.dynamic_input_activations else preset.input_activations
-        scheme = device.scheme_of({"weights": preset.weights, "input_activations": activations})
-        for gap in device.known_gaps(env.engine, device_class, [scheme]):
-            lines.append(f"{fmt} ({scheme}): {env.label} on {device.describe_class(device_class)} has {gap.what} for it "
+        entry = get_preset(fmt)
+        scheme = entry.served_scheme(dynamic)
+        for gap in (fact for fact in entry.expected(env.engine, device_class, dynamic) if fact.computes.gap):
+            lines.append(f"{fmt} ({scheme}): {env.label} on {device.describe_class(device_class)} has {gap.computes.value} for it "
                          f"({gap.source}); it will be pending serving on this machine")
     return lines
 
@@ -399,7 +399,7 @@ def _search_class(plan: RunPlan, policy: LoadedPolicy) -> str:
     policy without a rule for mixed checkpoints, or formats that cannot be mixed: refused here."""
     assert plan.search is not None
     formats = list(plan.search.formats)
-    precision = mixed_precision_class(policy, {int(get_preset(fmt).weights["num_bits"]) for fmt in formats})
+    precision = mixed_precision_class(policy, {get_preset(fmt).bits for fmt in formats})
     check_mixed_formats(formats)
     return precision
 

@@ -49,7 +49,7 @@ from quantgate.evalsets.serve_record import ServeRecord
 from quantgate.evalsets.served import FAILED, cold_start_seconds, probe_seconds
 from quantgate.gates.ledger import LedgerTampered
 from quantgate.gates.ledger import read as read_ledger
-from quantgate.gates.policy import LoadedPolicy, Outcome, mixed_precision_class, precision_class
+from quantgate.gates.policy import LoadedPolicy, Outcome, mixed_precision_class
 from quantgate.gates.report import build as build_report
 from quantgate.gates.report import data_key as report_key
 from quantgate.gates.report import write as write_report
@@ -300,7 +300,7 @@ class _Candidate:
     it is judged on."""
 
     fmt: str  # the checkpoint's name: a format, or a search trial ("search-2")
-    precision: str  # "8bit" or "4bit": which thresholds gate it
+    precision: str  # its precision class (core.formats.PrecisionClass): which thresholds gate it
     checkpoint: Path
     quantize_key: str
     quantized: Cached[CheckpointManifest]  # the checkpoint's manifest, or the failure
@@ -559,7 +559,7 @@ class _Run:
         reason = f"the calibration set failed, so it was not quantized ({self.calibration_failed})"
         begun = self.cache.begin(f"quantize {fmt}")
         self.cache.finish("quantize", f"quantize {fmt}", "skipped", begun, "no calibration set")
-        candidate = _Candidate(fmt, precision_class(get_preset(fmt)), QUANTIZE.where(self.dir, fmt), "no-calibration-set",
+        candidate = _Candidate(fmt, get_preset(fmt).precision, QUANTIZE.where(self.dir, fmt), "no-calibration-set",
                                Cached(None, {"failed": reason, "lost": reason}))
         return self.blocked(candidate, baseline, reason)
 
@@ -813,7 +813,7 @@ class _Run:
             quantized = Cached(None, {"failed": str(lost), "lost": str(lost)})
         except UnitFailed as failed:  # not the inputs' fault as far as anyone knows: the next run quantizes again
             quantized = Cached(None, {"failed": failed.reason, "lost": failed.reason})
-        return _Candidate(fmt, precision_class(get_preset(fmt)), checkpoint, key, quantized)
+        return _Candidate(fmt, get_preset(fmt).precision, checkpoint, key, quantized)
 
     def blocked(self, candidate: _Candidate, baseline: _Baseline, lost: str | None = None) -> VerdictRecord:
         """The verdict on a checkpoint that failed its own checks (nothing to measure or deploy),
@@ -981,7 +981,7 @@ class _Run:
         # raised, died, or lost on a cluster: UnitFailed (the search stops: no verdict to bisect on)
         quantized = self.made(TRIAL_QUANTIZE, name, key=key, label=f"quantize {name}", attempt=name, also=SEARCH_UNIT_ERRORS,
                               work=TRIAL_QUANTIZE.task(plan, cfg, calibration_set.path, checkpoint))
-        bits = {int(get_preset(fmt).weights["num_bits"]) for fmt in cfg.formats}
+        bits = {get_preset(fmt).bits for fmt in cfg.formats}
         precision = mixed_precision_class(plan.policy, bits)
         return _Candidate(name, precision, checkpoint, key, quantized, split=plan.search_split, allocation=layer_bytes)
 
