@@ -197,7 +197,8 @@ def candidates(out: Path, profile: str | None) -> list[Candidate]:
     """The baseline and every row of the run's report approved or approved pending serving (a
     search trial's own verdict approves nothing: its held-out gate's row does), with the bound."""
     from quantgate.core.rundir import RunDir
-    from quantgate.gates.report import read, search_role
+    from quantgate.gates.decisions import search_role
+    from quantgate.gates.report import read
     from quantgate.gates.report_model import TRIAL
 
     report = read(RunDir(out).report_json)

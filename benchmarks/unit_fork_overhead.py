@@ -30,9 +30,11 @@ def _rss_mib() -> float:
 def _load(model: str) -> float:
     """Seconds to make an evaluator of `model` and load it on the CPU, as a sequential evaluation does."""
     from quantgate import evalsets
+    from quantgate.evalsets.evaluate import compute_dtype_name
 
     started = time.perf_counter()
-    evalsets.Evaluator(resolve_model(model)).loaded("cpu")
+    evaluator = evalsets.Evaluator(resolve_model(model))
+    evaluator.loaded("cpu", compute_dtype_name("cpu", evaluator.identity.storage_dtype).dtype)
     return time.perf_counter() - started
 
 

@@ -341,8 +341,16 @@ class AddConfig(Strict):
 
 
 class EvalBackend(str, Enum):
-    hf = "hf"  # lm-eval's HF backend on an already-loaded transformers model (CPU: FP32)
+    hf = "hf"  # lm-eval's HF backend on an already-loaded transformers model (in the compute dtype)
     vllm = "vllm"  # lm-eval's tasks through vLLM in the serving environment (text sets still use transformers)
+
+
+class ComputeDtype(str, Enum):
+    """The dtype the reference evaluation computes in (docs/evaluate.md, "Compute dtype")."""
+
+    auto = "auto"  # by device: the storage dtype on an accelerator; on a CPU, BF16 where it computes BF16 natively
+    float32 = "float32"
+    bfloat16 = "bfloat16"
 
 
 class EvaluateConfig(Strict):
@@ -372,6 +380,9 @@ class EvaluateConfig(Strict):
     exact_positions: int = Field(default=32, ge=0, le=4096)
     bootstrap_iters: int = Field(default=1000, ge=0, description="lm-eval's stderr bootstrap (perplexity)")
     device: str | None = Field(default=None, description="default: cuda when available, else cpu")
+    # `auto` is resolved per machine (evaluate.compute_dtype_name) and the dtype it gives is in each
+    # set's settings, so results computed in different dtypes never share a cache entry
+    dtype: ComputeDtype = Field(default=ComputeDtype.auto, description="the dtype the model computes in (auto: by device class)")
     use_cache: bool = True
     allow_pickle: bool = False
 

@@ -33,6 +33,7 @@ from quantgate.core.artifacts import (
     write_json,
 )
 from quantgate.core.console import progress_bar, stderr
+from quantgate.core.cpu import cpu_flags, native_bf16
 from quantgate.core.errors import InputError, IntegrityError, OutputExistsError
 from quantgate.core.ids import SetRef
 from quantgate.core.models import (
@@ -47,7 +48,7 @@ from quantgate.core.models import (
 from quantgate.core.records import Provenance
 from quantgate.evalsets import lm_eval_tasks, text_eval
 from quantgate.evalsets import sets as golden_sets
-from quantgate.evalsets.config import EvalBackend, EvaluateConfig, GoldenItem, Kind
+from quantgate.evalsets.config import ComputeDtype, EvalBackend, EvaluateConfig, GoldenItem, Kind
 from quantgate.evalsets.results import (
     SCHEMA_VERSION,
     BaselineResults,
@@ -205,18 +206,20 @@ def model_identity(model_dir: Path) -> ModelIdentity:
                          storage_dtype=baseline_dtype(model_dir))
 
 
-def run_settings(cfg: EvaluateConfig, golden: GoldenSet, device: str, dtype: str) -> RunSettings:
+def run_settings(cfg: EvaluateConfig, golden: GoldenSet, device: str, compute: ComputeChoice) -> RunSettings:
     """The settings that can change one set's numbers (and nothing else, so the cache hits)."""
-    kind = golden.kind
+    kind, dtype = golden.kind, compute.dtype
     limit = cfg.limit_for(golden.name, golden.spec)
     if kind is Kind.text:
         return _with_offset(cfg, golden, {"limit": limit, "batch_size": cfg.batch_size, "device": device, "dtype": dtype,
-                                          "evaluator_version": EVALUATOR_VERSION, "runner": "transformers",
+                                          "dtype_basis": compute.basis, "evaluator_version": EVALUATOR_VERSION, "runner": "transformers",
                                           "max_tokens": cfg.max_tokens, "top_k": cfg.top_k, "exact_positions": cfg.exact_positions})
     settings: RunSettings = {"limit": limit, "batch_size": cfg.batch_size, "device": device, "dtype": dtype,
                              "evaluator_version": EVALUATOR_VERSION, "runner": f"lm-eval/{cfg.backend.value}", "num_fewshot": 0,
                              "bootstrap_iters": cfg.bootstrap_iters}
-    if cfg.backend is EvalBackend.vllm:  # vLLM's own dtype (the checkpoint's), and its release: an upgrade recomputes
+    if cfg.backend is not EvalBackend.vllm:
+        settings["dtype_basis"] = compute.basis
+    else:  # vLLM's own dtype (the checkpoint's), and its release: an upgrade recomputes
         settings.update({"dtype": "auto", "engine": serving_env().identity()})
         if cfg.engine_settings:  # absent when none: keys made before settings existed stay valid
             # and the device class, whose kernels decide what a setting computes (W4A8 on AMX only)
@@ -321,22 +324,22 @@ class Evaluator:
         # `identity`: the model's, hashed already by the caller (a run hashes its baseline once)
         self.identity = identity if identity is not None else model_identity(self.model_dir)
         self.home = home
-        self._loaded: dict[str, _LoadedModel] = {}  # device -> the model loaded there
+        self._loaded: dict[tuple[str, str], _LoadedModel] = {}  # (device, dtype) -> the model loaded there
 
-    def loaded(self, device: str) -> _LoadedModel:
-        if device not in self._loaded:
-            self._loaded[device] = _LoadedModel(self.model_dir, device, compute_dtype_name(device, self.identity.storage_dtype))
-        return self._loaded[device]
+    def loaded(self, device: str, dtype: str) -> _LoadedModel:
+        if (device, dtype) not in self._loaded:
+            self._loaded[(device, dtype)] = _LoadedModel(self.model_dir, device, dtype)
+        return self._loaded[(device, dtype)]
 
     def cache_keys(self, cfg: EvaluateConfig) -> dict[str, str]:
         """Set spec -> the cache key this model's results on it would have under `cfg`, without a
         baseline (what a results directory made with these settings, evaluator and libraries records)."""
         device = cfg.device or _default_device()
-        dtype = compute_dtype_name(device, self.identity.storage_dtype)
+        choice = compute_dtype_name(device, self.identity.storage_dtype, cfg.dtype)
         keys = {}
         for spec in cfg.evalsets:
             golden = golden_sets.load(spec, self.home)
-            keys[golden.spec] = cache_key(self.identity, golden, run_settings(cfg, golden, device, dtype), None)
+            keys[golden.spec] = cache_key(self.identity, golden, run_settings(cfg, golden, device, choice), None)
         return keys
 
     def run(self, cfg: EvaluateConfig, out: str | Path, baseline_results: str | Path | None = None,
@@ -352,12 +355,12 @@ class Evaluator:
         goldens = [golden_sets.load(spec, home) for spec in cfg.evalsets]
         baseline = load_results(baseline_results) if baseline_results is not None else None
         device = cfg.device or _default_device()
-        dtype = compute_dtype_name(device, identity.storage_dtype)
+        choice = compute_dtype_name(device, identity.storage_dtype, cfg.dtype)
         root = cache_root(home)
 
         jobs = []
         for golden in goldens:
-            settings = run_settings(cfg, golden, device, dtype)
+            settings = run_settings(cfg, golden, device, choice)
             topk = _baseline_topk_sha256(baseline, golden, settings) if golden.kind is Kind.text and baseline else None
             job = _SetJob(golden, settings, cache_key(identity, golden, settings, topk), topk)
             if cfg.use_cache and (entry := _cached(root, job.key)) is not None:
@@ -367,7 +370,7 @@ class Evaluator:
         missing = [job for job in jobs if job.entry is None]
         load_seconds = None
         if missing:
-            load_seconds = _compute(cfg, self.loaded(device), missing, identity=identity, baseline=baseline, root=root)
+            load_seconds = _compute(cfg, self.loaded(device, choice.dtype), missing, identity=identity, baseline=baseline, root=root)
 
         with atomic_directory(out, overwrite=overwrite) as staging:
             entries = {job.golden.spec: _publish(job, staging) for job in jobs}
@@ -440,10 +443,33 @@ def _default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def compute_dtype_name(device: str, storage_dtype: str) -> str:
-    """FP32 on a CPU (BF16 matrix products are ~60x slower there, quantgate.core.models.compute_dtype),
-    the storage dtype on an accelerator."""
-    return "float32" if device == "cpu" else TORCH_DTYPES.get(storage_dtype, "float32")
+@dataclass(frozen=True)
+class ComputeChoice:
+    """The dtype a model is evaluated in on this machine, and why (both in every set's settings)."""
+
+    dtype: str  # a torch dtype's name
+    basis: str
+
+
+def compute_dtype_name(device: str, storage_dtype: str, requested: ComputeDtype = ComputeDtype.auto,
+                       flags: frozenset[str] | None = None) -> ComputeChoice:
+    """The dtype to evaluate in: what the config asks for, else (auto) the storage dtype on an
+    accelerator, and on a CPU BF16 where the weights are stored in BF16 and the CPU computes BF16
+    in hardware (avx512_bf16 or AMX), FP32 where it does not (emulated BF16 matrix products are
+    ~60x slower than FP32 there). Measured on an AVX-512 CPU with avx512_bf16, 2 threads: BF16
+    products 2.1x to 2.5x FP32's rate at the demo model's shapes (docs/evaluate.md, "Compute dtype").
+    Another 16-bit storage dtype (FP16) is computed in FP32: cast to BF16 it would change the weights."""
+    if requested is not ComputeDtype.auto:
+        return ComputeChoice(requested.value, f"{requested.value}, as the evaluation asks")
+    stored = TORCH_DTYPES.get(storage_dtype, "float32")
+    if device != "cpu":
+        return ComputeChoice(stored, f"{device}: the weights' storage dtype")
+    flag = native_bf16(cpu_flags() if flags is None else flags)
+    if stored != "bfloat16":
+        return ComputeChoice("float32", f"cpu: weights stored in {stored}, computed in FP32")
+    if flag is None:
+        return ComputeChoice("float32", "cpu without BF16 arithmetic (no avx512_bf16 or amx_bf16): FP32")
+    return ComputeChoice("bfloat16", f"cpu with {flag}: BF16 arithmetic in hardware, the weights' storage dtype")
 
 
 def _baseline_topk_sha256(baseline: EvaluationResults, golden: GoldenSet, settings: RunSettings) -> str:
@@ -454,11 +480,11 @@ def _baseline_topk_sha256(baseline: EvaluationResults, golden: GoldenSet, settin
     if entry.sha256 != golden.sha256:
         raise IntegrityError(f"the baseline results for {golden.spec} were made on a different set (sha256 differs)")
     base_settings = baseline.record(golden.spec)["settings"]
-    for name in ("limit", "max_tokens", "offset"):
+    for name in ("limit", "max_tokens", "offset", "dtype"):
         if base_settings.get(name) != settings.get(name):
             raise InputError(
                 f"{golden.spec}: the baseline was evaluated with {name}={base_settings.get(name)}, this run uses "
-                f"{settings.get(name)}; evaluate both on the same items (limit, offset) and max tokens"
+                f"{settings.get(name)}; evaluate both on the same items (limit, offset), max tokens and compute dtype"
             )
     return baseline.manifest.files[f"{entry.dir}/{TOPK_FILE}"]
 

@@ -19,7 +19,8 @@ Pair = tuple[Sequence[int], Sequence[int]]
 Answer = tuple[float, bool]
 
 # How far the probe's log-probabilities may be from the model's own forward pass, nats per
-# token: FP32 products in another order move them by ~1e-5; soft-capped or scaled logits, a
+# token: FP32 products in another order move them by ~1e-5 (and BF16 ones, with the output layer in
+# FP32, by 3.8e-6 on the demo model's probe, AVX-512 with avx512_bf16); soft-capped or scaled logits, a
 # model that ignores a custom attention mask or position ids, move them by far more.
 PROBE_TOLERANCE = 1e-4
 # Rows of the output layer computed at once: [rows, vocab] FP32 logits, ~200 MB at a 49k vocab
@@ -59,6 +60,13 @@ class SharedContextScorer:
         self.decoder = model.get_decoder()
         self.head = model.get_output_embeddings()
         self.softmax_dtype = softmax_dtype  # HFLM's: None keeps the logits' dtype
+        # A model computing in a 16-bit dtype is scored through its output layer in FP32 (BF16
+        # logits hold ~3 significant digits: a logit of 20 to the nearest 0.125); in FP32 the layer as it is
+        self._head_fp32: Any = None
+        import torch
+
+        if isinstance(self.head, torch.nn.Linear) and self.head.weight.dtype in (torch.bfloat16, torch.float16):
+            self._head_fp32 = (self.head.weight.detach().float(), None if self.head.bias is None else self.head.bias.detach().float())
         window = getattr(model.config, "sliding_window", None)
         # A custom attention mask replaces the model's own, sliding window included: a request
         # that reaches past a sliding window runs alone, under the model's own masks.
@@ -95,8 +103,16 @@ class SharedContextScorer:
             (ids[:5], ids[5:8]), (ids[3:12], ids[12:14]),
         ]
         with torch.no_grad():
-            # HFLM's rows, right-padded into one pass of the whole model
-            every = self.model(input_ids=self._padded([list(c) + list(x)[:-1] for c, x in probe])).logits
+            # HFLM's rows, right-padded into one pass of the whole model (its output layer's inputs
+            # kept: a 16-bit model's logits are rebuilt from them in FP32, as the scorer's are)
+            inputs: list[Any] = []
+            hook = self.head.register_forward_hook(lambda module, args, output: inputs.append(args[0]))
+            try:
+                every = self.model(input_ids=self._padded([list(c) + list(x)[:-1] for c, x in probe])).logits
+            finally:
+                hook.remove()
+            if self._head_fp32 is not None:
+                every = self._logits(inputs[-1])
             truth = []
             for row, (context, continuation) in enumerate(probe):
                 logits = every[row, len(context) - 1 : len(context) - 1 + len(continuation)]
@@ -111,6 +127,15 @@ class SharedContextScorer:
         if not worst <= PROBE_TOLERANCE:  # a NaN is a failure too
             return f"its log-probabilities differ from the model's own by {worst:.2e} nats on the probe"
         return ""
+
+    def _logits(self, hidden: Any) -> Any:
+        """The output layer on `hidden`: in FP32 for a model computing in a 16-bit dtype."""
+        import torch
+
+        if self._head_fp32 is None:
+            return self.head(hidden)
+        weight, bias = self._head_fp32
+        return torch.nn.functional.linear(hidden.float(), weight, bias)
 
     def score(self, pairs: Sequence[Pair], *, max_length: int, batch_size: int,
               on_rows: Callable[[int], None] = lambda rows: None) -> list[Answer]:
@@ -228,7 +253,7 @@ class SharedContextScorer:
         tokens = torch.tensor([token for item in scored for token in item.tokens], device=self.device)
         logprobs, greedy = [], []
         for start in range(0, hidden.shape[0], HEAD_ROWS):
-            logits = self.head(hidden[None, start : start + HEAD_ROWS])[0]
+            logits = self._logits(hidden[None, start : start + HEAD_ROWS])[0]
             chunk = torch.log_softmax(logits, dim=-1, dtype=self.softmax_dtype)
             targets = tokens[start : start + HEAD_ROWS, None]
             logprobs.append(chunk.gather(1, targets)[:, 0])

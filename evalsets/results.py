@@ -121,6 +121,7 @@ class RunSettings(_RunSettingsBase, total=False):
     """The settings that can change one set's numbers (`evaluate.run_settings`); a key absent
     from older cache keys is absent, not null, where it does not apply."""
 
+    dtype_basis: str  # why this dtype (evaluate.compute_dtype_name): the device class's BF16 arithmetic, or the config
     max_tokens: int  # text sets
     top_k: int
     exact_positions: int

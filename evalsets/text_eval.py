@@ -125,8 +125,20 @@ def _kl_rows(base_logprobs: Any, candidate_logprobs: Any, rows: int = 128) -> An
 
 # A reconstruction of the logits from the head's inputs must agree with the model's own logits to
 # this many logit units (FP32 products in another order differ by ~1e-5); beyond it (logit
-# soft-capping, a quantized head with activation quantization) the exact mode is not used.
+# soft-capping, a quantized head with activation quantization) the exact mode is not used. A model
+# computing in a 16-bit dtype rounds its own logits to it: there the FP32 reconstruction may also
+# differ by one unit in the last place of each logit (eps x |logit|: 0.0078 x |logit| in BF16), and
+# the reconstruction, not the rounded logits, is what is scored (the output layer in FP32).
 HEAD_TOLERANCE = 1e-3
+
+
+def head_difference_beyond_rounding(rebuilt: Any, actual: Any, dtype: Any) -> float:
+    """The largest difference between FP32-rebuilt logits and the model's own, less one unit in the
+    last place of the model's logit dtype (none for FP32)."""
+    import torch
+
+    ulp = 0.0 if dtype == torch.float32 else torch.finfo(dtype).eps
+    return float(((rebuilt - actual).abs() - ulp * actual.abs()).max())
 
 
 def evaluate_text(
@@ -172,6 +184,8 @@ def evaluate_text(
     head_difference: float | None = None
     # weight and head_inputs: torch tensors (Any), None only where head_ok is False, so never used then
     weight: Any = capture.module.weight.detach() if capture.usable else None
+    # the output layer in FP32 once (a no-op for a model computing in FP32), not again for every item
+    weight_fp32: Any = weight.float().cpu() if weight is not None else None
     bias = getattr(capture.module, "bias", None) if capture.usable else None
 
     topk_ids = torch.zeros((total, top_k), dtype=torch.int32)
@@ -209,9 +223,9 @@ def evaluate_text(
                     actual = logits[row, :count].float().cpu()
                     if head_ok is not False:
                         hidden = capture.last[row, :count].float().cpu()
-                        rebuilt = head_logits(hidden, weight.cpu(), None if bias is None else bias.cpu())
+                        rebuilt = head_logits(hidden, weight_fp32, None if bias is None else bias.cpu())
                         if head_ok is None:  # checked once per model, on the longest item
-                            head_difference = float((rebuilt - actual).abs().max())
+                            head_difference = head_difference_beyond_rounding(rebuilt, actual, logits.dtype)
                             head_ok = head_difference <= HEAD_TOLERANCE
                         if head_ok:
                             actual = rebuilt

@@ -3,7 +3,8 @@
 report.html (inline SVG, no scripts, no network).
 
 Data first, then render: `compose` works out everything the report says from the run's records
-(gates.report_records) once: which rows may be deployed, the recommendation, every sentence,
+(gates.report_records) once, taking the run's decisions from gates.decisions (which rows may be
+deployed, the recommendations, the Pareto front): every sentence,
 table cell and figure datum. `markdown` and `html_page` hand that `Report` to the Jinja
 templates in gates/templates (HTML autoescaped; the figures from gates.figures), which decide
 nothing, so `read` of a report.json renders the same page again.
@@ -37,6 +38,7 @@ from quantgate.core.metrics import METRICS
 from quantgate.core.validation import validated
 from quantgate.evalsets.served import FAILED
 from quantgate.gates import figures
+from quantgate.gates.decisions import decode_rate, deployable, measured_recommendation, pareto_front, recommendation, search_role
 from quantgate.gates.report_model import (
     HELD_OUT,
     READABLE_VERSIONS,
@@ -64,7 +66,6 @@ from quantgate.gates.report_model import (
     RowRecord,
     RunFacts,
     RunRecords,
-    SearchRole,
     SearchSection,
     SensitivityFigure,
     SensitivityPoint,
@@ -98,17 +99,6 @@ _EXACT_HIGHER_IS_BETTER = {"bits_per_weight": False, "unexplained_bytes": False,
 
 
 # ---- a row's verdict ------------------------------------------------------------------------------
-
-def search_role(row: RowRecord) -> SearchRole | None:
-    """TRIAL, HELD_OUT, or None for the baseline and a uniform format."""
-    return row.search.role if row.search is not None else None
-
-
-def deployable(row: RowRecord) -> bool:
-    """Approved by a verdict that can approve it: a format's own, or the search's held-out gate;
-    never a trial's verdict on the search split (reached on the items that selected it)."""
-    return row.verdict == "approved" and search_role(row) != TRIAL
-
 
 def verdict_text(row: RowRecord) -> str:
     """'approved', 'pending serving', 'blocked', 'baseline'; a trial's 'passed the search split'
@@ -207,38 +197,16 @@ def with_rules(row: RowRecord) -> Row:
 
 # ---- the recommendations --------------------------------------------------------------------------
 
-def recommendation(rows: Sequence[RowRecord], profile: str) -> str | None:
-    """The approved format with the lowest batch-1 decode bound on `profile`, or None. A mixed
-    checkpoint counts by its held-out verdict (row `<trial>@held-out`) only, never by a trial's."""
-    approved = [row for row in rows if deployable(row) and profile in row.bounds]
-    if not approved:
+def measured_choice(rows: Sequence[RowRecord]) -> MeasuredChoice | None:
+    """gates.decisions' measured recommendation, with each row by its display name."""
+    decided = measured_recommendation(rows)
+    if decided is None:
         return None
-    return min(approved, key=lambda row: row.bounds[profile].batch1_ms).format
-
-
-def _decode_rate(row: RowRecord) -> float | None:
-    """The row's measured vLLM decode tokens/s at batch 1 (median of runs), None where not served."""
-    serving = row.serving
-    entry = serving.throughput.get("1") if serving is not None and serving.served else None
-    return None if entry is None else entry.tokens_per_s
-
-
-def measured_recommendation(rows: Sequence[RowRecord]) -> MeasuredChoice | None:
-    """On the machine the serve stage ran on: the deployable format vLLM decodes fastest at batch 1
-    (measured tokens/s, median of runs), with the baseline's rate and the approved formats that
-    decode slower than it there; None without serve checks."""
-    baseline = next((row for row in rows if row.verdict == "baseline"), None)
-    measured = [row for row in rows if deployable(row) and _decode_rate(row) is not None]
-    base_rate = None if baseline is None else _decode_rate(baseline)
-    if not measured and base_rate is None:
-        return None
-    best = max(measured, key=lambda row: _decode_rate(row) or 0.0) if measured else None
-    where = best or baseline
-    return MeasuredChoice(
-        format=None if best is None else display_name(best), tokens_per_s=None if best is None else _decode_rate(best),
-        baseline_tokens_per_s=base_rate,
-        slower_than_baseline=[display_name(row) for row in measured if base_rate is not None and (_decode_rate(row) or 0.0) < base_rate],
-        device=where.serving.device if where is not None and where.serving is not None else None)
+    best = decided.best
+    return MeasuredChoice(format=None if best is None else display_name(best),
+                          tokens_per_s=None if best is None else decode_rate(best),
+                          baseline_tokens_per_s=decided.baseline_tokens_per_s,
+                          slower_than_baseline=[display_name(row) for row in decided.slower_than_baseline], device=decided.device)
 
 
 def measured_sentence(choice: MeasuredChoice | None) -> str | None:
@@ -294,17 +262,6 @@ def recommendation_list(data: RunRecords) -> RecommendationList:
     mixed = " (a mixed checkpoint by its held-out verdict only)" if data.search is not None else ""
     return RecommendationList(intro=f"The approved format with the lowest batch-1 decode bound on each hardware profile{mixed}:",
                               lines=lines)
-
-
-def pareto_front(points: list[tuple[float, float, str]], higher_is_better: bool = True) -> list[tuple[float, float, str]]:
-    """Points (size, quality, label) not beaten by another that is no larger and no worse."""
-    sign = 1.0 if higher_is_better else -1.0
-    front, best = [], float("-inf")
-    for size, quality, label in sorted(points, key=lambda p: (p[0], -sign * p[1])):
-        if sign * quality > best:
-            front.append((size, quality, label))
-            best = sign * quality
-    return front
 
 
 # ---- numbers in words -------------------------------------------------------------------------------
@@ -666,7 +623,7 @@ def summary(data: RunRecords) -> Summary:
     narrowed policy, each blocked or pending format (a trial blocked on the search split is the
     bisection at work, not a finding), each served checkpoint's device class."""
     candidates = [row for row in data.rows if search_role(row) != TRIAL]
-    return Summary(recommendations=recommendation_sentences(data), measured=measured_sentence(measured_recommendation(data.rows)),
+    return Summary(recommendations=recommendation_sentences(data), measured=measured_sentence(measured_choice(data.rows)),
                    approved=approved_sentence(data), search=search_sentences(data), narrowed=narrowed_sentence(data),
                    blocked=[blocked_sentence(row) for row in candidates if row.verdict == "blocked"],
                    pending=[pending_sentence(row) for row in candidates if row.verdict == PENDING],
@@ -1257,7 +1214,7 @@ def compose(data: RunRecords) -> Report:
         **facts,
         rows=[with_rules(row) for row in data.rows],
         recommendation={profile: recommendation(data.rows, profile) for profile in profiles},
-        measured_recommendation=measured_recommendation(data.rows),
+        measured_recommendation=measured_choice(data.rows),
         policy_line=policy_line(data),
         summary=summary(data),
         formats=formats_table(data),

@@ -41,7 +41,9 @@ def test_builtin_sets_evaluate_offline_with_per_item_results_and_provenance(tiny
     lm_eval = record["lm_eval"]
     assert lm_eval["lm_eval_version"] and lm_eval["task_hashes"]["quantgate_arc_easy_v1"]
     assert lm_eval["config"]["random_seed"] == 0 and lm_eval["evalset"] == {"spec": "arc-easy@v1", "sha256": evalsets.load("arc-easy").sha256}
-    assert record["settings"]["dtype"] == "float32" and record["provenance"]["libraries"]["lm-eval"]
+    machine = evaluate_module.compute_dtype_name("cpu", "BF16")  # the tiny model is stored in BF16
+    assert record["settings"]["dtype"] == machine.dtype and record["settings"]["dtype_basis"] == machine.basis
+    assert record["provenance"]["libraries"]["lm-eval"]
     wiki = results.record("wiki-text@v1")
     assert wiki["primary"] == "perplexity" and wiki["metrics"]["bits_per_byte"] > 0  # no baseline: no agreement
     assert (tmp_path / "results" / "wiki-text@v1" / "topk.safetensors").is_file()

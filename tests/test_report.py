@@ -21,6 +21,7 @@ from quantgate.core.errors import InputError
 from quantgate.core.rundir import RUN_KIND
 from quantgate.evalsets.config import EvaluateConfig
 from quantgate.gates import figures
+from quantgate.gates.decisions import pareto_front, recommendation
 from quantgate.gates.report import (
     blocked_sentence,
     build,
@@ -29,10 +30,8 @@ from quantgate.gates.report import (
     html_page,
     items_evaluated,
     markdown,
-    pareto_front,
     plot_figure,
     plot_front,
-    recommendation,
     recommendation_sentences,
     write,
 )

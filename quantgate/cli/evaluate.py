@@ -10,6 +10,7 @@ import typer
 from quantgate import evalsets
 from quantgate.cli.options import config, print_json
 from quantgate.core.errors import InputError, IntegrityError
+from quantgate.core.formats import PRECISION_CLASSES
 from quantgate.gates import samplesize
 
 # This module's commands; quantgate.cli.app.COMMANDS names each, so `quantgate --help` need not import it.
@@ -115,12 +116,13 @@ def evalsets_add(
 @evalsets_app.command("plan")
 def evalsets_plan(
     policy: str = typer.Option("default", "--policy", help="a policy YAML file, or NAME or NAME@vN of a built-in one"),
-    precision: str | None = typer.Option(None, "--precision", help="8bit or 4bit bounds (default: every class the policy gives)"),
+    precision: str | None = typer.Option(None, "--precision", help=f"{' or '.join(PRECISION_CLASSES)} bounds (default: every class the policy gives)"),
     effect: list[str] | None = typer.Option(None, "--effect", help="the true distance from the bound to plan for, in each "
                                             "gate's unit: X (every gate) or METRIC=X; repeatable (default: half of each "
                                             "bound's distance from no change)"),
     discordance: float | None = typer.Option(None, "--discordance", help="accuracy gates: the share of items the two models "
-                                             "answer differently (default: 0.05 for 8-bit, 0.15 for INT4)"),
+                                             "answer differently (default: " + ", ".join(f"{value:g} for {precision}" for precision, value in
+                                                                                samplesize.DEFAULT_DISCORDANCE.items()) + ")"),
     power: float = typer.Option(samplesize.DEFAULT_POWER, "--power", help="the chance of a decisive verdict at that effect"),
     baseline_results: Path | None = typer.Option(None, "--baseline-results", help="a baseline's results: with "
                                                  "--candidate-results, each gate's per-item spread is measured on them"),
@@ -135,7 +137,7 @@ def evalsets_plan(
     effect away from it; the set's looks and size, and the look that count falls in. Accuracy
     gates take their per-item spread from a discordance; other gates need results.
 
-    Example: quantgate evalsets plan --policy small-model --precision 8bit --discordance 0.2
+    Example: quantgate evalsets plan --policy small-model --discordance 0.2
     """
     result = samplesize.plan(policy, precision=precision, effects=effect or (), discordance=discordance,
                              baseline_results=baseline_results, candidate_results=candidate_results, power=power)
@@ -173,11 +175,13 @@ def evaluate_command(
     baseline_results: Path | None = typer.Option(None, "--baseline-results", help="the baseline's results directory: KL divergence and top-1 agreement on text sets"),
     no_cache: bool = typer.Option(False, "--no-cache", help="recompute even if the cache holds these results"),
     batch_size: int = typer.Option(4, "--batch-size"),
-    backend: str = typer.Option("hf", "--backend", help="hf (transformers, FP32 on a CPU) or vllm (the serving environment: quantgate serving setup)"),
+    backend: str = typer.Option("hf", "--backend", help="hf (transformers, in --dtype) or vllm (the serving environment: quantgate serving setup)"),
     engine_setting: list[str] | None = typer.Option(None, "--engine-setting", help="--backend vllm: KEY=VALUE, an environment variable vLLM runs under (e.g. VLLM_CPU_INT4_W4A8=1); repeatable"),
     max_tokens: int = typer.Option(512, "--max-tokens", help="text sets: tokens scored per item"),
     top_k: int = typer.Option(64, "--top-k", help="text sets: baseline log-probabilities cached per position"),
     device: str | None = typer.Option(None, "--device", help="cpu or cuda (default: cuda when available)"),
+    dtype: str = typer.Option("auto", "--dtype", help="auto (BF16 on a CPU with BF16 arithmetic for a BF16 model, else FP32; "
+                              "the storage dtype on a GPU), float32 or bfloat16"),
     allow_pickle: bool = typer.Option(False, "--allow-pickle", help="accept a model whose weights are pickle files"),
     overwrite: bool = typer.Option(False, "--overwrite", help="replace an existing results directory at --out"),
     as_json: bool = typer.Option(False, "--json", help="print the results manifest as JSON"),
@@ -200,7 +204,7 @@ def evaluate_command(
     cfg = config(
         evalsets.EvaluateConfig,
         evalsets=tuple(evalset), limit=common, limits=per_set, backend=backend, engine_settings=settings, batch_size=batch_size,
-        max_tokens=max_tokens, top_k=top_k, device=device, use_cache=not no_cache, allow_pickle=allow_pickle,
+        max_tokens=max_tokens, top_k=top_k, device=device, dtype=dtype, use_cache=not no_cache, allow_pickle=allow_pickle,
     )
     results = evalsets.run(cfg, model, out, baseline_results=baseline_results, overwrite=overwrite)
     if as_json:
