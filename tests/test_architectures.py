@@ -34,7 +34,7 @@ from quantgate.quantize.measure.causes import UNEXPLAINED_CAUSES
 from tests.architectures import FAMILIES, build_family, build_shared_tokenizer
 from tests.helpers import SERVED_FORMAT
 
-FORMATS = tuple(quantize.PRESETS)  # gptq-int4, awq-int4, smoothquant-w8a8, fp8-e4m3
+FORMATS = tuple(quantize.PRESETS)  # gptq-int4, awq-int4, smoothquant-w8a8, fp8-e4m3, gptq-int8
 DOC = Path(__file__).resolve().parents[1] / "docs" / "architectures.md"
 TEXT_SET = "wiki-text@v1"
 ITEMS = 2  # evaluated items of the text set: enough for a KL over a few hundred tokens
@@ -61,6 +61,7 @@ EXPECTED.update({
     ("gpt-neox", "smoothquant-w8a8"): Outcome("refused", "llmcompressor has no SmoothQuant mappings for GPTNeoXForCausalLM",
                                               r"^smoothquant-w8a8 cannot be made for GPTNeoXForCausalLM: llmcompressor \S+ has no SmoothQuant"),
     ("gpt-neox", "fp8-e4m3"): Outcome("fails", _NEOX_HEAD),
+    ("gpt-neox", "gptq-int8"): Outcome("fails", _NEOX_HEAD),
     ("qwen2-moe", "awq-int4"): Outcome("fails", "transformers 5.17 reloads the experts without their zero points "
                                                 "(DecompressExperts: 'Asymmetric quant requires zero-point values')"),
     ("qwen2-moe", "smoothquant-w8a8"): Outcome("fails", "transformers 5.17 finds none of the experts' INT8 weights to fuse "

@@ -285,6 +285,22 @@ FORMATS: dict[str, Format] = {
                               "AVX-512: the checkpoint does not load)", variant="static") for device_class in (AVX512, AVX512_AMX)),
             ),
         ),
+        Format(
+            name="gptq-int8",
+            description="INT8 weights per channel, symmetric, by GPTQ; 16-bit activations (W8A16, weight-only)",
+            scheme="W8A16",
+            algorithm=Algorithm.gptq,
+            # compressed-tensors 0.15's W8A16 preset groups by 128; per channel is the INT8 weight-only
+            # scheme users ask for (one scale a row: 8.0x bits a weight, no group fallback)
+            weights={"num_bits": 8, "type": "int", "symmetric": True, "strategy": "channel"},
+            overrides=("strategy",),
+            layout="pack-quantized",  # weight-only INT: compressed-tensors packs it into int32 words
+            serving=_all_cpus(Computes.no_kernel,
+                              "vLLM 0.32 CPU build: W8A16 int8 loads as CompressedTensorsWNA16 (uint8b128), and no CPU mixed-precision "
+                              "kernel takes it (model_executor/kernels/linear/mixed_precision/cpu.py: CPUWNA16 takes uint4 and "
+                              "uint4b8 only; dynamic_4bit.py: int4 on Arm; zentorch.py: uint4 on AMD Zen); measured on AVX-512: the "
+                              "demo checkpoint does not load (\"Failed to find a kernel that can implement the WNA16 linear layer\")"),
+        ),
     )
 }
 
