@@ -92,8 +92,12 @@ from quantgate.serving.worker import (
 SERVE_CHECK_VERSION = 4
 SERVED, PENDING, NOT_SERVED = "served", "pending", "not_served"
 FAILED: Final = "failed"  # a serve that timed out or whose worker died: no evidence (the run's record of the unit, never cached)
-# The probe's first forward pass also warms the kernels up: it may take this much longer.
-PROBE_WARMUP_SECONDS = 30.0
+# The probe's first forward pass also warms the kernels up: it may take this much longer. 10 s,
+# chosen after measuring: the demo's first passes took 0.04 to 0.05 s (baseline, smoothquant-w8a8;
+# AVX-512 without AMX, vLLM 0.32, workers forked from the zygote), FP8's on AVX-512 with AMX 54.8 s.
+# Until issue 36 it was 30 s: a path with no usable kernel (AMX's FP8) then took 2 x (load + 30 s)
+# to be pending, over a minute; now 2 x (load + 11 s), within one.
+PROBE_WARMUP_SECONDS = 10.0
 # The baseline's own probe is only the reference of the others': a 16-bit model always has a path;
 # this bounds it only against a hang (a large model's forward pass on a CPU takes seconds).
 BASELINE_PROBE_SECONDS = 60.0

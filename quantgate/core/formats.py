@@ -1,7 +1,7 @@
 """The formats quantgate makes, declared once: one entry a format, holding its compressed-tensors
 scheme, algorithm, precision class, on-disk layout and what each device class's engine computes
 for it. The presets, the backend, the accounting, the serving table, the policy and the planner
-read it (docs/formats.md, "Adding a format").
+read it (docs/usage.md, "Adding a format").
 
 It lives in quantgate.core because every stage reads it and the stages are siblings
 (quantize, quantize.measure and serving import none of each other). The quantization arguments
