@@ -361,6 +361,8 @@ class Evaluator:
         jobs = []
         for golden in goldens:
             settings = run_settings(cfg, golden, device, choice)
+            if baseline is not None and golden.spec in baseline.manifest.sets:
+                refuse_other_numerics(baseline.record(golden.spec)["settings"], settings, golden.spec)
             topk = _baseline_topk_sha256(baseline, golden, settings) if golden.kind is Kind.text and baseline else None
             job = _SetJob(golden, settings, cache_key(identity, golden, settings, topk), topk)
             if cfg.use_cache and (entry := _cached(root, job.key)) is not None:
@@ -470,6 +472,15 @@ def compute_dtype_name(device: str, storage_dtype: str, requested: ComputeDtype 
     if flag is None:
         return ComputeChoice("float32", "cpu without BF16 arithmetic (no avx512_bf16 or amx_bf16): FP32")
     return ComputeChoice("bfloat16", f"cpu with {flag}: BF16 arithmetic in hardware, the weights' storage dtype")
+
+
+def refuse_other_numerics(baseline: RunSettings, candidate: RunSettings, spec: str) -> None:
+    """A candidate's results on `spec` are compared with the baseline's only where both were
+    computed by the same runner in the same dtype: BF16 rounding on one side alone moves every
+    gate's estimate (docs/evaluate.md, "Compute dtype")."""
+    if baseline.get("runner") == candidate.get("runner") and baseline.get("dtype") != candidate.get("dtype"):
+        raise InputError(f"{spec}: the baseline was evaluated in {baseline.get('dtype')}, the candidate in {candidate.get('dtype')}; "
+                         "evaluate both in the same dtype (evaluation.dtype, --dtype)")
 
 
 def _baseline_topk_sha256(baseline: EvaluationResults, golden: GoldenSet, settings: RunSettings) -> str:

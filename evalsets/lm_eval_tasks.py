@@ -291,8 +291,14 @@ def hf_model(model: Any, tokenizer: Any, batch_size: int, shared_context: bool =
             self.on_rows(int(context.shape[0]))
             return output
 
+    import torch
+
+    # a model computing in 16 bits: its log-softmax in FP32 (lm-eval's default keeps the logits' dtype,
+    # and a BF16 log-probability holds ~3 digits), in HFLM's loop and in the scorer alike
+    sixteen_bit = model.get_input_embeddings().weight.dtype in (torch.bfloat16, torch.float16)
     with _quiet_offline():
-        return ProgressHFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size)
+        return ProgressHFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size,
+                            softmax_dtype=torch.float32 if sixteen_bit else None)
 
 
 def served_model(model_dir: Path, env: serving.ServingEnv, batch_size: int) -> Any:

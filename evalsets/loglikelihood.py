@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from quantgate.core.errors import InputError
+from quantgate.evalsets.text_eval import HEAD_TOLERANCE, head_difference_beyond_rounding
 
 # (context tokens, continuation tokens), as HFLM._loglikelihood_tokens receives them
 Pair = tuple[Sequence[int], Sequence[int]]
@@ -112,7 +113,16 @@ class SharedContextScorer:
             finally:
                 hook.remove()
             if self._head_fp32 is not None:
-                every = self._logits(inputs[-1])
+                # the model's own logits must be its output layer's, to one unit in the last place of
+                # its dtype: what the model does after that layer (a soft cap, a scale) would be lost
+                # by rebuilding them in FP32 (text_eval checks its reconstruction the same way)
+                if not inputs:
+                    return "its forward pass does not apply the output layer get_output_embeddings() names"
+                rebuilt = self._logits(inputs[-1])
+                beyond = head_difference_beyond_rounding(rebuilt, every.float(), every.dtype)
+                if not beyond <= HEAD_TOLERANCE:
+                    return f"its logits differ from its output layer's by {beyond:.2e} beyond {every.dtype} rounding (capped or scaled logits)"
+                every = rebuilt
             truth = []
             for row, (context, continuation) in enumerate(probe):
                 logits = every[row, len(context) - 1 : len(context) - 1 + len(continuation)]

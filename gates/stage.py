@@ -18,6 +18,7 @@ from quantgate.core.ids import SetRef
 from quantgate.core.metrics import GATEABLE
 from quantgate.core.models import checkpoint_files, weight_file_hashes
 from quantgate.evalsets import EvaluationResults, GoldenSet, SetResults
+from quantgate.evalsets.evaluate import refuse_other_numerics
 from quantgate.evalsets.serve_record import ServeRecord
 from quantgate.evalsets.served import ServeCheckConfig, load_record
 from quantgate.evalsets.sets import all_names, scored_metrics
@@ -270,6 +271,8 @@ def gate_results(baseline: Path, candidate: Path, policy_spec: str | Path, *, ch
     missing = [spec for spec in specs if spec not in candidate_results.manifest.sets]
     if missing:
         raise InputError(f"the candidate's results hold no {', '.join(missing)}; evaluate it on the baseline's sets")
+    for spec in specs:
+        refuse_other_numerics(baseline_results.record(spec)["settings"], candidate_results.record(spec)["settings"], spec)
     policy = load_gate_policy(policy_spec, specs, narrow_to)
 
     if checkpoint is None:

@@ -83,3 +83,17 @@ def test_the_bf16_scorer_agrees_with_the_model_and_is_used(tiny_model: Path) -> 
         logits = hidden @ model.lm_head.weight.float().T
     expected = float(torch.log_softmax(logits, -1)[[0, 1], [5, 6]].sum())
     assert abs(logprob - expected) < 1e-4
+
+
+def test_a_baseline_of_the_other_dtype_is_refused_for_every_set_kind_and_by_the_gate(tiny_model: Path, tmp_path: Path, cli) -> None:
+    fp32 = evalsets.EvaluateConfig(evalsets=("lambada",), limit=3, dtype="float32")
+    bf16 = evalsets.EvaluateConfig(evalsets=("lambada",), limit=3, dtype="bfloat16")
+    baseline = evalsets.run(fp32, tiny_model, tmp_path / "baseline")
+    with pytest.raises(InputError, match="lambada@v1: the baseline was evaluated in float32, the candidate in bfloat16"):
+        evalsets.run(bf16, tiny_model, tmp_path / "candidate", baseline_results=baseline.path)
+    assert not (tmp_path / "candidate").exists()
+    # results made apart (no baseline given) are refused when gated together: exit 2, one line
+    candidate = evalsets.run(bf16, tiny_model, tmp_path / "apart")
+    result = cli("gate", "--baseline", str(baseline.path), "--candidate", str(candidate.path), "--policy", "small-model",
+                 "--precision", "8bit", "--narrow-policy", "lambada")
+    assert result.code == 2 and "evaluated in float32, the candidate in bfloat16" in result.err, result.err

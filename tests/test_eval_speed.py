@@ -23,12 +23,13 @@ def close(before: float, after: float) -> bool:
     return abs(before - after) <= max(TOLERANCE, 4 * math.ulp(abs(before)))
 
 
-def load(model_dir: Path) -> tuple[Any, Any]:
-    """The tiny model as the evaluator loads it on a CPU (FP32), without its warm-up pass."""
+def load(model_dir: Path, dtype: str = "float32") -> tuple[Any, Any]:
+    """The tiny model as the evaluator loads it on a CPU (FP32, or BF16 where the CPU computes
+    BF16 natively), without its warm-up pass."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).eval()
     return model, AutoTokenizer.from_pretrained(model_dir)
 
 
@@ -127,6 +128,29 @@ def test_a_model_whose_logits_are_not_its_output_layers_is_scored_by_hflms_loop(
     assert "hflm" in lm.get_model_info()["loglikelihood_scorer"]
     old = items(lm_eval_tasks.hf_model(model, tokenizer, 4, shared_context=False), "arc-easy", 4, tmp_path / "before")
     assert_same_scores(old, new)
+
+
+@pytest.mark.parametrize("how", ["an output layer the forward does not apply", "logits scaled after the output layer"])
+def test_in_bf16_the_probe_still_sees_logits_that_are_not_the_output_layers(tiny_model_template: Path, how: str) -> None:
+    """A BF16 model is scored through its output layer in FP32, rebuilt from that layer's inputs:
+    the probe first checks that the model's own logits are that layer's (to BF16 rounding), so a
+    scale or cap after it, or a layer the forward never applies, still sends it to HFLM's loop."""
+    import copy
+
+    import torch
+
+    model, tokenizer = load(tiny_model_template, "bfloat16")
+    if how.startswith("an output layer"):
+        other = copy.deepcopy(model.get_output_embeddings())
+        model.get_output_embeddings = lambda: other
+        expected = "does not apply the output layer"
+    else:
+        model.register_forward_hook(lambda module, args, output: output.__setitem__("logits", output.logits * 0.5))
+        expected = "beyond torch.bfloat16 rounding"
+    lm = lm_eval_tasks.hf_model(model, tokenizer, 4)
+    lm._loglikelihood_tokens([(None, [5, 6, 7], [8, 9]), (None, [5, 6, 7], [10])])
+    assert expected in lm.scorer_unusable and "hflm" in lm.get_model_info()["loglikelihood_scorer"]
+    assert lm.softmax_dtype == torch.float32  # HFLM's loop takes its log-softmax in FP32 for a BF16 model
 
 
 def test_the_first_call_into_the_model_is_its_full_forward_pass(tiny_model_template: Path) -> None:

@@ -10,6 +10,7 @@ import pytest
 
 from quantgate.core.artifacts import read_json
 from quantgate.core.errors import InputError
+from quantgate.core.formats import PrecisionClass
 from quantgate.pipeline import runner as pipeline
 from quantgate.pipeline.plan import from_mapping
 
@@ -52,3 +53,31 @@ metrics:
     assert fp8["bounds"]["h200"]["batch1_ms"] < fp8["bounds"]["reference"]["batch1_ms"]
     assert fp8["bounds"]["reference"]["batch1_ms"] < baseline["bounds"]["reference"]["batch1_ms"]
     assert pipeline.run(plan, show_progress=False).redone == []
+
+
+def test_awq_int4_goes_through_the_whole_pipeline_on_the_demo_model(demo_model, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """awq-int4 on the real model: AWQ's scale search on the demo model's layer mappings, its zero
+    points stored and every byte explained, gated under the 4-bit bounds its bits give."""
+    monkeypatch.setenv("QUANTGATE_HOME", str(demo_model.path.parent.parent))
+    policy = tmp_path / "int4.yaml"
+    policy.write_text("""name: int4
+version: v1
+metrics:
+  wiki-text:
+    kl_divergence: {max_value: {4bit: 1.0}, undecided_margin: 0.5}
+""")
+    plan = from_mapping({
+        "model": str(demo_model.path), "formats": ["awq-int4"], "quantize": {"awq-int4": {"awq_n_grid": 3}},
+        "calibration": {"samples": 4, "seq_len": 128},
+        "evaluation": {"sets": ["wiki-text@v1"], "items": {"wiki-text@v1": 4}},
+        "policy": str(policy), "out": str(tmp_path / "run"),
+    })
+    result = pipeline.run(plan, show_progress=False)
+    record = result.verdicts["awq-int4"].to_json()
+    assert record["precision"] == PrecisionClass.four_bit
+    gates = {gate["gate"]: gate for gate in record["gates"]}
+    assert gates["size unexplained_bytes"]["outcome"] == "pass", gates["size unexplained_bytes"]["reason"]
+    assert 0.0 < gates["wiki-text@v1 kl_divergence"]["estimate"] < 1.0
+    rows = {row["format"]: row for row in read_json(tmp_path / "run" / "report" / "report.json")["rows"]}
+    # 4-bit weights, a 16-bit scale and a 4-bit zero point per group of 64 (576 wide) or 128: 4.27 bits
+    assert 4.2 < rows["awq-int4"]["bits_per_weight_layers"] < 4.35 and 0.40 < rows["awq-int4"]["ratio_to_baseline"] < 0.46
