@@ -229,7 +229,7 @@ def load_record(path: Path) -> ServeRecord:
 def quantized_activations(checkpoint: Path) -> bool:
     """Whether any layer of the checkpoint quantizes its input activations (W8A8, FP8): its served
     and gated numbers then differ by more than compute precision (docs/serving.md)."""
-    return any(scheme == "FP8" or not scheme.endswith("A16") for scheme in device.checkpoint_schemes(read_checkpoint(checkpoint).config))
+    return any(not scheme.endswith("A16") for scheme in device.checkpoint_schemes(read_checkpoint(checkpoint).config))
 
 
 def probe_limit(cfg: ServeCheckConfig, reference_seconds: float | None) -> serving.ProbeLimit:

@@ -207,7 +207,7 @@ def node_resources(engine: str, device_class: str) -> dict[str, float]:
 # vLLM's compressed-tensors layer scheme for each checkpoint scheme: the class its kernel lines name
 # (vLLM 0.32, model_executor/layers/quantization/compressed_tensors/schemes/)
 LAYER_SCHEMES = {"W4A16": "CompressedTensorsWNA16", "W8A16": "CompressedTensorsWNA16", "W8A8": "CompressedTensorsW8A8Int8",
-                 "FP8": "CompressedTensorsW8A8Fp8", "FP8-W8A16": "CompressedTensorsW8A16Fp8"}
+                 "FP8": "CompressedTensorsW8A8Fp8", "FP8_DYNAMIC": "CompressedTensorsW8A8Fp8", "FP8-W8A16": "CompressedTensorsW8A16Fp8"}
 # The worker's own line per kind of quantized layer (serving/worker.py, _log_layer_kernels):
 # "quantgate worker: layers: 14 x CompressedTensorsWNA16 CPUWNA16LinearKernel use_w4a8=False"
 _LAYER_LINE = re.compile(r"quantgate worker: layers: (\d+) x (\S+) (\S+)((?: \w+=\S+)*)\s*$")

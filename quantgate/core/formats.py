@@ -142,10 +142,15 @@ INT4_WEIGHT_ONLY_ON_CPU = (
 
 def scheme_name(weights: QuantizationArgs, activations: QuantizationArgs | None) -> str:
     """The scheme a serving engine sees in a config group: W4A16, W8A8 (int8 activations), FP8
-    (float8 weights and activations), W8A16 ... from its weights' and input activations' bits and type."""
+    (float8 weights and activations, static activation scales), FP8_DYNAMIC (dynamic ones), W8A16 ...
+    from its weights' and input activations' bits, type and scales (compressed-tensors' preset names)."""
     bits = int(weights.get("num_bits", 16))
     if weights.get("type") == "float" and bits == 8:
-        return "FP8" if activations else "FP8-W8A16"
+        if not activations:
+            return "FP8-W8A16"
+        # the activation scales decide the kernel on a CPU: static ones need static_scaled_fp8_quant,
+        # which vLLM's CPU build lacks, dynamic per-token ones do not (docs/serving.md, "Device classes")
+        return "FP8_DYNAMIC" if activations.get("dynamic") else "FP8"
     return f"W{bits}A{int(activations.get('num_bits', 16)) if activations else 16}"
 
 
@@ -266,9 +271,8 @@ FORMATS: dict[str, Format] = {
             dynamic_input_activations={"num_bits": 8, "type": "float", "symmetric": True, "strategy": "token", "dynamic": True},
             # FP8 is left out of mixed checkpoints: its uniform format needs no calibration and its
             # activation scales differ per tensor
-            # Both variants are one scheme ("FP8") to an engine's config reader, so the scheme-level tables
-            # of serving.device hold both variants' facts (dynamic first: a probe that times out is its);
-            # preflight (pipeline.resolve) reads the variant a plan makes.
+            # Each variant is a scheme of its own to the serving tables (FP8, FP8_DYNAMIC: scheme_name),
+            # since a CPU class serves one and lacks a kernel for the other.
             serving=(
                 Expectation(AVX2, Computes.no_usable_path,
                             "static FP8: no static_scaled_fp8_quant op in the AVX2 library (it does not load); dynamic FP8: about "
