@@ -551,7 +551,7 @@ def _compute(
 
 
 class _LoadedModel:
-    """The model under evaluation, loaded on first use (FP32 on a CPU) and decompressed up front."""
+    """The model under evaluation, loaded on first use in its compute dtype (compute_dtype_name) and decompressed up front."""
 
     def __init__(self, model_dir: Path, device: str, dtype: str) -> None:
         self.model_dir, self.device, self.dtype = model_dir, device, dtype

@@ -274,7 +274,8 @@ def hf_model(model: Any, tokenizer: Any, batch_size: int, shared_context: bool =
             return None if self.scorer_unusable else self.scorer
 
         def get_model_info(self) -> dict[str, object]:  # lm-eval's own model info (passed on untouched), and one key
-            # which loop computed the log-likelihoods (their numbers agree to 1e-4 nats)
+            # which loop computed the log-likelihoods (their numbers agree to 1e-4 nats in FP32; in BF16 HFLM's loop
+            # takes the output layer in BF16, a few hundredths of a nat from the scorer's FP32 one)
             scorer = "shared-context" if self.scorer_unusable == "" else f"hflm ({self.scorer_unusable or 'not used'})"
             return {**super().get_model_info(), "loglikelihood_scorer": scorer}
 

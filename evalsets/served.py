@@ -1,6 +1,6 @@
 """The serve check: does the serving engine load a checkpoint and compute what was gated?
 
-The gate judged a checkpoint as transformers runs it (FP32 on a CPU, weights decompressed);
+The gate judged a checkpoint as transformers runs it (in its compute dtype, weights decompressed);
 production runs it in vLLM, with other kernels. Given the checkpoint and the evaluation results
 its gate saw, vLLM (serving/, in its own environment) scores the same token ids of the results'
 text set, and the two are compared position by position:
