@@ -7,7 +7,7 @@ it changes.
 `speed`: this machine's FP32 and BF16 matrix-product rates (torch, its current threads, best of
 three) at the demo model's shapes and at 1024^3, then the model evaluated on each set (one of each
 kind by default: last-word, multiple-choice, text) in FP32 ("before": every CPU's dtype until
-issue 36) and in BF16 (FP32 first; `--first bfloat16` turns it round), through `evalsets.run` with the cache off:
+issue 36) and in BF16, set by set (FP32 first; `--first bfloat16` turns it round), through `evalsets.run` with the cache off:
 items per second per set against the two rates. A text set is evaluated against the model itself
 as its own baseline (KL, top-1), each dtype against its own, as a run does.
 
@@ -79,8 +79,9 @@ def speed(arguments: argparse.Namespace) -> dict[str, Any]:
     specs = [spec.partition("=") for spec in arguments.sets or DEFAULT_SETS]
     limits = {name: int(count or 60) for name, _, count in specs}
     rows: dict[str, dict[str, Any]] = {name: {"items": limit} for name, limit in limits.items()}
-    for dtype in DTYPES if arguments.first == "float32" else tuple(reversed(DTYPES)):
-        for name, limit in limits.items():
+    order = DTYPES if arguments.first == "float32" else tuple(reversed(DTYPES))
+    for name, limit in limits.items():  # set by set, both dtypes back to back: a machine's load drifts
+        for dtype in order:
             golden = evalsets.load(name)
             cfg = evalsets.EvaluateConfig.model_validate({"evalsets": (name,), "limits": {name: limit}, "dtype": dtype,
                                                           "use_cache": False, "batch_size": arguments.batch_size})
