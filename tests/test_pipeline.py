@@ -183,7 +183,9 @@ def test_missing_plan_and_broken_yaml_exit_2(cli, tmp_path: Path) -> None:
 
 def test_demo_plan_is_embedded_and_validates() -> None:
     plan = load_plan("demo").plan
-    assert plan.formats == ("gptq-int4", "smoothquant-w8a8")
+    # the four formats quantgate exists for (issue 36), FP8 in the variant vLLM's CPU build serves
+    assert plan.formats == ("gptq-int4", "awq-int4", "smoothquant-w8a8", "fp8-e4m3")
+    assert plan.quantize["fp8-e4m3"] == {"fp8_dynamic": True} and plan.quantize["awq-int4"] == {"awq_n_grid": 5}
     assert plan.model == "smollm2-135m" and plan.policy == "small-model@v5"
     assert plan.serving is not None and plan.serving.items == 16 and plan.serving.batch_sizes == (1,)
     assert plan.narrow_policy == ("lambada", "wiki-text")
