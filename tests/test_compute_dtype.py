@@ -1,6 +1,6 @@
-"""The dtype evaluation computes in: chosen per device class (BF16 on a CPU with BF16 arithmetic
-for a BF16 model, FP32 elsewhere), recorded in every set's results, never mixed between a baseline
-and a candidate, and scored through the output layer in FP32 either way."""
+"""The dtype evaluation computes in: FP32 on every CPU unless BF16 is asked for (faster where the
+CPU has BF16 arithmetic, but it moves gate estimates), recorded in every set's results, never mixed
+between a baseline and a candidate, and scored through the output layer in FP32 either way."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 from quantgate import evalsets
-from quantgate.core.cpu import cpu_flags, native_bf16
 from quantgate.core.errors import InputError
 from quantgate.evalsets.config import ComputeDtype
 from quantgate.evalsets.evaluate import compute_dtype_name
@@ -20,27 +19,25 @@ AVX512_ONLY = frozenset({"avx2", "avx512f"})
 AVX2 = frozenset({"avx2", "fma"})
 
 
-@pytest.mark.parametrize(("flags", "expected"), [(AVX512_BF16, "bfloat16"), (AMX, "bfloat16"), (AVX512_ONLY, "float32"), (AVX2, "float32")])
-def test_auto_computes_a_bf16_model_in_bf16_only_where_the_cpu_has_bf16_arithmetic(flags: frozenset[str], expected: str) -> None:
+@pytest.mark.parametrize("flags", [AVX512_BF16, AMX, AVX512_ONLY, AVX2])
+def test_auto_computes_in_fp32_on_every_cpu_class(flags: frozenset[str]) -> None:
+    """BF16 is faster where the CPU has BF16 arithmetic, but it moved the 1.5B model's gate
+    estimates past a tenth of their bounds (docs/evaluate.md): not the default on any class."""
     choice = compute_dtype_name("cpu", "BF16", flags=flags)
-    assert choice.dtype == expected
-    assert (native_bf16(flags) or "without BF16 arithmetic") in choice.basis
+    assert choice.dtype == "float32" and "BF16 moves gate estimates" in choice.basis
+    assert compute_dtype_name("cpu", "BF16", flags=flags) == choice  # one basis: FP32 results key alike on every class
 
 
 def test_other_storage_dtypes_asked_dtypes_and_accelerators() -> None:
-    # FP16 weights cast to BF16 would lose three mantissa bits: FP32 on any CPU
     assert compute_dtype_name("cpu", "F16", flags=AVX512_BF16).dtype == "float32"
     assert compute_dtype_name("cpu", "F32", flags=AMX).dtype == "float32"
     assert compute_dtype_name("cuda", "BF16").dtype == "bfloat16"
     assert compute_dtype_name("cuda", "F16").dtype == "float16"
-    asked = compute_dtype_name("cpu", "BF16", ComputeDtype.float32, flags=AVX512_BF16)
-    assert asked.dtype == "float32" and "as the evaluation asks" in asked.basis
-    assert compute_dtype_name("cpu", "BF16", ComputeDtype.bfloat16, flags=AVX2).dtype == "bfloat16"
-
-
-def test_the_cpu_flags_decide_for_this_machine() -> None:
-    expected = "bfloat16" if native_bf16(cpu_flags()) else "float32"
-    assert compute_dtype_name("cpu", "BF16").dtype == expected
+    asked = compute_dtype_name("cpu", "BF16", ComputeDtype.bfloat16, flags=AVX512_BF16)
+    assert asked.dtype == "bfloat16" and asked.basis == "bfloat16, as the evaluation asks"
+    emulated = compute_dtype_name("cpu", "BF16", ComputeDtype.bfloat16, flags=AVX2)
+    assert emulated.dtype == "bfloat16" and "emulated: this CPU has no BF16 arithmetic" in emulated.basis
+    assert compute_dtype_name("cpu", "BF16", ComputeDtype.float32, flags=AVX512_BF16).dtype == "float32"
 
 
 def test_each_dtype_is_recorded_scored_in_fp32_and_kept_apart(tiny_model: Path, tmp_path: Path) -> None:
@@ -62,7 +59,7 @@ def test_each_dtype_is_recorded_scored_in_fp32_and_kept_apart(tiny_model: Path, 
     perplexities = [results[dtype].record("wiki-text@v1")["metrics"]["perplexity"] for dtype in ("float32", "bfloat16")]
     assert abs(perplexities[1] / perplexities[0] - 1) < 0.01, perplexities
     # a candidate is never compared with a baseline evaluated in another dtype
-    with pytest.raises(InputError, match="dtype=float32, this run uses bfloat16"):
+    with pytest.raises(InputError, match="wiki-text@v1: the baseline was evaluated in float32, the candidate in bfloat16"):
         evalsets.run(evalsets.EvaluateConfig(evalsets=("wiki-text",), limit=3, dtype="bfloat16"), tiny_model,
                      tmp_path / "mixed", baseline_results=tmp_path / "baseline-float32")
     assert not (tmp_path / "mixed").exists()
