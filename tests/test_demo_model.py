@@ -118,6 +118,6 @@ def test_demo_command_runs_the_embedded_plan_which_passes_its_checks(pulled, cli
     monkeypatch.setattr(pipeline.Pipeline, "run", checked_only)
     result = cli("run", "demo", "--out", tmp_path / "run")
     assert result.code == 2
-    assert (f"checked smollm2-135m gptq-int4,smoothquant-w8a8 small-model into {tmp_path / 'run'}; "
+    assert (f"checked smollm2-135m gptq-int4,awq-int4,smoothquant-w8a8,fp8-e4m3 small-model into {tmp_path / 'run'}; "
             f"served by {served.label}") in result.err
     assert not (tmp_path / "run").exists()

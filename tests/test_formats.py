@@ -89,7 +89,7 @@ def registry_with(monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
     importlib.reload(device)
 
 
-def test_a_new_entry_shows_in_the_serving_tables(registry_with) -> None:  # type: ignore[no-untyped-def]
+def test_a_new_entry_shows_in_the_serving_tables(registry_with: object) -> None:
     source = "a test's fact"
     entry = replace(FORMATS["gptq-int4"], name="int3-test", weights={"num_bits": 3, "type": "int", "symmetric": True, "strategy": "group"},
                     serving=(Expectation(device.AVX512, Computes.no_kernel, source),))
