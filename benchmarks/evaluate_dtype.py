@@ -35,6 +35,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from evaluate_speed import matmul_gflops  # noqa: E402  (this folder is on sys.path: the script's own)
+
 DEFAULT_SETS = ("lambada@v1=120", "arc-easy@v1=60", "wiki-text@v1=25")
 # the demo model's matrix products: a batch of 512 positions through q_proj (576 -> 576 is smaller),
 # gate/up (576 -> 1536), and 2048 positions through the fused gate/up of a wider model
@@ -43,25 +45,8 @@ DTYPES = ("float32", "bfloat16")
 SHARE_OF_LIMIT = 0.1  # issue 36: every gate's estimate moves by less than a tenth of its bound
 
 
-def matmul_gflops(dtype: str, shape: tuple[int, int, int], repeats: int = 10) -> float:
-    """GFLOP/s of an [m, k] @ [k, n] product in `dtype` (best of three timings of `repeats`)."""
-    import torch
-
-    m, k, n = shape
-    a = torch.randn(m, k).to(getattr(torch, dtype))
-    b = torch.randn(k, n).to(getattr(torch, dtype))
-    a @ b
-    best = 0.0
-    for _ in range(3):
-        started = time.perf_counter()
-        for _ in range(repeats):
-            a @ b
-        best = max(best, 2 * m * k * n * repeats / (time.perf_counter() - started) / 1e9)
-    return best
-
-
 def rates() -> dict[str, dict[str, float]]:
-    return {dtype: {"x".join(map(str, shape)): matmul_gflops(dtype, shape) for shape in SHAPES} for dtype in DTYPES}
+    return {dtype: {"x".join(map(str, shape)): matmul_gflops(repeats=10, dtype=dtype, shape=shape) for shape in SHAPES} for dtype in DTYPES}
 
 
 def speed(arguments: argparse.Namespace) -> dict[str, Any]:

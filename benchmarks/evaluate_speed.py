@@ -38,18 +38,20 @@ TOLERANCE = 1e-4  # nats, per log-likelihood
 DEFAULT_SETS = ("arc-easy@v1=60", "lambada@v1=60")
 
 
-def matmul_gflops(size: int = 1024, repeats: int = 20) -> float:
-    """This machine's FP32 matrix-product rate, as torch reaches it with its current threads (best of three)."""
+def matmul_gflops(size: int = 1024, repeats: int = 20, dtype: str = "float32", shape: tuple[int, int, int] | None = None) -> float:
+    """This machine's matrix-product rate in `dtype` ([m, k] @ [k, n], `shape`; default size^3), as
+    torch reaches it with its current threads (best of three)."""
     import torch
 
-    a, b = torch.randn(size, size), torch.randn(size, size)
+    m, k, n = shape or (size, size, size)
+    a, b = torch.randn(m, k).to(getattr(torch, dtype)), torch.randn(k, n).to(getattr(torch, dtype))
     a @ b
     best = 0.0
     for _ in range(3):
         started = time.perf_counter()
         for _ in range(repeats):
             a @ b
-        best = max(best, 2 * size**3 * repeats / (time.perf_counter() - started) / 1e9)
+        best = max(best, 2 * m * k * n * repeats / (time.perf_counter() - started) / 1e9)
     return best
 
 
