@@ -10,6 +10,7 @@ from pydantic import Field, JsonValue, field_validator, model_validator
 
 from quantgate.core.artifacts import ProvenanceJSON
 from quantgate.core.errors import did_you_mean
+from quantgate.core.memory import Placement
 from quantgate.core.validation import Strict, is_file_name
 
 
@@ -348,7 +349,7 @@ class EvalBackend(str, Enum):
 class ComputeDtype(str, Enum):
     """The dtype the reference evaluation computes in (docs/evaluate.md, "Compute dtype")."""
 
-    auto = "auto"  # by device: the storage dtype on an accelerator; on a CPU, BF16 where it computes BF16 natively
+    auto = "auto"  # by device: the storage dtype on an accelerator, FP32 on every CPU
     float32 = "float32"
     bfloat16 = "bfloat16"
 
@@ -371,6 +372,10 @@ class EvaluateConfig(Strict):
     # {"VLLM_CPU_INT4_W4A8": "1"}: the settings that decide which scheme it computes (serving.device)
     engine_settings: dict[str, str] = Field(default_factory=dict)
     batch_size: int = Field(default=4, gt=0, le=512)
+    # where the model is kept while it is evaluated (quantgate.core.memory.Placement): auto takes
+    # the in-memory path where this process's memory holds it, else streams the model from disk;
+    # the scores are the same either way (not part of the cache key), the results say which ran
+    placement: Placement = Placement.auto
     # text sets: tokens scored per item (longer items are truncated, recorded per item)
     max_tokens: int = Field(default=512, gt=1)
     # text sets: baseline tokens whose log-probabilities are cached per position (docs/evaluate.md)

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, cast
 from pydantic import JsonValue
 
 from quantgate import serving
+from quantgate.core import memory
 from quantgate.core.artifacts import (
     MANIFEST,
     Stopwatch,
@@ -36,9 +37,11 @@ from quantgate.core.console import progress_bar, stderr
 from quantgate.core.cpu import cpu_flags, native_bf16
 from quantgate.core.errors import InputError, IntegrityError, OutputExistsError
 from quantgate.core.ids import SetRef
+from quantgate.core.memory import Placement
 from quantgate.core.models import (
     TORCH_DTYPES,
     baseline_dtype,
+    load_causal_lm,
     max_sequence_length,
     quantgate_home,
     resolve_model,
@@ -324,12 +327,27 @@ class Evaluator:
         # `identity`: the model's, hashed already by the caller (a run hashes its baseline once)
         self.identity = identity if identity is not None else model_identity(self.model_dir)
         self.home = home
-        self._loaded: dict[tuple[str, str], _LoadedModel] = {}  # (device, dtype) -> the model loaded there
+        # (device, dtype, streamed) -> the model loaded there
+        self._loaded: dict[tuple[str, str, bool], _LoadedModel] = {}
 
-    def loaded(self, device: str, dtype: str) -> _LoadedModel:
-        if (device, dtype) not in self._loaded:
-            self._loaded[(device, dtype)] = _LoadedModel(self.model_dir, device, dtype)
-        return self._loaded[(device, dtype)]
+    def loaded(self, device: str, dtype: str, streamed: bool = False) -> _LoadedModel:
+        if (device, dtype, streamed) not in self._loaded:
+            self._loaded[(device, dtype, streamed)] = _LoadedModel(self.model_dir, device, dtype, streamed,
+                                                                   (self.home or quantgate_home()) / "scratch")
+        return self._loaded[(device, dtype, streamed)]
+
+    def placement(self, cfg: EvaluateConfig, device: str) -> memory.Chosen:
+        """The path this model's evaluation takes (memory.choose): streamed only on the CPU (the
+        offload reads each module's tensors into the device it runs on: a GPU's memory is not
+        what is checked here)."""
+        if device != "cpu":
+            if cfg.placement is Placement.streamed:
+                raise InputError(f"placement: streamed evaluation runs on the CPU, not on {device}")
+            return memory.Chosen(Placement.memory, f"evaluate: in memory on {device}")
+        if cfg.placement is not Placement.auto:
+            return memory.choose(cfg.placement, memory.StageNeeds(0, 0), None, "evaluate")
+        return memory.choose(cfg.placement, memory.stage_needs(memory.shape(self.model_dir), "evaluate"),
+                             memory.allowance(), "evaluate")
 
     def cache_keys(self, cfg: EvaluateConfig) -> dict[str, str]:
         """Set spec -> the cache key this model's results on it would have under `cfg`, without a
@@ -370,9 +388,14 @@ class Evaluator:
             jobs.append(job)
 
         missing = [job for job in jobs if job.entry is None]
-        load_seconds = None
+        load_seconds = placement = None
         if missing:
-            load_seconds = _compute(cfg, self.loaded(device, choice.dtype), missing, identity=identity, baseline=baseline, root=root)
+            chosen = self.placement(cfg, device)
+            placement = chosen.taken
+            if chosen.placement is Placement.streamed and cfg.backend is EvalBackend.hf:
+                stderr.print(f"{self.model_dir}: {chosen.reason}", soft_wrap=True, highlight=False, markup=False)
+            load_seconds = _compute(cfg, self.loaded(device, choice.dtype, chosen.placement is Placement.streamed), missing,
+                                    identity=identity, baseline=baseline, root=root)
 
         with atomic_directory(out, overwrite=overwrite) as staging:
             entries = {job.golden.spec: _publish(job, staging) for job in jobs}
@@ -382,6 +405,7 @@ class Evaluator:
                 config=cfg,
                 sets=entries,
                 model_load_seconds=load_seconds,
+                placement=placement,
                 files=file_hashes(staging),
                 provenance=Provenance.model_validate(provenance(stopwatch)),
             )
@@ -549,10 +573,13 @@ def _compute(
 
 
 class _LoadedModel:
-    """The model under evaluation, loaded on first use in its compute dtype (compute_dtype_name) and decompressed up front."""
+    """The model under evaluation, loaded on first use in its compute dtype (compute_dtype_name) and
+    decompressed up front: whole in memory, or `streamed` from disk (memory.Placement; its scratch
+    directory, for decompressed weights, under `scratch`)."""
 
-    def __init__(self, model_dir: Path, device: str, dtype: str) -> None:
+    def __init__(self, model_dir: Path, device: str, dtype: str, streamed: bool = False, scratch: Path | None = None) -> None:
         self.model_dir, self.device, self.dtype = model_dir, device, dtype
+        self.streamed, self.scratch = streamed, scratch
         self._model: Any = None
         self._tokenizer: Any = None
         self._lms: dict[EvalBackend, Any] = {}
@@ -565,7 +592,10 @@ class _LoadedModel:
             with stderr.status(f"loading {self.model_dir}"):
                 self._tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
                 dtype = getattr(torch, self.dtype)
-                model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=dtype).to(self.device).eval()
+                if self.streamed:
+                    model = load_causal_lm(self.model_dir, dtype, True, self.scratch).eval()
+                else:
+                    model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=dtype).to(self.device).eval()
                 # compressed-tensors checkpoints decompress on the first full forward pass;
                 # do it here, before lm-eval or anything else touches a submodule
                 with torch.no_grad():

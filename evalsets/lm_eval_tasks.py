@@ -26,7 +26,7 @@ from quantgate import serving
 from quantgate.core.artifacts import read_json
 from quantgate.core.errors import InputError
 from quantgate.core.metrics import METRICS
-from quantgate.core.models import quantgate_home
+from quantgate.core.models import is_streamed, quantgate_home
 from quantgate.evalsets.config import GoldenItem, Kind, LmEvalPrompt
 from quantgate.evalsets.loglikelihood import SharedContextScorer
 from quantgate.evalsets.results import ItemRecord, LmEvalProvenance, SampleCounts
@@ -297,9 +297,19 @@ def hf_model(model: Any, tokenizer: Any, batch_size: int, shared_context: bool =
     # a model computing in 16 bits: its log-softmax in FP32 (lm-eval's default keeps the logits' dtype,
     # and a BF16 log-probability holds ~3 digits), in HFLM's loop and in the scorer alike
     sixteen_bit = model.get_input_embeddings().weight.dtype in (torch.bfloat16, torch.float16)
-    with _quiet_offline():
-        return ProgressHFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size,
-                            softmax_dtype=torch.float32 if sixteen_bit else None)
+    # HFLM ties the embeddings again (model.tie_weights) on a model it is given; a streamed model's
+    # (core.models.load_causal_lm) are tied already, one offloaded tensor, which transformers' tying
+    # cannot look up as a parameter: it is skipped there
+    untie = is_streamed(model)
+    if untie:
+        model.tie_weights = lambda *args, **kwargs: None
+    try:
+        with _quiet_offline():
+            return ProgressHFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size,
+                                softmax_dtype=torch.float32 if sixteen_bit else None)
+    finally:
+        if untie:
+            del model.tie_weights
 
 
 def served_model(model_dir: Path, env: serving.ServingEnv, batch_size: int) -> Any:

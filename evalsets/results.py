@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Annotated, Final, Literal, TypedDict, final
 from pydantic import Field, JsonValue, field_validator
 
 from quantgate.core.artifacts import ProvenanceJSON
+from quantgate.core.memory import Taken
 from quantgate.core.records import FileTable, Provenance, Record, RecordPart
 from quantgate.core.validation import is_file_name, is_path
 from quantgate.evalsets.config import EvaluateConfig, Kind
@@ -101,6 +102,8 @@ class ResultsManifest(Record):
     config: EvaluateConfig
     sets: dict[str, SetResults] = Field(min_length=1)
     model_load_seconds: float | None  # None: every set came from the cache
+    # where the evaluated model was kept (quantgate.core.memory.Placement); None: every set came from the cache
+    placement: Taken | None = None
     files: FileTable
     provenance: Provenance
 

@@ -11,6 +11,7 @@ from typing import ClassVar, Literal
 
 from pydantic import JsonValue, field_validator
 
+from quantgate.core.memory import Taken
 from quantgate.core.records import Record, RecordPart
 from quantgate.core.rundir import RUN_KIND
 from quantgate.gates.verdict_record import ClassVerdict, Number, OpenPart, PolicyIdentity, Sparse, Status, VerdictRecord
@@ -132,6 +133,10 @@ class RunRecord(Sparse, Record):
     failed_units: list[FailedUnit]
     seconds: Number | None
     quantgate_version: str
+    # where quantization and evaluation kept the model (core.memory.Placement: "memory" or
+    # "streamed"), and preflight's memory note where it said one; absent from earlier runs' records
+    placement: dict[Literal["quantize", "evaluate"], Taken] | None = None
+    memory_note: str | None = None
 
     @field_validator("failed_units", mode="before")
     @classmethod

@@ -13,6 +13,7 @@ from pydantic import Field, JsonValue
 from quantgate import calibration
 from quantgate.core.artifacts import MANIFEST, Stopwatch, file_hashes, provenance
 from quantgate.core.errors import QuantgateError
+from quantgate.core.memory import Taken
 from quantgate.core.models import TOKENIZER_FILES, weights_sha256
 from quantgate.core.records import FileTable, Provenance, Record, RecordPart
 from quantgate.quantize.config import QuantizeConfig
@@ -129,6 +130,9 @@ class CheckpointManifest(Record):
     calibration: CalibrationUsed
     baseline: BaselineUsed
     smoke: SmokeCheck
+    # where the quantization kept the model (quantgate.core.memory.Placement): "memory" or
+    # "streamed" (from disk); the checkpoint is the same either way
+    placement: Taken = "memory"
     files: FileTable
     provenance: Provenance
 
@@ -161,7 +165,8 @@ def identity(preset: Preset, cfg: QuantizeConfig) -> Identity:
 
 def write_manifest(staging: Path, stopwatch: Stopwatch, *, what: Identity, description: str,
                    recipe: RecipeFile | AutoAWQRecipe, group_size: GroupSizes, calibration_set: calibration.CalibrationSet, samples_used: int,
-                   model_dir: Path, dtype: str, smoke: SmokeCheck, extra: MixedLayers | None = None) -> CheckpointManifest:
+                   model_dir: Path, dtype: str, smoke: SmokeCheck, extra: MixedLayers | None = None,
+                   placement: Taken = "memory") -> CheckpointManifest:
     """The checkpoint's manifest, the same for every backend; written last, over the final files.
     `what`: format, backend and config (`identity`, or a mixed checkpoint's); `extra`: a mixed
     checkpoint's layer table."""
@@ -182,6 +187,7 @@ def write_manifest(staging: Path, stopwatch: Stopwatch, *, what: Identity, descr
         ),
         baseline=BaselineUsed(path=str(model_dir), weights_sha256=weights_sha256(model_dir), dtype=dtype),
         smoke=smoke,
+        placement=placement,
         files=file_hashes(staging),
         provenance=Provenance.model_validate(provenance(stopwatch)),
     )

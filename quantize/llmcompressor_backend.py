@@ -169,12 +169,35 @@ def restore_storage_dtype(model: Any, storage_dtype: str) -> None:
     integers or FP8 from their exact (wider) fake-quantized values."""
     import torch
 
+    from compressed_tensors.offload import disable_onloading
+    from compressed_tensors.offload.cache import OffloadCache
+
     target = getattr(torch, storage_dtype)
+    replaced: dict[int, Any] = {}  # a streamed model's offloaded tensor -> its cast one (tied weights share one)
     for module in model.modules():
         quantized = getattr(module, "quantization_scheme", None) is not None
-        for name, parameter in module.named_parameters(recurse=False):
-            if parameter.is_floating_point() and parameter.dtype != target and not (quantized and name == "weight"):
-                parameter.data = parameter.data.to(target)
+        streamed = isinstance(module._parameters, OffloadCache)
+        for name in list(module._parameters):
+            if quantized and name == "weight":
+                continue
+            if not streamed:
+                parameter = module._parameters[name]
+                if parameter is not None and parameter.is_floating_point() and parameter.dtype != target:
+                    parameter.data = parameter.data.to(target)
+                continue
+            # streamed (memory.Placement.streamed): the offload cache keeps a tensor's dtype on an
+            # update, so the tensor is replaced (a new file in the scratch directory)
+            offloaded = module._parameters.offloaded_values[name]
+            if offloaded is None or not offloaded.is_floating_point() or offloaded.dtype == target:
+                continue
+            if id(offloaded) in replaced:
+                with disable_onloading():
+                    module._parameters[name] = replaced[id(offloaded)]
+                continue
+            cast = torch.nn.Parameter(module._parameters[name].to(target), requires_grad=False)
+            del module._parameters[name]
+            module._parameters[name] = cast
+            replaced[id(offloaded)] = module._parameters.offloaded_values[name]
     model.config.dtype = target
 
 

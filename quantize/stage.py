@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from quantgate import calibration
+from quantgate.core import memory
 from quantgate.core.artifacts import (
     Stopwatch,
     atomic_directory,
@@ -18,11 +19,14 @@ from quantgate.core.artifacts import (
     sha256_bytes,
 )
 from quantgate.core.errors import InputError, ModelError, OutputExistsError
+from quantgate.core.memory import Placement
 from quantgate.core.models import (
     SMOKE_PROMPT,
     TORCH_DTYPES,
     baseline_dtype,
     compute_dtype,
+    load_causal_lm,
+    release_scratch,
     resolve_model,
     tokenizer_hash,
 )
@@ -48,6 +52,10 @@ from quantgate.quantize.config import UNQUANTIZED, Backend, MixedConfig, Quantiz
 from quantgate.quantize.presets import get_preset
 
 SMOKE_NEW_TOKENS = 8
+# A checkpoint's largest weight file: transformers gathers a shard in memory before writing it (a
+# streamed model's tensors too), so a shard, not the checkpoint, is what saving holds at once. The
+# demo model's and the 1.5B model's INT4 and 8-bit checkpoints are one file (under 2 GB).
+SHARD_SIZE = "2GB"
 
 
 @dataclass(frozen=True)
@@ -62,6 +70,7 @@ class _Manifest:
     samples_used: int
     model_dir: Path
     dtype: str
+    placement: memory.Chosen
     extra: MixedLayers | None = None
 
 
@@ -72,11 +81,14 @@ def run(
     out: str | Path,
     overwrite: bool = False,
     allow_pickle: bool = False,
+    placement: Placement = Placement.auto,
 ) -> QuantizedCheckpoint:
     """Quantize `model` to `cfg.format` with the calibration set at `calibration_dir` into `out`.
 
     Every input is checked before the (long) quantization starts; the output directory
-    appears only when complete and checked.
+    appears only when complete and checked. `placement`: the model in memory or streamed from
+    disk (auto: streamed where this process's memory does not hold the in-memory estimate);
+    the checkpoint is the same either way, its manifest says which was taken.
     """
     stopwatch = Stopwatch()
     preset = get_preset(cfg.format)
@@ -91,7 +103,8 @@ def run(
     if architecture is not None:
         backend.check_architecture(preset, architecture)  # before the model loads
     dtype = baseline_dtype(model_dir)
-    loaded = _load_model(model_dir, compute_dtype(dtype))
+    chosen = choose_placement(model_dir, placement)
+    loaded = _load_model(model_dir, compute_dtype(dtype), chosen.placement is Placement.streamed)
     if architecture is None:  # config.json names none: the class transformers chose is what llmcompressor looks up
         backend.check_architecture(preset, type(loaded).__name__)
     plan = backend.plan_for(loaded, preset, cfg)
@@ -107,7 +120,7 @@ def run(
             unquantized_layers=plan.unquantized if plan else [],
         ),
         calibration_set=calibration_set, samples_used=samples if dataset is not None else 0,
-        model_dir=model_dir, dtype=dtype,
+        model_dir=model_dir, dtype=dtype, placement=chosen,
     )
     held = [loaded]
     del loaded, recipe  # the model's only reference is `held` now (its modifiers may point at its modules)
@@ -121,6 +134,7 @@ def run_mixed(
     out: str | Path,
     overwrite: bool = False,
     allow_pickle: bool = False,
+    placement: Placement = Placement.auto,
 ) -> QuantizedCheckpoint:
     """Quantize `model` into one mixed-precision checkpoint: each linear layer in the format
     `cfg.layers` gives it (or left 16-bit), in one llmcompressor run. Its config.json's
@@ -131,7 +145,8 @@ def run_mixed(
     model_dir, calibration_set = _inputs(model, calibration_dir, out, overwrite=overwrite, allow_pickle=allow_pickle)
     backend = llmcompressor_backend
     dtype = baseline_dtype(model_dir)
-    loaded = _load_model(model_dir, compute_dtype(dtype))
+    chosen = choose_placement(model_dir, placement)
+    loaded = _load_model(model_dir, compute_dtype(dtype), chosen.placement is Placement.streamed)
     plan = backend.build_mixed_recipe(loaded, cfg, storage_dtype=TORCH_DTYPES[dtype])
     samples = min(cfg.num_calibration_samples or calibration_set.samples, calibration_set.samples)
     _quantize(backend, loaded, plan.recipe, dataset=calibration_set.to_dataset(), samples=samples,
@@ -143,7 +158,7 @@ def run_mixed(
         description="mixed precision: " + ", ".join(f"{count} layers {name}" for name, count in counts.items())
                     + f", {left} layers {UNQUANTIZED}",
         group_size=GroupSizes(requested=cfg.group_size, fallbacks=[], unquantized_layers=plan.unquantized),
-        calibration_set=calibration_set, samples_used=samples, model_dir=model_dir, dtype=dtype,
+        calibration_set=calibration_set, samples_used=samples, model_dir=model_dir, dtype=dtype, placement=chosen,
         extra=MixedLayers(layers={name: plan.layers.get(name, LayerFormat(format=UNQUANTIZED, group_size=None))
                                   for name in sorted(cfg.layers)},
                           smoothed=plan.smoothed),
@@ -178,17 +193,19 @@ def _save(held: list[Any], out: Path, *, overwrite: bool, stopwatch: Stopwatch, 
     dtype = manifest.dtype
     llmcompressor_backend.restore_storage_dtype(loaded, TORCH_DTYPES[dtype])
     with atomic_directory(out, overwrite=overwrite) as staging:
-        loaded.save_pretrained(staging, save_compressed=True)  # its recipe.yaml from llmcompressor's session
+        # shards of at most 2 GB: a streamed model's are onloaded a shard at a time, never the whole checkpoint
+        loaded.save_pretrained(staging, save_compressed=True, max_shard_size=SHARD_SIZE)  # its recipe.yaml from llmcompressor's session
         llmcompressor_backend.release()  # which holds the model until reset: freed before the smoke check loads it again
+        release_scratch(loaded)
         del loaded
         gc.collect()
         copy_baseline_files(manifest.model_dir, staging)
-        smoke = smoke_check(staging, dtype)
+        smoke = smoke_check(staging, dtype, manifest.placement.placement is Placement.streamed)
         recipe_text = (staging / RECIPE_FILE).read_text(encoding="utf-8")
         written = write_manifest(
             staging, stopwatch, what=manifest.what, description=manifest.description, group_size=manifest.group_size,
             calibration_set=manifest.calibration_set, samples_used=manifest.samples_used, model_dir=manifest.model_dir,
-            dtype=manifest.dtype, extra=manifest.extra, smoke=smoke,
+            dtype=manifest.dtype, extra=manifest.extra, smoke=smoke, placement=manifest.placement.taken,
             recipe=RecipeFile(file=RECIPE_FILE, sha256=sha256_bytes(recipe_text.encode("utf-8")), text=recipe_text),
         )
     return QuantizedCheckpoint(out, written)
@@ -203,11 +220,16 @@ def _architecture(model_dir: Path) -> str | None:
     return names[0] if isinstance(names, list) and names and isinstance(names[0], str) else None
 
 
-def _load_model(model_dir: Path, dtype: Any) -> Any:
-    from transformers import AutoModelForCausalLM
+def choose_placement(model_dir: Path, requested: Placement) -> memory.Chosen:
+    """The path this quantization takes (memory.choose), from the model's headers and this process's allowance."""
+    if requested is not Placement.auto:
+        return memory.choose(requested, memory.StageNeeds(0, 0), None, "quantize")
+    return memory.choose(requested, memory.stage_needs(memory.shape(model_dir), "quantize"), memory.allowance(), "quantize")
 
+
+def _load_model(model_dir: Path, dtype: Any, streamed: bool = False, scratch: Path | None = None) -> Any:
     try:
-        loaded = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
+        loaded = load_causal_lm(model_dir, dtype, streamed, scratch)
     except (OSError, ValueError, KeyError) as error:
         raise ModelError(f"cannot load {model_dir} as a causal LM: {str(error).splitlines()[0]}") from error
     return llmcompressor_backend.prepare_model(loaded)
@@ -226,27 +248,31 @@ def _quantize(backend: Any, model: Any, recipe: list[Any], *, dataset: Any, samp
         ) from error
 
 
-def smoke_check(checkpoint: Path, dtype: str) -> SmokeCheck:
-    """Reload the checkpoint, run the fixed prompt, refuse NaN/Inf logits, record a greedy completion."""
+def smoke_check(checkpoint: Path, dtype: str, streamed: bool = False, scratch: Path | None = None) -> SmokeCheck:
+    """Reload the checkpoint (streamed where the quantization was), run the fixed prompt, refuse
+    NaN/Inf logits, record a greedy completion."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     try:
-        reloaded = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=compute_dtype(dtype))
+        reloaded = load_causal_lm(checkpoint, compute_dtype(dtype), streamed, scratch)
         tokenizer = AutoTokenizer.from_pretrained(checkpoint)
     except Exception as error:  # any load failure means the checkpoint is not publishable
         raise QuantizationFailed(f"the quantized checkpoint does not load: {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}") from error
     ids = tokenizer(SMOKE_PROMPT, return_tensors="pt").input_ids
     with torch.no_grad():
         try:
-            # A whole forward first: transformers decompresses compressed-tensors weights on it.
-            logits = reloaded(ids).logits
-        except Exception as error:  # a checkpoint that loads but cannot run is no more publishable
-            raise QuantizationFailed(f"the quantized checkpoint loads but does not run: {type(error).__name__}: "
-                                     f"{str(error).splitlines()[0] if str(error) else ''}") from error
-        if not torch.isfinite(logits).all():
-            bad = int((~torch.isfinite(logits)).sum())
-            raise QuantizationFailed(f"the quantized checkpoint produces NaN or Inf logits on the smoke prompt ({bad} values); not published")
-        generated = reloaded.generate(ids, max_new_tokens=SMOKE_NEW_TOKENS, do_sample=False)
+            try:
+                # A whole forward first: transformers decompresses compressed-tensors weights on it.
+                logits = reloaded(ids).logits
+            except Exception as error:  # a checkpoint that loads but cannot run is no more publishable
+                raise QuantizationFailed(f"the quantized checkpoint loads but does not run: {type(error).__name__}: "
+                                         f"{str(error).splitlines()[0] if str(error) else ''}") from error
+            if not torch.isfinite(logits).all():
+                bad = int((~torch.isfinite(logits)).sum())
+                raise QuantizationFailed(f"the quantized checkpoint produces NaN or Inf logits on the smoke prompt ({bad} values); not published")
+            generated = reloaded.generate(ids, max_new_tokens=SMOKE_NEW_TOKENS, do_sample=False)
+        finally:
+            release_scratch(reloaded)
     completion = tokenizer.decode(generated[0, ids.shape[1]:], skip_special_tokens=True)
     return SmokeCheck(prompt=SMOKE_PROMPT, completion=completion, logits_finite=True)

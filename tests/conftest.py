@@ -21,7 +21,7 @@ from tests.factories import build_tiny_llama
 # the collection check below keeps the list true.
 DEMO_FIXTURES = frozenset({"demo_model", "demo_calibration", "demo_checkpoints"})
 DEMO_FILES = frozenset({"test_concurrency.py", "test_demo_model.py", "test_evaluate_demo.py", "test_measure_demo.py",
-                        "test_models.py", "test_pipeline_demo.py", "test_quantize_demo.py"})
+                        "test_models.py", "test_pipeline_demo.py", "test_placement_demo.py", "test_quantize_demo.py"})
 
 
 def scope_of(nodeid: str) -> str:

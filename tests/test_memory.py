@@ -1,10 +1,12 @@
 """What a run may use and what it needs (quantgate/core/memory.py; docs/models.md, "Memory"): the
 limits read from /proc and the cgroup files (v1 and v2, each cgroup above too, page cache that can
-be reclaimed not counted), a plan whose model does not fit even one at a time refused in preflight
-in one line (exit 2, nothing written), and a run where two do not fit keeping one loaded at a time."""
+be reclaimed not counted), a plan whose model does not fit even streamed from disk refused in
+preflight in one line (exit 2, nothing written), and a run where two do not fit keeping one loaded
+at a time. Choosing the streamed path: tests/test_placement.py."""
 
 from __future__ import annotations
 
+import math
 import resource
 from collections.abc import Callable
 from pathlib import Path
@@ -69,38 +71,35 @@ def test_the_address_space_limit_counts_what_is_mapped(tmp_path: Path, monkeypat
     assert memory.address_space(tmp_path / "status") is None
 
 
-def test_needs_grow_with_the_parameters_and_a_gpu_evaluation_needs_no_host_copy(quant_model: Path) -> None:
-    count = memory.parameters(quant_model)
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    loaded = AutoModelForCausalLM.from_pretrained(quant_model, dtype=torch.float32)
-    assert count == sum(p.numel() for p in loaded.parameters())  # every stored tensor: a tied head is stored once
-    need = memory.needs(count)
-    assert need.evaluate == pytest.approx(memory.EVALUATE_FACTOR * 4 * count, abs=1)
-    assert need.one_model < need.two_models
-    assert memory.needs(count, evaluate_on_gpu=True).evaluate == 0
+def test_in_memory_needs_follow_the_parameters_with_the_measured_factors(quant_model: Path) -> None:
+    found = memory.shape(quant_model)
+    evaluate, quantize = memory.stage_needs(found, "evaluate"), memory.stage_needs(found, "quantize")
+    assert evaluate.memory == memory.BASE_BYTES + math.ceil(memory.EVALUATE_FACTOR * 4 * found.parameters)
+    assert quantize.memory == memory.BASE_BYTES + math.ceil(memory.QUANTIZE_FACTOR * 4 * found.parameters)
 
 
-def _allow(monkeypatch: pytest.MonkeyPatch, fraction_between: float, model: Path) -> memory.Needs:
-    """This process allowed a point between what one model at a time needs (0) and two (1)."""
-    need = memory.needs(memory.parameters(model))
-    allowed = int(need.one_model + fraction_between * (need.two_models - need.one_model))
+def _allow(monkeypatch: pytest.MonkeyPatch, fraction_between: float, model: Path) -> None:
+    """This process allowed a point between what one model at a time needs in memory (0) and two (1)."""
+    found = memory.shape(model)
+    evaluate, quantize = memory.stage_needs(found, "evaluate").memory, memory.stage_needs(found, "quantize").memory
+    one, two = max(evaluate, quantize), quantize + 2 * evaluate - 2 * memory.BASE_BYTES
+    allowed = int(one + fraction_between * (two - one))
     monkeypatch.setattr(memory, "allowance", lambda: memory.Allowance(allowed, "the memory cgroup /sys/fs/cgroup/memory/test (limit 1.0 GB)"))
-    return need
 
 
-def test_a_model_that_does_not_fit_is_refused_in_preflight_in_one_line(
+def test_a_model_that_does_not_fit_even_streamed_is_refused_in_preflight_in_one_line(
         quant_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cli: Callable[..., Any]) -> None:
-    _allow(monkeypatch, -0.5, quant_model)  # less than one model at a time needs
+    found = memory.shape(quant_model)
+    least = min(memory.stage_needs(found, stage).streamed for stage in ("evaluate", "quantize"))
+    monkeypatch.setattr(memory, "allowance", lambda: memory.Allowance(least - 1, "the memory cgroup /sys/fs/cgroup/memory/test (limit 1.0 GB)"))
     plan = tmp_path / "plan.yaml"
     plan.write_text(yaml.safe_dump(plan_mapping(quant_model, tmp_path, formats=["gptq-int4"])))
     result = cli("run", plan, "--quiet")
     assert result.code == 2
     err = result.err
     assert err.count("\n") == 1 and err.startswith("quantgate: error: plan: the model (")
-    assert "needs about" in err and "evaluating it in FP32 on the CPU" in err and "the memory cgroup /sys/fs/cgroup/memory/test" in err
-    assert "quantizing it" in err and "give the run more memory" in err
+    assert "needs about" in err and "even streamed from disk" in err and "the memory cgroup /sys/fs/cgroup/memory/test" in err
+    assert "quantizing it" in err and "evaluating it" in err and "give the run more memory" in err
     assert not (tmp_path / "run").exists()  # refused before any work
 
 

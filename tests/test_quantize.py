@@ -200,17 +200,17 @@ def test_no_quantized_model_is_kept_alive_once_it_is_saved(name: str, quant_mode
     models: list[weakref.ref[object]] = []
     load, smoke = stage._load_model, stage.smoke_check
 
-    def loading(model_dir: Path, dtype: object) -> object:
-        loaded = load(model_dir, dtype)
+    def loading(model_dir: Path, dtype: object, *streamed: object) -> object:
+        loaded = load(model_dir, dtype, *streamed)
         models.append(weakref.ref(loaded))
         return loaded
 
     alive_at_smoke: list[bool] = []
 
-    def smoking(checkpoint: Path, dtype: str) -> object:
+    def smoking(checkpoint: Path, dtype: str, *streamed: object) -> object:
         gc.collect()
         alive_at_smoke.append(models[-1]() is not None)
-        return smoke(checkpoint, dtype)
+        return smoke(checkpoint, dtype, *streamed)
 
     monkeypatch.setattr(stage, "_load_model", loading)
     monkeypatch.setattr(stage, "smoke_check", smoking)

@@ -180,8 +180,9 @@ def evaluate_command(
     max_tokens: int = typer.Option(512, "--max-tokens", help="text sets: tokens scored per item"),
     top_k: int = typer.Option(64, "--top-k", help="text sets: baseline log-probabilities cached per position"),
     device: str | None = typer.Option(None, "--device", help="cpu or cuda (default: cuda when available)"),
-    dtype: str = typer.Option("auto", "--dtype", help="auto (BF16 on a CPU with BF16 arithmetic for a BF16 model, else FP32; "
-                              "the storage dtype on a GPU), float32 or bfloat16"),
+    dtype: str = typer.Option("auto", "--dtype", help="auto (FP32 on a CPU, the storage dtype on a GPU), float32 or bfloat16"),
+    placement: str = typer.Option("auto", "--placement", help="where the model is kept: auto (in memory where it fits, else "
+                                  "streamed), memory, or streamed (from disk, one module's weights at a time; the same scores)"),
     allow_pickle: bool = typer.Option(False, "--allow-pickle", help="accept a model whose weights are pickle files"),
     overwrite: bool = typer.Option(False, "--overwrite", help="replace an existing results directory at --out"),
     as_json: bool = typer.Option(False, "--json", help="print the results manifest as JSON"),
@@ -205,6 +206,7 @@ def evaluate_command(
         evalsets.EvaluateConfig,
         evalsets=tuple(evalset), limit=common, limits=per_set, backend=backend, engine_settings=settings, batch_size=batch_size,
         max_tokens=max_tokens, top_k=top_k, device=device, dtype=dtype, use_cache=not no_cache, allow_pickle=allow_pickle,
+        placement=placement,
     )
     results = evalsets.run(cfg, model, out, baseline_results=baseline_results, overwrite=overwrite)
     if as_json:

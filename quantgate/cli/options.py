@@ -9,6 +9,8 @@ from typing import Any, TypeVar
 import typer
 from pydantic import BaseModel
 
+from quantgate.core.errors import InputError
+from quantgate.core.memory import Placement
 from quantgate.core.validation import validated
 
 M = TypeVar("M", bound=BaseModel)
@@ -23,3 +25,11 @@ def config(config_class: type[M], **values: Any) -> M:
 
 def print_json(value: Any) -> None:
     typer.echo(json.dumps(value, indent=2, sort_keys=True))
+
+
+def placement_option(value: str) -> Placement:
+    """--placement's value as a Placement; anything else one InputError line naming the choices."""
+    try:
+        return Placement(value)
+    except ValueError:
+        raise InputError(f"invalid placement: {value!r} (auto, memory or streamed)") from None

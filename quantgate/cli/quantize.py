@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 from quantgate import quantize
-from quantgate.cli.options import config
+from quantgate.cli.options import config, placement_option
 from quantgate.core.artifacts import peak_memory_bytes
 from quantgate.core.formats import FORMATS
 from quantgate.quantize.checkpoint import CommonGroupSize
@@ -34,6 +34,8 @@ def quantize_command(
     observer: str | None = typer.Option(None, "--observer", help="weights' scale observer: imatrix_mse (gptq-int4's default), mse, or minmax (the other formats')"),
     allow_pickle: bool = typer.Option(False, "--allow-pickle", help="accept a model whose weights are pickle files"),
     overwrite: bool = typer.Option(False, "--overwrite", help="replace an existing checkpoint at --out"),
+    placement: str = typer.Option("auto", "--placement", help="where the model is kept: auto (in memory where it fits, else "
+                                  "streamed), memory, or streamed (from disk, one module's weights at a time; the same checkpoint)"),
 ) -> None:
     """Quantize a baseline into a compressed-tensors checkpoint that transformers and vLLM load.
 
@@ -46,7 +48,8 @@ def quantize_command(
         actorder=None if actorder == "none" else actorder, smoothing_strength=smoothing_strength,
         awq_n_grid=awq_n_grid, fp8_dynamic=fp8_dynamic, observer=observer,
     )
-    checkpoint = quantize.run(cfg, model, calibration_dir, out, overwrite=overwrite, allow_pickle=allow_pickle)
+    checkpoint = quantize.run(cfg, model, calibration_dir, out, overwrite=overwrite, allow_pickle=allow_pickle,
+                              placement=placement_option(placement))
     manifest = checkpoint.manifest.to_json()
     fallbacks = checkpoint.manifest.group_size.fallbacks
     for fallback in fallbacks[:3]:
@@ -57,6 +60,8 @@ def quantize_command(
             typer.echo(f"note: {fallback.layer} (width {fallback.in_features}) got group size {got}")
     if len(fallbacks) > 3:
         typer.echo(f"note: {len(fallbacks)} layers in all got another group size; see manifest.json")
+    if checkpoint.manifest.placement == "streamed":
+        typer.echo("note: quantized streamed from disk (--placement; the checkpoint is the same as in memory)")
     typer.echo(f"smoke prompt completion: {manifest['smoke']['completion']!r}")
     typer.echo(
         f"{manifest['format']} checkpoint written to {checkpoint.path} in "

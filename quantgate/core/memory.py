@@ -12,10 +12,13 @@ rlimit): the project does not depend on psutil, and these are a few small files.
 
 from __future__ import annotations
 
+import enum
 import math
+import re
 import resource
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from quantgate.core.headers import read_checkpoint
 
@@ -48,26 +51,6 @@ class Allowance:
 
     bytes: int
     source: str
-
-
-@dataclass(frozen=True)
-class Needs:
-    """What a run's model stages need, from the model's parameter count."""
-
-    parameters: int
-    evaluate: int  # one model loaded for evaluation
-    quantize: int  # one quantization
-
-    @property
-    def one_model(self) -> int:
-        """The least a run needs: the libraries and one stage's model at a time."""
-        return BASE_BYTES + max(self.evaluate, self.quantize)
-
-    @property
-    def two_models(self) -> int:
-        """What a run needs keeping the baseline and a candidate loaded between looks (as it does
-        where memory allows: each look asks for both), with a quantization beside them."""
-        return BASE_BYTES + 2 * self.evaluate + self.quantize
 
 
 def gb(value: float) -> str:
@@ -158,13 +141,109 @@ def allowance() -> Allowance | None:
     return min(found, key=lambda item: item.bytes) if found else None
 
 
-def parameters(model_dir: Path) -> int:
-    """The model's parameter count, from its safetensors headers (no tensor is read)."""
-    return sum(math.prod(entry.shape) for entry in read_checkpoint(model_dir).tensors.values())
+# ---- where a stage keeps the model: in memory, or streamed from disk ---------------------------
 
 
-def needs(parameter_count: int, evaluate_on_gpu: bool = False) -> Needs:
-    """On a GPU the evaluator loads the model there, in its stored dtype: host memory is then not
-    what it needs (GPU memory is not checked here)."""
-    evaluate = 0 if evaluate_on_gpu else math.ceil(EVALUATE_FACTOR * FP32_BYTES * parameter_count)
-    return Needs(parameter_count, evaluate, math.ceil(QUANTIZE_FACTOR * FP32_BYTES * parameter_count))
+class Placement(str, enum.Enum):
+    """Where a quantization or an evaluation keeps the model's weights (docs/models.md, "Streamed
+    stages"). Both compute the same numbers (tests/test_placement.py): only memory and time differ."""
+
+    auto = "auto"  # in memory where this process's allowance holds the stage's estimate, else streamed
+    memory = "memory"  # the whole model loaded, in the compute dtype (FP32 on a CPU)
+    # compressed-tensors' disk offload: the weights stay in their safetensors files (those a stage
+    # writes, such as decompressed or quantized weights, in a scratch directory); each module's
+    # tensors are read, in the compute dtype, when it runs, and dropped after
+    streamed = "streamed"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+# The decoder layers' tensors, by the index in their names ("model.layers.12.mlp.up_proj.weight").
+_LAYER = re.compile(r"(?:^|\.)(?:layers|h|blocks|block)\.(\d+)\.")
+# A streamed stage holds, besides the libraries (BASE_BYTES): one decoder layer onloaded in FP32
+# (its weights, and the copies a forward makes of them), the largest tensor outside the layers
+# (the embedding or the output layer, onloaded for the logits), and the activations of a batch.
+# Upper bounds measured on the 1.5B model (docs/models.md, "Streamed stages"), rounded up.
+STREAMED_EVALUATE_LAYERS = 3
+# A streamed quantization also holds its layer's calibration activations and Hessians, and the
+# compressed checkpoint as it is written (at most one byte a weight: 8-bit formats).
+STREAMED_QUANTIZE_LAYERS = 4
+CHECKPOINT_BYTES_PER_WEIGHT = 1
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What a stage's memory depends on, read from the checkpoint's safetensors headers."""
+
+    parameters: int
+    largest_layer: int  # parameters of the largest decoder layer
+    largest_other: int  # the largest tensor outside the decoder layers (the embedding, the output layer)
+
+
+def shape(model_dir: Path) -> ModelShape:
+    """The model's ModelShape, from its safetensors headers (no tensor is read)."""
+    layers: dict[int, int] = {}
+    other = 0
+    total = 0
+    for name, entry in read_checkpoint(model_dir).tensors.items():
+        count = math.prod(entry.shape)
+        total += count
+        found = _LAYER.search(name)
+        if found:
+            layers[int(found.group(1))] = layers.get(int(found.group(1)), 0) + count
+        else:
+            other = max(other, count)
+    return ModelShape(total, max(layers.values(), default=0), other)
+
+
+@dataclass(frozen=True)
+class StageNeeds:
+    """One stage's estimated peak on each path."""
+
+    memory: int
+    streamed: int
+
+
+def stage_needs(found: ModelShape, stage: str) -> StageNeeds:
+    """`stage` ("quantize" or "evaluate"): its estimated peak in memory and streamed, libraries included."""
+    unit = FP32_BYTES * found.largest_other
+    if stage == "quantize":
+        in_memory = math.ceil(QUANTIZE_FACTOR * FP32_BYTES * found.parameters)
+        streamed = FP32_BYTES * STREAMED_QUANTIZE_LAYERS * found.largest_layer + unit + CHECKPOINT_BYTES_PER_WEIGHT * found.parameters
+    else:
+        in_memory = math.ceil(EVALUATE_FACTOR * FP32_BYTES * found.parameters)
+        streamed = FP32_BYTES * STREAMED_EVALUATE_LAYERS * found.largest_layer + 2 * unit
+    return StageNeeds(BASE_BYTES + in_memory, BASE_BYTES + streamed)
+
+
+Taken = Literal["memory", "streamed"]  # a Placement as records keep the one a stage took
+
+
+@dataclass(frozen=True)
+class Chosen:
+    """The path a stage takes, and why (a line for the run's notes)."""
+
+    placement: Placement
+    reason: str
+
+    @property
+    def taken(self) -> Taken:
+        return taken(self.placement)
+
+
+def taken(placement: Placement) -> Taken:
+    """A resolved placement as records keep it (auto, not resolved, reads as memory: where nothing limits)."""
+    return "streamed" if placement is Placement.streamed else "memory"
+
+
+def choose(requested: Placement, needs: StageNeeds, limit: Allowance | None, stage: str) -> Chosen:
+    """`requested` as it is, unless auto: in memory where `limit` holds its estimate (or nothing
+    limits this process), else streamed. Streamed needing more than `limit` is still chosen: the
+    caller refuses the plan where even that does not fit (resolve), a single command tries."""
+    if requested is not Placement.auto:
+        return Chosen(requested, f"{stage}: {requested} (asked for)")
+    if limit is None or needs.memory <= limit.bytes:
+        return Chosen(Placement.memory, f"{stage}: in memory (about {gb(needs.memory)})")
+    return Chosen(Placement.streamed, f"{stage}: streamed from disk, about {gb(needs.streamed)} "
+                                      f"(in memory it needs about {gb(needs.memory)}, and {limit.source} leaves {gb(limit.bytes)})")

@@ -566,3 +566,68 @@ def compute_dtype(storage_dtype: str) -> Any:
         return getattr(torch, TORCH_DTYPES[storage_dtype])
     return torch.float32
 
+
+
+def load_causal_lm(model_dir: Path, dtype: Any, streamed: bool, scratch: Path | None = None) -> Any:
+    """`model_dir` as a transformers causal LM in `dtype`: whole in memory, or `streamed` with
+    compressed-tensors' disk offload (quantgate.core.memory.Placement): no weight is loaded; each
+    module's tensors are read from their safetensors files, converted to `dtype`, when it runs,
+    and tensors a stage writes (decompressed or quantized weights) go to a scratch directory under
+    `scratch` (default QUANTGATE_HOME/scratch: on disk, where the system's temporary directory may
+    be memory), removed with the model (release_scratch). The library
+    rather than an offload of our own: llmcompressor's sequential pipeline and compressed-tensors'
+    (de)compression update offloaded modules through it, so quantization and decompression work on
+    a streamed model unchanged, and compute the same numbers (tests/test_placement.py)."""
+    from transformers import AutoModelForCausalLM
+
+    if not streamed:
+        return AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
+    import weakref
+
+    from compressed_tensors.offload import load_offloaded_model
+    from compressed_tensors.utils import patch_attr
+    from transformers import PreTrainedModel
+
+    initialize = PreTrainedModel._initialize_weights
+
+    def offloaded_left_alone(self: Any, module: Any, is_custom_code: bool = False) -> None:
+        # After loading, transformers initializes every tensor not marked as loaded; an offloaded
+        # one is a meta tensor then, unmarked, and initializing it fails where it is INT8 (torch's
+        # normal_ takes floats only: an INT8 checkpoint would not load). A module whose parameters
+        # are all offloaded is left as it is; one with buffers (rotary embeddings' frequencies,
+        # computed, not stored) is initialized as transformers does.
+        parameters = [value for value in module._parameters.values() if value is not None]
+        if parameters and not len(module._buffers) and all(value.device.type == "meta" for value in parameters):
+            module._is_hf_initialized = True
+            return
+        initialize(self, module, is_custom_code)
+
+    scratch = scratch if scratch is not None else quantgate_home() / "scratch"
+    scratch.mkdir(parents=True, exist_ok=True)
+    folder = Path(tempfile.mkdtemp(prefix="streamed-", dir=scratch))
+    try:
+        with load_offloaded_model(), patch_attr(PreTrainedModel, "_initialize_weights", offloaded_left_alone):
+            # no CPU memory for any module: every tensor "on disk" (its own file, or the scratch's)
+            model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, device_map="auto_offload",
+                                                         max_memory={"cpu": 0}, offload_folder=str(folder))
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+    # removed when the model is collected (or at exit), or at once by release_scratch
+    model._quantgate_scratch = weakref.finalize(model, shutil.rmtree, folder, True)
+    return model
+
+
+def release_scratch(model: Any) -> None:
+    """Remove a streamed model's scratch directory now (load_causal_lm): for when the caller is done
+    with the model's tensors (a quantization saved, a smoke check run); nothing for a model in memory."""
+    finalizer = getattr(model, "_quantgate_scratch", None)
+    if finalizer is not None:
+        finalizer()
+
+
+def is_streamed(model: Any) -> bool:
+    """Whether `model` was loaded streamed (load_causal_lm): a module of it reads its tensors from disk."""
+    from compressed_tensors.offload.cache import OffloadCache
+
+    return any(isinstance(module._parameters, OffloadCache) for module in model.modules())

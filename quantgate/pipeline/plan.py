@@ -18,6 +18,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, create_model
 from quantgate.core.artifacts import read_yaml, sha256_json
 from quantgate.core.errors import InputError, did_you_mean
 from quantgate.core.formats import PRECISION_CLASSES, PrecisionClass
+from quantgate.core.memory import Placement
 from quantgate.core.validation import Problem, Strict, is_path, validated
 from quantgate.evalsets.served import ServeCheckConfig
 from quantgate.quantize.presets import get_preset
@@ -168,8 +169,8 @@ class EvaluationPlan(Strict):
     max_tokens: int = Field(default=512, gt=1)
     top_k: int = Field(default=64, gt=0)
     device: str | None = None
-    # the dtype the reference evaluation computes in: auto (BF16 on a CPU with BF16 arithmetic and a
-    # BF16-stored model, else FP32; the accelerator's storage dtype), float32 or bfloat16
+    # the dtype the reference evaluation computes in: auto (FP32 on a CPU, the accelerator's storage
+    # dtype on a GPU), float32 or bfloat16
     dtype: str = "auto"
     backend: str = "hf"
 
@@ -276,6 +277,10 @@ class RunPlan(Strict):
     # per stage kind, what each of its tasks asks of a Ray cluster
     resources: dict[StageKind, StageResources] = Field(default_factory=dict)
     allow_pickle: bool = False
+    # where quantization and evaluation keep the model (core.memory.Placement): auto (in memory where
+    # this machine's memory holds each stage's estimate, else streamed from disk), memory or streamed;
+    # the numbers are the same either way (docs/models.md, "Streamed stages")
+    placement: Placement = Placement.auto
 
     @field_validator("executor", mode="before")
     @classmethod

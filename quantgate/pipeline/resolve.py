@@ -101,6 +101,9 @@ class ResolvedPlan:
     # and a candidate) where memory allows, else 1 (core/memory.py; docs/models.md, "Memory")
     models_kept: int = 2
     memory_note: str | None = None
+    # where a quantization keeps the model (memory or streamed: core.memory.Placement); an
+    # evaluation's is in eval_cfg.placement
+    quantize_placement: memory.Placement = memory.Placement.memory
 
     @property
     def planned_power(self) -> list[GatePowerJSON]:
@@ -308,13 +311,13 @@ def resolve_plan(loaded: LoadedPlan, show_progress: bool = True, verbose: bool =
     else:
         signing_key = ensure_default_key()
     model_dir = _baseline(plan, show_progress, verbose)
-    models_kept, memory_note = _memory(plan, model_dir)
+    fits = _memory(plan, model_dir)
     resolved = ResolvedPlan(
         plan=plan, goldens=goldens, policy=policy, hardware=hardware, profiles=profiles, quantize_cfgs=quantize_cfgs,
-        eval_cfg=splits.eval_cfg, plot_metric=plot, looks=splits.looks, model_dir=model_dir,
+        eval_cfg=splits.eval_cfg.model_copy(update={"placement": fits.evaluate}), plot_metric=plot, looks=splits.looks, model_dir=model_dir,
         calibration_cfg=_calibration_config(loaded, model_dir), identity=model_identity(model_dir), version=metadata.version("quantgate"),
         holdout=splits.holdout, search_looks=splits.search_looks, signing_key=signing_key, powers=splits.powers,
-        models_kept=models_kept, memory_note=memory_note)
+        models_kept=fits.models_kept, memory_note=fits.note, quantize_placement=fits.quantize)
     if plan.search is not None:
         check_budget(resolved)
     resolved = _with_serving(resolved)
@@ -328,28 +331,56 @@ def resolve_plan(loaded: LoadedPlan, show_progress: bool = True, verbose: bool =
     return resolved
 
 
-def _memory(plan: RunPlan, model_dir: Path) -> tuple[int, str | None]:
-    """How many models this process keeps loaded, and a note where it keeps one; InputError (one
-    line) where even one model at a time needs more memory than this process may use. A Ray run's
-    stages run in its workers, each node with its memory: not checked here."""
+@dataclass(frozen=True)
+class _Fits:
+    """How the run's model stages fit this process's memory (_memory)."""
+
+    models_kept: int
+    note: str | None
+    quantize: memory.Placement
+    evaluate: memory.Placement
+
+
+def _memory(plan: RunPlan, model_dir: Path) -> _Fits:
+    """Where each model stage keeps the model (the plan's placement; auto: in memory where it fits,
+    else streamed from disk), how many models this process keeps loaded, and a note saying what was
+    chosen where it is not the in-memory default; InputError (one line) where even streamed a stage
+    needs more memory than this process may use. A Ray run's stages run in its workers, each node
+    with its memory: not checked here (a plan's explicit placement still applies)."""
+    asked = plan.placement
+    on_gpu = (plan.evaluation.device or "").startswith("cuda")
+    evaluate_asked = memory.Placement.memory if on_gpu and asked is memory.Placement.auto else asked
+    fixed = _Fits(2, None, memory.Placement.memory if asked is memory.Placement.auto else asked,
+                  memory.Placement.memory if evaluate_asked is memory.Placement.auto else evaluate_asked)
     if plan.executor.kind != "local" or (limit := memory.allowance()) is None:
-        return 2, None
+        return fixed
     try:
-        count = memory.parameters(model_dir)
+        found = memory.shape(model_dir)
     except InputError:  # no safetensors to read (a pickled checkpoint the plan allows): its loading says what it needs
-        return 2, None
-    need = memory.needs(count, evaluate_on_gpu=(plan.evaluation.device or "").startswith("cuda"))
-    if limit.bytes < need.one_model:
-        stages = [f"quantizing it {memory.gb(need.quantize)}"]
-        if need.evaluate:
-            stages.insert(0, f"evaluating it in FP32 on the CPU {memory.gb(need.evaluate)}")
-        raise InputError(f"plan: the model ({need.parameters:,} parameters) needs about {memory.gb(need.one_model)} of memory "
-                         f"({', '.join(stages)}, the libraries {memory.gb(memory.BASE_BYTES)}), and {limit.source} leaves "
+        return fixed
+    quantize_needs = memory.stage_needs(found, "quantize")
+    evaluate_needs = memory.StageNeeds(memory.BASE_BYTES, memory.BASE_BYTES) if on_gpu else memory.stage_needs(found, "evaluate")
+    quantizing = memory.choose(asked, quantize_needs, limit, "quantize")
+    evaluating = memory.choose(evaluate_asked, evaluate_needs, limit, "evaluate")
+
+    def need(chosen: memory.Chosen, needs: memory.StageNeeds) -> int:
+        return needs.streamed if chosen.placement is memory.Placement.streamed else needs.memory
+
+    most = max(need(quantizing, quantize_needs), need(evaluating, evaluate_needs))
+    if limit.bytes < most:
+        raise InputError(f"plan: the model ({found.parameters:,} parameters) needs about {memory.gb(most)} of memory even "
+                         f"streamed from disk (quantizing it {memory.gb(quantize_needs.streamed)}, evaluating it "
+                         f"{memory.gb(evaluate_needs.streamed)}, the libraries included), and {limit.source} leaves "
                          f"{memory.gb(limit.bytes)}: give the run more memory")
-    if limit.bytes < need.two_models:
-        return 1, (f"memory: one model loaded at a time ({limit.source} leaves {memory.gb(limit.bytes)}; the baseline and a "
-                   f"candidate kept together need about {memory.gb(need.two_models)}): each look loads the model it evaluates again")
-    return 2, None
+    notes = [chosen.reason for chosen in (quantizing, evaluating) if chosen.placement is memory.Placement.streamed]
+    # the baseline and a candidate kept loaded between looks, a quantization beside them
+    both = need(quantizing, quantize_needs) + 2 * need(evaluating, evaluate_needs) - 2 * memory.BASE_BYTES
+    kept = 2
+    if limit.bytes < both:
+        kept = 1
+        notes.append(f"one model loaded at a time ({limit.source} leaves {memory.gb(limit.bytes)}; the baseline and a "
+                     f"candidate kept together need about {memory.gb(both)}): each look loads the model it evaluates again")
+    return _Fits(kept, "memory: " + "; ".join(notes) if notes else None, quantizing.placement, evaluating.placement)
 
 
 def unservable_here(resolved: ResolvedPlan) -> list[str]:

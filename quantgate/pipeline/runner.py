@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from quantgate import calibration, evalsets, quantize
+from quantgate.core import memory
 from quantgate.core.artifacts import (
     MANIFEST,
     read_json,
@@ -1012,6 +1013,8 @@ class _Run:
             failed_units=list(self.failed_units),
             seconds=seconds,
             quantgate_version=plan.version,
+            placement={"quantize": memory.taken(plan.quantize_placement), "evaluate": memory.taken(plan.eval_cfg.placement)},
+            memory_note=plan.memory_note,
         )
 
 

@@ -173,14 +173,15 @@ def quantize_format(plan: ResolvedPlan, fmt: str, calibration: Path, checkpoint:
     """A format's checkpoint, into `checkpoint`: its manifest."""
     _room_to_quantize(plan)
     made = quantize.run(plan.quantize_cfgs[fmt], plan.model_dir, calibration, checkpoint, overwrite=True,
-                        allow_pickle=plan.plan.allow_pickle)
+                        allow_pickle=plan.plan.allow_pickle, placement=plan.quantize_placement)
     return made.manifest
 
 
 def quantize_trial(plan: ResolvedPlan, cfg: quantize.MixedConfig, calibration: Path, checkpoint: Path) -> CheckpointManifest:
     """A search trial's mixed checkpoint, into `checkpoint`: its manifest."""
     _room_to_quantize(plan)
-    made = quantize.run_mixed(cfg, plan.model_dir, calibration, checkpoint, overwrite=True, allow_pickle=plan.plan.allow_pickle)
+    made = quantize.run_mixed(cfg, plan.model_dir, calibration, checkpoint, overwrite=True, allow_pickle=plan.plan.allow_pickle,
+                              placement=plan.quantize_placement)
     return made.manifest
 
 

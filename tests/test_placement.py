@@ -1,0 +1,151 @@
+"""Streamed stages (quantgate/core/memory.py Placement; docs/models.md, "Streamed stages"): a
+quantization or an evaluation that keeps the model on disk (compressed-tensors' disk offload, each
+module's weights read when it runs) computes what the in-memory path computes: the same checkpoint
+bytes, the same scores. Preflight picks the streamed path where the in-memory one would not fit,
+says so, and refuses in one line where even streamed does not fit."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from quantgate import quantize
+from quantgate.core import memory
+from quantgate.core.errors import InputError
+from quantgate.core.memory import Placement
+from quantgate.pipeline.plan import from_mapping
+from quantgate.pipeline.runner import Pipeline
+from tests.helpers import plan_mapping
+
+
+def test_the_shape_is_read_from_the_headers(quant_model: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    loaded = AutoModelForCausalLM.from_pretrained(quant_model, dtype=torch.float32)
+    found = memory.shape(quant_model)
+    assert found.parameters == sum(parameter.numel() for parameter in loaded.parameters())
+    assert found.largest_layer == max(sum(p.numel() for p in layer.parameters()) for layer in loaded.model.layers)
+    assert found.largest_other == loaded.model.embed_tokens.weight.numel()  # the embedding (the head is tied to it)
+
+
+def test_auto_takes_memory_where_it_fits_and_streams_where_it_does_not() -> None:
+    needs = memory.StageNeeds(memory=10 * 10**9, streamed=3 * 10**9)
+    roomy = memory.Allowance(12 * 10**9, "the kernel's MemAvailable")
+    tight = memory.Allowance(6 * 10**9, "the memory cgroup /x (limit 6.0 GB)")
+    assert memory.choose(Placement.auto, needs, roomy, "evaluate").placement is Placement.memory
+    assert memory.choose(Placement.auto, needs, None, "evaluate").placement is Placement.memory  # nothing read: as before
+    chosen = memory.choose(Placement.auto, needs, tight, "evaluate")
+    assert chosen.placement is Placement.streamed and chosen.taken == "streamed"
+    assert "streamed from disk, about 3.0 GB" in chosen.reason and "10.0 GB" in chosen.reason and "/x" in chosen.reason
+    for asked in (Placement.memory, Placement.streamed):  # asked for: taken as it is
+        assert memory.choose(asked, needs, tight if asked is Placement.memory else roomy, "quantize").placement is asked
+
+
+def test_streamed_needs_grow_with_a_layer_not_with_the_model() -> None:
+    small = memory.ModelShape(parameters=10**9, largest_layer=4 * 10**7, largest_other=2 * 10**8)
+    deeper = memory.ModelShape(parameters=4 * 10**9, largest_layer=4 * 10**7, largest_other=2 * 10**8)
+    for stage in ("evaluate", "quantize"):
+        assert memory.stage_needs(deeper, stage).memory > 3 * memory.stage_needs(small, stage).memory - 3 * memory.BASE_BYTES
+    assert memory.stage_needs(deeper, "evaluate").streamed == memory.stage_needs(small, "evaluate").streamed
+    # a quantization also holds the compressed checkpoint as it is written: one byte a weight at most
+    grown = memory.stage_needs(deeper, "quantize").streamed - memory.stage_needs(small, "quantize").streamed
+    assert grown == memory.CHECKPOINT_BYTES_PER_WEIGHT * 3 * 10**9
+
+
+def _tensors(checkpoint: Path) -> dict[str, tuple[str, tuple[int, ...], bytes]]:
+    from safetensors.torch import load_file
+
+    loaded = load_file(checkpoint / "model.safetensors")
+    return {name: (str(tensor.dtype), tuple(tensor.shape), tensor.contiguous().view(-1).view(__import__("torch").uint8).numpy().tobytes())
+            for name, tensor in loaded.items()}
+
+
+@pytest.mark.parametrize("fmt", ["gptq-int4", "smoothquant-w8a8", "fp8-e4m3"])
+def test_a_streamed_quantization_writes_the_in_memory_checkpoint(fmt: str, quant_model: Path, quant_calibration: Path,
+                                                                  tmp_path: Path) -> None:
+    made = {placement: quantize.run(quantize.QuantizeConfig(format=fmt), quant_model, quant_calibration,
+                                    tmp_path / placement.value, placement=placement)
+            for placement in (Placement.memory, Placement.streamed)}
+    in_memory, streamed = made[Placement.memory].path, made[Placement.streamed].path
+    assert _tensors(streamed) == _tensors(in_memory)  # every tensor: its dtype, shape and bytes
+    assert json.loads((streamed / "config.json").read_text()) == json.loads((in_memory / "config.json").read_text())
+    assert made[Placement.streamed].manifest.placement == "streamed" and made[Placement.memory].manifest.placement == "memory"
+    assert made[Placement.streamed].manifest.smoke.completion == made[Placement.memory].manifest.smoke.completion
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["memory", "streamed"]  # the scratch directory is gone
+
+
+def test_a_streamed_mixed_checkpoint_is_the_in_memory_one(quant_model: Path, quant_calibration: Path, tmp_path: Path) -> None:
+    from tests.test_quantize_mixed import linear_names
+
+    layers = linear_names(quant_model)
+    # the first decoder layer in INT4, the second in W8A8 (a fused group's layers share a format)
+    cfg = quantize.MixedConfig(layers={layer: ("gptq-int4" if ".layers.0." in layer else "smoothquant-w8a8") for layer in layers})
+    in_memory = quantize.run_mixed(cfg, quant_model, quant_calibration, tmp_path / "memory", placement=Placement.memory).path
+    streamed = quantize.run_mixed(cfg, quant_model, quant_calibration, tmp_path / "streamed", placement=Placement.streamed).path
+    assert _tensors(streamed) == _tensors(in_memory)
+
+
+def _close(left: Any, right: Any, tolerance: float) -> bool:
+    """Equal, numbers within `tolerance` (nats, for log-probabilities), nested lists and mappings alike."""
+    if isinstance(left, dict) and isinstance(right, dict):
+        return left.keys() == right.keys() and all(_close(left[key], right[key], tolerance) for key in left)
+    if isinstance(left, list) and isinstance(right, list):
+        return len(left) == len(right) and all(_close(a, b, tolerance) for a, b in zip(left, right, strict=True))
+    if isinstance(left, float) and isinstance(right, float):
+        return math.isclose(left, right, abs_tol=tolerance) or (math.isnan(left) and math.isnan(right))
+    return bool(left == right)
+
+
+def test_preflight_streams_where_memory_does_not_hold_a_stage_and_says_so(
+        quant_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tiny model's layers are small beside its embedding, so its streamed estimate is not the
+    smaller one: the needs are set here to a large model's proportions (the 1.5B model's)."""
+    monkeypatch.setattr(memory, "stage_needs", lambda found, stage: memory.StageNeeds(memory=12 * 10**9, streamed=4 * 10**9))
+    monkeypatch.setattr(memory, "allowance", lambda: memory.Allowance(6 * 10**9, "the memory cgroup /sys/fs/cgroup/test (limit 6.0 GB)"))
+    resolved = Pipeline(from_mapping(plan_mapping(quant_model, tmp_path, formats=["gptq-int4"])), show_progress=False).preflight()
+    assert resolved.quantize_placement is Placement.streamed and resolved.eval_cfg.placement is Placement.streamed
+    assert resolved.memory_note is not None and resolved.memory_note.count("streamed from disk") == 2
+    assert resolved.models_kept == 1  # two streamed models and a quantization: 3 x 3 GB past the libraries, more than 6 GB
+
+    monkeypatch.setattr(memory, "allowance", lambda: memory.Allowance(3 * 10**9, "the memory cgroup /sys/fs/cgroup/test (limit 3.0 GB)"))
+    with pytest.raises(InputError) as refused:
+        Pipeline(from_mapping(plan_mapping(quant_model, tmp_path, formats=["gptq-int4"])), show_progress=False).preflight()
+    assert "even streamed from disk" in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_a_run_asked_to_stream_gives_the_in_memory_verdicts(quant_model: Path, tmp_path: Path, cli: Callable[..., Any]) -> None:
+    """`placement: streamed` in a plan: every quantization and evaluation streamed (their manifests
+    say so), and the verdicts, gate estimates and checkpoints those of the same plan in memory."""
+    runs = {}
+    for placement in ("memory", "streamed"):
+        plan = tmp_path / f"{placement}.yaml"
+        (tmp_path / placement).mkdir()
+        plan.write_text(yaml.safe_dump(plan_mapping(quant_model, tmp_path / placement, formats=["gptq-int4"], placement=placement)))
+        result = cli("run", plan, "--quiet")
+        assert result.code in (0, 1), result.err
+        runs[placement] = tmp_path / placement / "run"
+    streamed, in_memory = runs["streamed"], runs["memory"]
+    manifest = json.loads((streamed / "checkpoints" / "gptq-int4" / "manifest.json").read_text())
+    assert manifest["placement"] == "streamed"
+    record = json.loads((streamed / "run.json").read_text())
+    assert record["placement"] == {"quantize": "streamed", "evaluate": "streamed"}
+    assert json.loads((in_memory / "run.json").read_text())["placement"] == {"quantize": "memory", "evaluate": "memory"}
+    assert _tensors(streamed / "checkpoints" / "gptq-int4") == _tensors(in_memory / "checkpoints" / "gptq-int4")
+    verdict = {name: json.loads((run / "verdicts" / "gptq-int4.json").read_text())["value"] for name, run in runs.items()}
+    assert verdict["streamed"]["verdict"] == verdict["memory"]["verdict"]
+    assert _close(verdict["streamed"]["gates"], verdict["memory"]["gates"], 1e-4)
+    assert _close(verdict["streamed"]["metrics"], verdict["memory"]["metrics"], 1e-4)
+
+
+def test_a_placement_that_is_not_one_is_refused_in_one_line(cli: Callable[..., Any], tmp_path: Path) -> None:
+    result = cli("quantize", "--model", str(tmp_path), "--format", "gptq-int4", "--calibration", str(tmp_path),
+                 "--out", str(tmp_path / "out"), "--placement", "gpu")
+    assert result.code == 2 and "invalid placement: 'gpu' (auto, memory or streamed)" in result.err
+    assert result.err.count("\n") == 1 and not (tmp_path / "out").exists()
