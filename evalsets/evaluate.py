@@ -346,13 +346,14 @@ class Evaluator:
             return memory.Chosen(Placement.memory, f"evaluate: in memory on {device}")
         if cfg.placement is not Placement.auto:
             return memory.choose(cfg.placement, memory.StageNeeds(0, 0), None, "evaluate")
-        return memory.choose(cfg.placement, memory.stage_needs(memory.shape(self.model_dir), "evaluate"),
+        work = memory.Work(batch=cfg.batch_size, tokens=cfg.max_tokens)
+        return memory.choose(cfg.placement, memory.stage_needs(memory.shape(self.model_dir), "evaluate", work),
                              memory.allowance(), "evaluate")
 
     def cache_keys(self, cfg: EvaluateConfig) -> dict[str, str]:
         """Set spec -> the cache key this model's results on it would have under `cfg`, without a
         baseline (what a results directory made with these settings, evaluator and libraries records)."""
-        device = cfg.device or _default_device()
+        device = cfg.device or default_device()
         choice = compute_dtype_name(device, self.identity.storage_dtype, cfg.dtype)
         keys = {}
         for spec in cfg.evalsets:
@@ -372,7 +373,7 @@ class Evaluator:
         home, identity = self.home, self.identity
         goldens = [golden_sets.load(spec, home) for spec in cfg.evalsets]
         baseline = load_results(baseline_results) if baseline_results is not None else None
-        device = cfg.device or _default_device()
+        device = cfg.device or default_device()
         choice = compute_dtype_name(device, identity.storage_dtype, cfg.dtype)
         root = cache_root(home)
 
@@ -459,7 +460,7 @@ def _link_or_copy(source: str, target: str) -> None:
         shutil.copy2(source, target)
 
 
-def _default_device() -> str:
+def default_device() -> str:
     # No GPU device node, no CUDA (or ROCm) device: answer without importing torch (~1.5 s),
     # so that a cache hit from the command line stays quick.
     if sys.platform == "linux" and not any(os.path.exists(node) for node in ("/dev/nvidiactl", "/dev/kfd")):

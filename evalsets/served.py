@@ -58,11 +58,12 @@ from typing import Any, Final, TypedDict, cast
 from pydantic import Field
 
 from quantgate import serving
+from quantgate.core import memory
 from quantgate.core.artifacts import MANIFEST, read_json, sha256_file
 from quantgate.core.errors import InputError
 from quantgate.core.headers import read_checkpoint
 from quantgate.core.ids import SetRef
-from quantgate.core.models import max_sequence_length
+from quantgate.core.models import load_causal_lm, max_sequence_length, release_scratch
 from quantgate.core.validation import Strict
 from quantgate.evalsets import agreement
 from quantgate.evalsets.evaluate import TOPK_FILE, EvaluationResults, load_side, model_identity
@@ -662,15 +663,21 @@ class _Gated:
         """The gated model's greedy continuations (transformers, FP32, as the evaluator loads it;
         end-of-sequence ignored, as the served side is asked to)."""
         import torch
-        from transformers import AutoModelForCausalLM
 
-        model = AutoModelForCausalLM.from_pretrained(self.checkpoint, dtype=torch.float32).eval()
-        with torch.no_grad():
-            ids = torch.tensor(prompts)
-            past, step_input, out = None, ids, []
-            for _ in range(self.cfg.greedy_tokens):
-                output = model(input_ids=step_input, past_key_values=past, use_cache=True)
-                past = output.past_key_values
-                step_input = output.logits[:, -1].argmax(-1, keepdim=True)
-                out.append(step_input)
+        # streamed from disk where the machine's memory does not hold the model in FP32 (the same tokens)
+        work = memory.Work(batch=len(prompts), tokens=max((len(prompt) for prompt in prompts), default=1) + self.cfg.greedy_tokens)
+        chosen = memory.choose(memory.Placement.auto, memory.stage_needs(memory.shape(self.checkpoint), "evaluate", work),
+                               memory.allowance(), "the greedy reference")
+        model = load_causal_lm(self.checkpoint, torch.float32, chosen.placement is memory.Placement.streamed).eval()
+        try:
+            with torch.no_grad():
+                ids = torch.tensor(prompts)
+                past, step_input, out = None, ids, []
+                for _ in range(self.cfg.greedy_tokens):
+                    output = model(input_ids=step_input, past_key_values=past, use_cache=True)
+                    past = output.past_key_values
+                    step_input = output.logits[:, -1].argmax(-1, keepdim=True)
+                    out.append(step_input)
+        finally:
+            release_scratch(model)
         return cast(list[list[int]], torch.cat(out, dim=-1).tolist())  # torch is untyped here

@@ -95,6 +95,8 @@ def run(
     out = Path(out)
     model_dir, calibration_set = _inputs(model, calibration_dir, out, overwrite=overwrite, allow_pickle=allow_pickle)
     if cfg.backend is Backend.autoawq:
+        if placement is Placement.streamed:
+            raise InputError("placement streamed: AutoAWQ quantizes the model in memory (backend llmcompressor streams)")
         return quantize_with_autoawq(cfg, preset, model_dir=model_dir, calibration_set=calibration_set, out=out,
                                      overwrite=overwrite, stopwatch=stopwatch)
 
@@ -103,7 +105,7 @@ def run(
     if architecture is not None:
         backend.check_architecture(preset, architecture)  # before the model loads
     dtype = baseline_dtype(model_dir)
-    chosen = choose_placement(model_dir, placement)
+    chosen = choose_placement(model_dir, placement, calibration_set)
     loaded = _load_model(model_dir, compute_dtype(dtype), chosen.placement is Placement.streamed)
     if architecture is None:  # config.json names none: the class transformers chose is what llmcompressor looks up
         backend.check_architecture(preset, type(loaded).__name__)
@@ -145,7 +147,7 @@ def run_mixed(
     model_dir, calibration_set = _inputs(model, calibration_dir, out, overwrite=overwrite, allow_pickle=allow_pickle)
     backend = llmcompressor_backend
     dtype = baseline_dtype(model_dir)
-    chosen = choose_placement(model_dir, placement)
+    chosen = choose_placement(model_dir, placement, calibration_set)
     loaded = _load_model(model_dir, compute_dtype(dtype), chosen.placement is Placement.streamed)
     plan = backend.build_mixed_recipe(loaded, cfg, storage_dtype=TORCH_DTYPES[dtype])
     samples = min(cfg.num_calibration_samples or calibration_set.samples, calibration_set.samples)
@@ -220,11 +222,14 @@ def _architecture(model_dir: Path) -> str | None:
     return names[0] if isinstance(names, list) and names and isinstance(names[0], str) else None
 
 
-def choose_placement(model_dir: Path, requested: Placement) -> memory.Chosen:
-    """The path this quantization takes (memory.choose), from the model's headers and this process's allowance."""
+def choose_placement(model_dir: Path, requested: Placement, calibration_set: calibration.CalibrationSet) -> memory.Chosen:
+    """The path this quantization takes (memory.choose), from the model's headers, its calibration
+    rows and this process's allowance."""
     if requested is not Placement.auto:
         return memory.choose(requested, memory.StageNeeds(0, 0), None, "quantize")
-    return memory.choose(requested, memory.stage_needs(memory.shape(model_dir), "quantize"), memory.allowance(), "quantize")
+    rows, tokens = (int(size) for size in calibration_set.input_ids.shape)
+    work = memory.Work(rows=rows, row_tokens=tokens)
+    return memory.choose(requested, memory.stage_needs(memory.shape(model_dir), "quantize", work), memory.allowance(), "quantize")
 
 
 def _load_model(model_dir: Path, dtype: Any, streamed: bool = False, scratch: Path | None = None) -> Any:
@@ -255,8 +260,8 @@ def smoke_check(checkpoint: Path, dtype: str, streamed: bool = False, scratch: P
     from transformers import AutoTokenizer
 
     try:
-        reloaded = load_causal_lm(checkpoint, compute_dtype(dtype), streamed, scratch)
         tokenizer = AutoTokenizer.from_pretrained(checkpoint)
+        reloaded = load_causal_lm(checkpoint, compute_dtype(dtype), streamed, scratch)
     except Exception as error:  # any load failure means the checkpoint is not publishable
         raise QuantizationFailed(f"the quantized checkpoint does not load: {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}") from error
     ids = tokenizer(SMOKE_PROMPT, return_tensors="pt").input_ids

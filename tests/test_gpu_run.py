@@ -229,7 +229,7 @@ def test_quantization_onloads_the_model_to_the_gpu(quant_model: Path, quant_cali
 def test_evaluation_runs_on_cuda(tiny_model: Path, tmp_path: Path) -> None:
     from quantgate.evalsets import evaluate
 
-    assert evaluate._default_device() == "cuda"  # the evaluator's default where CUDA is
+    assert evaluate.default_device() == "cuda"  # the evaluator's default where CUDA is
     results = evalsets.run(evalsets.EvaluateConfig(evalsets=("wiki-text",), limit=2), tiny_model, tmp_path / "results")
     settings = results.record("wiki-text@v1")["settings"]
     assert settings["device"] == "cuda" and settings["dtype"] == "bfloat16"  # the checkpoint's own dtype there, not FP32

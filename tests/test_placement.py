@@ -19,6 +19,7 @@ from quantgate import quantize
 from quantgate.core import memory
 from quantgate.core.errors import InputError
 from quantgate.core.memory import Placement
+from quantgate.core.models import is_streamed
 from quantgate.pipeline.plan import from_mapping
 from quantgate.pipeline.runner import Pipeline
 from tests.helpers import plan_mapping
@@ -48,15 +49,18 @@ def test_auto_takes_memory_where_it_fits_and_streams_where_it_does_not() -> None
         assert memory.choose(asked, needs, tight if asked is Placement.memory else roomy, "quantize").placement is asked
 
 
-def test_streamed_needs_grow_with_a_layer_not_with_the_model() -> None:
-    small = memory.ModelShape(parameters=10**9, largest_layer=4 * 10**7, largest_other=2 * 10**8)
-    deeper = memory.ModelShape(parameters=4 * 10**9, largest_layer=4 * 10**7, largest_other=2 * 10**8)
+def test_streamed_needs_grow_with_a_layer_and_the_activations_not_with_the_depth() -> None:
+    small = memory.ModelShape(parameters=10**9, largest_layer=4 * 10**7, largest_other=2 * 10**8, vocabulary=150_000,
+                              hidden=1536, intermediate=8960)
+    deeper = memory.ModelShape(**{**vars(small), "parameters": 4 * 10**9})  # four times the layers
     for stage in ("evaluate", "quantize"):
         assert memory.stage_needs(deeper, stage).memory > 3 * memory.stage_needs(small, stage).memory - 3 * memory.BASE_BYTES
     assert memory.stage_needs(deeper, "evaluate").streamed == memory.stage_needs(small, "evaluate").streamed
-    # a quantization also holds the compressed checkpoint as it is written: one byte a weight at most
-    grown = memory.stage_needs(deeper, "quantize").streamed - memory.stage_needs(small, "quantize").streamed
-    assert grown == memory.CHECKPOINT_BYTES_PER_WEIGHT * 3 * 10**9
+    # a quantization's shard being written grows with the model up to its cap, then not
+    assert memory.stage_needs(deeper, "quantize").streamed - memory.stage_needs(small, "quantize").streamed == memory.SHARD_BYTES - 10**9
+    # an evaluation's logits: batch x tokens x vocabulary, FP32, and their log-softmax
+    wider = memory.stage_needs(small, "evaluate", memory.Work(batch=8)).streamed - memory.stage_needs(small, "evaluate").streamed
+    assert wider == 4 * 512 * 150_000 * 8
 
 
 def _tensors(checkpoint: Path) -> dict[str, tuple[str, tuple[int, ...], bytes]]:
@@ -67,21 +71,40 @@ def _tensors(checkpoint: Path) -> dict[str, tuple[str, tuple[int, ...], bytes]]:
             for name, tensor in loaded.items()}
 
 
+@pytest.fixture
+def offloaded(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Whether each model the quantize stage loaded (the model, then the smoke check's) was offloaded to disk."""
+    from quantgate.quantize import stage
+
+    seen: list[bool] = []
+    load = stage.load_causal_lm
+
+    def loading(model_dir: Path, dtype: object, streamed: bool, scratch: Path | None = None) -> object:
+        model = load(model_dir, dtype, streamed, scratch)
+        seen.append(is_streamed(model))
+        return model
+
+    monkeypatch.setattr(stage, "load_causal_lm", loading)
+    return seen
+
+
 @pytest.mark.parametrize("fmt", ["gptq-int4", "smoothquant-w8a8", "fp8-e4m3"])
 def test_a_streamed_quantization_writes_the_in_memory_checkpoint(fmt: str, quant_model: Path, quant_calibration: Path,
-                                                                  tmp_path: Path) -> None:
+                                                                  tmp_path: Path, offloaded: list[bool], isolated_home: Path) -> None:
     made = {placement: quantize.run(quantize.QuantizeConfig(format=fmt), quant_model, quant_calibration,
                                     tmp_path / placement.value, placement=placement)
             for placement in (Placement.memory, Placement.streamed)}
+    assert offloaded == [False, False, True, True]  # the model and the smoke check's reload, each way
     in_memory, streamed = made[Placement.memory].path, made[Placement.streamed].path
     assert _tensors(streamed) == _tensors(in_memory)  # every tensor: its dtype, shape and bytes
     assert json.loads((streamed / "config.json").read_text()) == json.loads((in_memory / "config.json").read_text())
     assert made[Placement.streamed].manifest.placement == "streamed" and made[Placement.memory].manifest.placement == "memory"
     assert made[Placement.streamed].manifest.smoke.completion == made[Placement.memory].manifest.smoke.completion
-    assert sorted(path.name for path in tmp_path.iterdir()) == ["memory", "streamed"]  # the scratch directory is gone
+    assert not any((isolated_home / "scratch").iterdir())  # each scratch directory (the model's, the smoke check's) removed
 
 
-def test_a_streamed_mixed_checkpoint_is_the_in_memory_one(quant_model: Path, quant_calibration: Path, tmp_path: Path) -> None:
+def test_a_streamed_mixed_checkpoint_is_the_in_memory_one(quant_model: Path, quant_calibration: Path, tmp_path: Path,
+                                                           offloaded: list[bool]) -> None:
     from tests.test_quantize_mixed import linear_names
 
     layers = linear_names(quant_model)
@@ -90,6 +113,14 @@ def test_a_streamed_mixed_checkpoint_is_the_in_memory_one(quant_model: Path, qua
     in_memory = quantize.run_mixed(cfg, quant_model, quant_calibration, tmp_path / "memory", placement=Placement.memory).path
     streamed = quantize.run_mixed(cfg, quant_model, quant_calibration, tmp_path / "streamed", placement=Placement.streamed).path
     assert _tensors(streamed) == _tensors(in_memory)
+    assert offloaded == [False, False, True, True]
+
+
+def test_autoawq_refuses_to_stream(quant_model: Path, quant_calibration: Path, tmp_path: Path) -> None:
+    with pytest.raises(InputError, match="AutoAWQ quantizes the model in memory"):
+        quantize.run(quantize.QuantizeConfig(format="awq-int4", backend="autoawq"), quant_model, quant_calibration, tmp_path / "out",
+                     placement=Placement.streamed)
+    assert not (tmp_path / "out").exists()
 
 
 def _close(left: Any, right: Any, tolerance: float) -> bool:
@@ -107,7 +138,7 @@ def test_preflight_streams_where_memory_does_not_hold_a_stage_and_says_so(
         quant_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The tiny model's layers are small beside its embedding, so its streamed estimate is not the
     smaller one: the needs are set here to a large model's proportions (the 1.5B model's)."""
-    monkeypatch.setattr(memory, "stage_needs", lambda found, stage: memory.StageNeeds(memory=12 * 10**9, streamed=4 * 10**9))
+    monkeypatch.setattr(memory, "stage_needs", lambda found, stage, work=None: memory.StageNeeds(memory=12 * 10**9, streamed=4 * 10**9))
     monkeypatch.setattr(memory, "allowance", lambda: memory.Allowance(6 * 10**9, "the memory cgroup /sys/fs/cgroup/test (limit 6.0 GB)"))
     resolved = Pipeline(from_mapping(plan_mapping(quant_model, tmp_path, formats=["gptq-int4"])), show_progress=False).preflight()
     assert resolved.quantize_placement is Placement.streamed and resolved.eval_cfg.placement is Placement.streamed
@@ -120,7 +151,8 @@ def test_preflight_streams_where_memory_does_not_hold_a_stage_and_says_so(
     assert "even streamed from disk" in str(refused.value) and "\n" not in str(refused.value)
 
 
-def test_a_run_asked_to_stream_gives_the_in_memory_verdicts(quant_model: Path, tmp_path: Path, cli: Callable[..., Any]) -> None:
+def test_a_run_asked_to_stream_gives_the_in_memory_verdicts(quant_model: Path, tmp_path: Path, cli: Callable[..., Any],
+                                                             isolated_home: Path) -> None:
     """`placement: streamed` in a plan: every quantization and evaluation streamed (their manifests
     say so), and the verdicts, gate estimates and checkpoints those of the same plan in memory."""
     runs = {}
@@ -132,6 +164,8 @@ def test_a_run_asked_to_stream_gives_the_in_memory_verdicts(quant_model: Path, t
         assert result.code in (0, 1), result.err
         runs[placement] = tmp_path / placement / "run"
     streamed, in_memory = runs["streamed"], runs["memory"]
+    # every unit ran in a forked child that exits without finalizers: each removed its scratch directory itself
+    assert not any((isolated_home / "scratch").iterdir())
     manifest = json.loads((streamed / "checkpoints" / "gptq-int4" / "manifest.json").read_text())
     assert manifest["placement"] == "streamed"
     record = json.loads((streamed / "run.json").read_text())
@@ -142,6 +176,25 @@ def test_a_run_asked_to_stream_gives_the_in_memory_verdicts(quant_model: Path, t
     assert verdict["streamed"]["verdict"] == verdict["memory"]["verdict"]
     assert _close(verdict["streamed"]["gates"], verdict["memory"]["gates"], 1e-4)
     assert _close(verdict["streamed"]["metrics"], verdict["memory"]["metrics"], 1e-4)
+
+
+def test_streaming_an_evaluation_on_a_gpu_is_refused_before_any_work(quant_model: Path, tmp_path: Path) -> None:
+    plan = plan_mapping(quant_model, tmp_path, formats=["gptq-int4"], placement="streamed")
+    plan["evaluation"]["device"] = "cuda"
+    with pytest.raises(InputError, match="evaluation streams on the CPU, and this plan evaluates on cuda"):
+        Pipeline(from_mapping(plan), show_progress=False).preflight()
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_search_counts_its_sensitivity_in_memory(quant_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The search's sensitivity takes gradients of every weight: in memory whatever the placement."""
+    monkeypatch.setattr(memory, "stage_needs", lambda found, stage, work=None: memory.StageNeeds(memory=12 * 10**9, streamed=4 * 10**9))
+    monkeypatch.setattr(memory, "allowance", lambda: memory.Allowance(6 * 10**9, "the memory cgroup /sys/fs/cgroup/test (limit 6.0 GB)"))
+    from tests.test_pipeline_search import search_plan
+
+    plan = search_plan(quant_model, tmp_path, max_trials=1)
+    with pytest.raises(InputError, match=r"the search's sensitivity \(in memory only\) 12.0 GB"):
+        Pipeline(from_mapping(plan), show_progress=False).preflight()
 
 
 def test_a_placement_that_is_not_one_is_refused_in_one_line(cli: Callable[..., Any], tmp_path: Path) -> None:

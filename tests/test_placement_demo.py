@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from quantgate import evalsets
+from quantgate.core import memory
 from quantgate.core.memory import Placement
 from tests.test_placement import _close
 
@@ -44,3 +45,8 @@ def test_a_streamed_evaluation_scores_as_the_in_memory_one(demo_model: Any, demo
     assert not any((home / "scratch").iterdir())  # each streamed model's scratch directory removed with it
 
 
+def test_a_packed_int4_checkpoint_counts_its_unpacked_weights(demo_model: Any, demo_checkpoints: dict[str, Path]) -> None:
+    """A pack-quantized weight holds eight 4-bit values an int32: its shape alone would count an eighth."""
+    baseline, packed = memory.shape(demo_model.path), memory.shape(demo_checkpoints["gptq-int4"])
+    assert packed.largest_layer > 0.99 * baseline.largest_layer
+    assert packed.vocabulary == baseline.vocabulary > 0 and packed.hidden == baseline.hidden > 0

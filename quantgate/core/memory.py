@@ -162,58 +162,86 @@ class Placement(str, enum.Enum):
 # The decoder layers' tensors, by the index in their names ("model.layers.12.mlp.up_proj.weight").
 _LAYER = re.compile(r"(?:^|\.)(?:layers|h|blocks|block)\.(\d+)\.")
 # A streamed stage holds, besides the libraries (BASE_BYTES): one decoder layer onloaded in FP32
-# (its weights, and the copies a forward makes of them), the largest tensor outside the layers
-# (the embedding or the output layer, onloaded for the logits), and the activations of a batch.
-# Upper bounds measured on the 1.5B model (docs/models.md, "Streamed stages"), rounded up.
-STREAMED_EVALUATE_LAYERS = 3
-# A streamed quantization also holds its layer's calibration activations and Hessians, and the
-# compressed checkpoint as it is written (at most one byte a weight: 8-bit formats).
-STREAMED_QUANTIZE_LAYERS = 4
-CHECKPOINT_BYTES_PER_WEIGHT = 1
+# (its weights, and the copies a forward makes of them: STREAMED_LAYERS of them), the largest tensor
+# outside the layers (the embedding or the output layer) onloaded in FP32, and its activations: an
+# evaluation a batch's logits and their log-softmax in FP32 (batch x tokens x vocabulary x 8 bytes),
+# a quantization its calibration rows through one layer (inputs, outputs and the MLP's inner width,
+# FP32) and the checkpoint shard being written (at most SHARD_BYTES: transformers gathers a shard
+# before it writes it). Issue 37's goal is 1.5x the 16-bit bytes plus 1 GiB; what these come to
+# against measured peaks is in docs/models.md, "Streamed stages".
+STREAMED_LAYERS = 3
+SHARD_BYTES = 2 * 10**9
+# 4-bit weights packed eight to an int32 (compressed-tensors' pack-quantized `weight_packed`)
+_PACKED = {"I32": 8}
 
 
 @dataclass(frozen=True)
 class ModelShape:
-    """What a stage's memory depends on, read from the checkpoint's safetensors headers."""
+    """What a stage's memory depends on, read from the checkpoint's safetensors headers and config.json."""
 
-    parameters: int
+    parameters: int  # weights as the model computes them (a packed INT4 tensor counts its unpacked weights)
     largest_layer: int  # parameters of the largest decoder layer
     largest_other: int  # the largest tensor outside the decoder layers (the embedding, the output layer)
+    vocabulary: int = 0  # config.json's vocab_size (0: not given)
+    hidden: int = 0  # hidden_size
+    intermediate: int = 0  # intermediate_size (the MLP's inner width)
 
 
 def shape(model_dir: Path) -> ModelShape:
-    """The model's ModelShape, from its safetensors headers (no tensor is read)."""
+    """The model's ModelShape (no tensor is read)."""
+    found = read_checkpoint(model_dir)
     layers: dict[int, int] = {}
     other = 0
     total = 0
-    for name, entry in read_checkpoint(model_dir).tensors.items():
-        count = math.prod(entry.shape)
+    for name, entry in found.tensors.items():
+        count = math.prod(entry.shape) * (_PACKED.get(entry.dtype, 1) if name.endswith("weight_packed") else 1)
         total += count
-        found = _LAYER.search(name)
-        if found:
-            layers[int(found.group(1))] = layers.get(int(found.group(1)), 0) + count
+        index = _LAYER.search(name)
+        if index:
+            layers[int(index.group(1))] = layers.get(int(index.group(1)), 0) + count
         else:
             other = max(other, count)
-    return ModelShape(total, max(layers.values(), default=0), other)
+    config: dict[str, object] = dict(found.config or {})
+    inner = config.get("text_config")
+    text: dict[str, object] = dict(inner) if isinstance(inner, dict) else config
+
+    def number(key: str) -> int:
+        value = text.get(key)
+        return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+    return ModelShape(total, max(layers.values(), default=0), other, number("vocab_size"), number("hidden_size"),
+                      number("intermediate_size"))
 
 
 @dataclass(frozen=True)
 class StageNeeds:
-    """One stage's estimated peak on each path."""
+    """One stage's estimated peak on each path, libraries included."""
 
     memory: int
     streamed: int
 
 
-def stage_needs(found: ModelShape, stage: str) -> StageNeeds:
-    """`stage` ("quantize" or "evaluate"): its estimated peak in memory and streamed, libraries included."""
-    unit = FP32_BYTES * found.largest_other
+@dataclass(frozen=True)
+class Work:
+    """What a stage's activations depend on: an evaluation's batch of windows, a quantization's calibration rows."""
+
+    batch: int = 4
+    tokens: int = 512
+    rows: int = 16
+    row_tokens: int = 256
+
+
+def stage_needs(found: ModelShape, stage: str, work: Work = Work()) -> StageNeeds:
+    """`stage` ("quantize" or "evaluate"): its estimated peak in memory (the measured factors on the
+    FP32 bytes) and streamed (the terms above)."""
+    onloaded = FP32_BYTES * (STREAMED_LAYERS * found.largest_layer + found.largest_other)
     if stage == "quantize":
         in_memory = math.ceil(QUANTIZE_FACTOR * FP32_BYTES * found.parameters)
-        streamed = FP32_BYTES * STREAMED_QUANTIZE_LAYERS * found.largest_layer + unit + CHECKPOINT_BYTES_PER_WEIGHT * found.parameters
+        rows = work.rows * work.row_tokens * FP32_BYTES * (4 * found.hidden + 2 * found.intermediate)
+        streamed = onloaded + rows + min(SHARD_BYTES, found.parameters)  # a shard: at most a byte a weight (8-bit), 16-bit ones aside
     else:
         in_memory = math.ceil(EVALUATE_FACTOR * FP32_BYTES * found.parameters)
-        streamed = FP32_BYTES * STREAMED_EVALUATE_LAYERS * found.largest_layer + 2 * unit
+        streamed = onloaded + work.batch * work.tokens * found.vocabulary * 2 * FP32_BYTES
     return StageNeeds(BASE_BYTES + in_memory, BASE_BYTES + streamed)
 
 

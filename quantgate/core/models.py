@@ -15,6 +15,7 @@ import importlib.util
 import os
 import shutil
 import tempfile
+import weakref
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -582,7 +583,6 @@ def load_causal_lm(model_dir: Path, dtype: Any, streamed: bool, scratch: Path | 
 
     if not streamed:
         return AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
-    import weakref
 
     from compressed_tensors.offload import load_offloaded_model
     from compressed_tensors.utils import patch_attr
@@ -604,7 +604,8 @@ def load_causal_lm(model_dir: Path, dtype: Any, streamed: bool, scratch: Path | 
 
     scratch = scratch if scratch is not None else quantgate_home() / "scratch"
     scratch.mkdir(parents=True, exist_ok=True)
-    folder = Path(tempfile.mkdtemp(prefix="streamed-", dir=scratch))
+    _sweep(scratch)
+    folder = Path(tempfile.mkdtemp(prefix=f"streamed-{os.getpid()}-", dir=scratch))
     try:
         with load_offloaded_model(), patch_attr(PreTrainedModel, "_initialize_weights", offloaded_left_alone):
             # no CPU memory for any module: every tensor "on disk" (its own file, or the scratch's)
@@ -613,9 +614,15 @@ def load_causal_lm(model_dir: Path, dtype: Any, streamed: bool, scratch: Path | 
     except BaseException:
         shutil.rmtree(folder, ignore_errors=True)
         raise
-    # removed when the model is collected (or at exit), or at once by release_scratch
-    model._quantgate_scratch = weakref.finalize(model, shutil.rmtree, folder, True)
+    # removed when the model is collected (or at exit), at once by release_scratch, or by
+    # release_every_scratch (a forked unit's child exits through os._exit: no finalizer runs there)
+    finalizer = weakref.finalize(model, shutil.rmtree, folder, True)
+    model._quantgate_scratch = finalizer
+    _SCRATCHES[:] = [*(entry for entry in _SCRATCHES if entry.alive), finalizer]
     return model
+
+
+_SCRATCHES: list[weakref.finalize[Any, Any]] = []  # this process's streamed models' finalizers (dead ones pruned on load)
 
 
 def release_scratch(model: Any) -> None:
@@ -626,8 +633,27 @@ def release_scratch(model: Any) -> None:
         finalizer()
 
 
+def release_every_scratch() -> None:
+    """Remove the scratch directory of every streamed model this process loaded: before a process
+    exits without running finalizers (os._exit)."""
+    for finalizer in list(_SCRATCHES):
+        found = finalizer.peek()  # (the model, rmtree, (folder, True), {}); None once run
+        # only this process's own: a forked child inherits its parent's entries, and the parent's models
+        if found is not None and Path(found[2][0]).name.startswith(f"streamed-{os.getpid()}-"):
+            finalizer()
+
+
+def _sweep(scratch: Path) -> None:
+    """Remove the scratch directories of processes that are gone (killed before they could: the
+    kernel's OOM killer, a power cut); a directory's name carries its process id."""
+    for folder in scratch.glob("streamed-*-*"):
+        pid = folder.name.split("-")[1]
+        if pid.isdigit() and int(pid) != os.getpid() and not Path(f"/proc/{pid}").exists():
+            shutil.rmtree(folder, ignore_errors=True)
+
+
 def is_streamed(model: Any) -> bool:
     """Whether `model` was loaded streamed (load_causal_lm): a module of it reads its tensors from disk."""
-    from compressed_tensors.offload.cache import OffloadCache
+    from compressed_tensors.offload.cache import DiskCache
 
-    return any(isinstance(module._parameters, OffloadCache) for module in model.modules())
+    return any(isinstance(module._parameters, DiskCache) for module in model.modules())

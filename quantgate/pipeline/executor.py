@@ -35,6 +35,7 @@ from quantgate.core import artifacts
 from quantgate.core.console import stderr
 from quantgate.core.errors import InputError, QuantgateError
 from quantgate.core.exitcodes import Exit
+from quantgate.core.models import release_every_scratch
 from quantgate.pipeline import units
 from quantgate.pipeline.plan import ExecutorPlan, StageKind, StageResources
 
@@ -252,6 +253,10 @@ def run_forked(label: str, work: Callable[[], T], threads: int) -> T:
         except BaseException:  # noqa: BLE001 - the answer could not be written (the parent is gone)
             pass
         finally:
+            try:
+                release_every_scratch()  # a streamed model's scratch directory: no finalizer runs past os._exit
+            except BaseException:  # noqa: BLE001, S110 - a directory that cannot be removed: swept by the next streamed load
+                pass
             for stream in (sys.stdout, sys.stderr):
                 try:
                     stream.flush()

@@ -21,7 +21,7 @@ from quantgate.core.ids import GateId, SetRef
 from quantgate.core.metrics import metric
 from quantgate.core.models import DEMO_MODELS, demo_model_dir, pull, resolve_model
 from quantgate.core.validation import is_path, validated
-from quantgate.evalsets.evaluate import model_identity
+from quantgate.evalsets.evaluate import default_device, model_identity
 from quantgate.evalsets.results import ModelIdentity
 from quantgate.evalsets.served import ServeCheckConfig
 from quantgate.gates.keys import ensure_default_key
@@ -311,7 +311,7 @@ def resolve_plan(loaded: LoadedPlan, show_progress: bool = True, verbose: bool =
     else:
         signing_key = ensure_default_key()
     model_dir = _baseline(plan, show_progress, verbose)
-    fits = _memory(plan, model_dir)
+    fits = _memory(plan, model_dir, quantize_cfgs)
     resolved = ResolvedPlan(
         plan=plan, goldens=goldens, policy=policy, hardware=hardware, profiles=profiles, quantize_cfgs=quantize_cfgs,
         eval_cfg=splits.eval_cfg.model_copy(update={"placement": fits.evaluate}), plot_metric=plot, looks=splits.looks, model_dir=model_dir,
@@ -341,15 +341,22 @@ class _Fits:
     evaluate: memory.Placement
 
 
-def _memory(plan: RunPlan, model_dir: Path) -> _Fits:
+def _memory(plan: RunPlan, model_dir: Path, quantize_cfgs: Mapping[str, quantize.QuantizeConfig]) -> _Fits:
     """Where each model stage keeps the model (the plan's placement; auto: in memory where it fits,
     else streamed from disk), how many models this process keeps loaded, and a note saying what was
-    chosen where it is not the in-memory default; InputError (one line) where even streamed a stage
-    needs more memory than this process may use. A Ray run's stages run in its workers, each node
-    with its memory: not checked here (a plan's explicit placement still applies)."""
+    chosen where it is not the in-memory default; InputError (one line) where a stage needs more
+    memory than this process may use on the path it can take. Stages that load the whole model
+    whatever the placement: the search's sensitivity (gradients of every weight) and an AutoAWQ
+    quantization; they are counted in memory. Evaluation streams on the CPU only. A Ray run's
+    stages run in its workers, each node with its memory: not checked here (a plan's explicit
+    placement still applies)."""
     asked = plan.placement
-    on_gpu = (plan.evaluation.device or "").startswith("cuda")
-    evaluate_asked = memory.Placement.memory if on_gpu and asked is memory.Placement.auto else asked
+    device = plan.evaluation.device or default_device()
+    on_gpu = device != "cpu"
+    if on_gpu and asked is memory.Placement.streamed:
+        raise InputError(f"plan: placement streamed: evaluation streams on the CPU, and this plan evaluates on {device} "
+                         "(evaluation.device: cpu, or placement: auto)")
+    evaluate_asked = memory.Placement.memory if on_gpu else asked
     fixed = _Fits(2, None, memory.Placement.memory if asked is memory.Placement.auto else asked,
                   memory.Placement.memory if evaluate_asked is memory.Placement.auto else evaluate_asked)
     if plan.executor.kind != "local" or (limit := memory.allowance()) is None:
@@ -358,20 +365,30 @@ def _memory(plan: RunPlan, model_dir: Path) -> _Fits:
         found = memory.shape(model_dir)
     except InputError:  # no safetensors to read (a pickled checkpoint the plan allows): its loading says what it needs
         return fixed
-    quantize_needs = memory.stage_needs(found, "quantize")
-    evaluate_needs = memory.StageNeeds(memory.BASE_BYTES, memory.BASE_BYTES) if on_gpu else memory.stage_needs(found, "evaluate")
+    work = memory.Work(batch=plan.evaluation.batch_size, tokens=plan.evaluation.max_tokens, rows=plan.calibration.samples,
+                       row_tokens=plan.calibration.seq_len)
+    quantize_needs = memory.stage_needs(found, "quantize", work)
+    evaluate_needs = memory.StageNeeds(memory.BASE_BYTES, memory.BASE_BYTES) if on_gpu else memory.stage_needs(found, "evaluate", work)
     quantizing = memory.choose(asked, quantize_needs, limit, "quantize")
     evaluating = memory.choose(evaluate_asked, evaluate_needs, limit, "evaluate")
 
     def need(chosen: memory.Chosen, needs: memory.StageNeeds) -> int:
         return needs.streamed if chosen.placement is memory.Placement.streamed else needs.memory
 
-    most = max(need(quantizing, quantize_needs), need(evaluating, evaluate_needs))
+    stages = {"quantizing it": need(quantizing, quantize_needs), "evaluating it": need(evaluating, evaluate_needs)}
+    if any(cfg.backend is quantize.Backend.autoawq for cfg in quantize_cfgs.values()):
+        stages["an AutoAWQ quantization (in memory only)"] = quantize_needs.memory
+    if plan.search is not None:
+        stages["the search's sensitivity (in memory only)"] = quantize_needs.memory
+    name, most = max(stages.items(), key=lambda item: item[1])
     if limit.bytes < most:
-        raise InputError(f"plan: the model ({found.parameters:,} parameters) needs about {memory.gb(most)} of memory even "
-                         f"streamed from disk (quantizing it {memory.gb(quantize_needs.streamed)}, evaluating it "
-                         f"{memory.gb(evaluate_needs.streamed)}, the libraries included), and {limit.source} leaves "
-                         f"{memory.gb(limit.bytes)}: give the run more memory")
+        how = "even streamed from disk" if (quantizing.placement is memory.Placement.streamed
+                                            or evaluating.placement is memory.Placement.streamed) else "in memory"
+        said = ", ".join(f"{stage} {memory.gb(bytes_)}" for stage, bytes_ in stages.items())
+        hint = "" if asked is memory.Placement.auto else f" (placement {asked}: auto streams what does not fit)"
+        raise InputError(f"plan: the model ({found.parameters:,} parameters) needs about {memory.gb(most)} of memory {how} "
+                         f"({said}; the libraries included), and {limit.source} leaves {memory.gb(limit.bytes)}: "
+                         f"give the run more memory{hint}")
     notes = [chosen.reason for chosen in (quantizing, evaluating) if chosen.placement is memory.Placement.streamed]
     # the baseline and a candidate kept loaded between looks, a quantization beside them
     both = need(quantizing, quantize_needs) + 2 * need(evaluating, evaluate_needs) - 2 * memory.BASE_BYTES
