@@ -168,7 +168,6 @@ def restore_storage_dtype(model: Any, storage_dtype: str) -> None:
     floating tensor except the quantized layers' weights, which compression turns into
     integers or FP8 from their exact (wider) fake-quantized values."""
     import torch
-
     from compressed_tensors.offload import disable_onloading
     from compressed_tensors.offload.cache import OffloadCache
 
