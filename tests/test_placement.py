@@ -212,3 +212,16 @@ def test_a_placement_that_is_not_one_is_refused_in_one_line(cli: Callable[..., A
                  "--out", str(tmp_path / "out"), "--placement", "gpu")
     assert result.code == 2 and "invalid placement: 'gpu' (auto, memory or streamed)" in result.err
     assert result.err.count("\n") == 1 and not (tmp_path / "out").exists()
+
+
+def test_scratch_directories_of_dead_processes_on_this_machine_are_swept(tmp_path: Path) -> None:
+    from quantgate.core import models
+
+    dead = 2**22 + 1  # above the kernel's pid_max default: no such process
+    gone = tmp_path / f"{models._scratch_prefix(dead)}-abc"
+    alive = tmp_path / f"{models._scratch_prefix(1)}-abc"  # pid 1 runs
+    other_host = tmp_path / f"streamed-another_machine-{dead}-abc"  # a node sharing the home: not looked up here
+    for folder in (gone, alive, other_host):
+        folder.mkdir()
+    models._sweep(tmp_path)
+    assert not gone.exists() and alive.exists() and other_host.exists()

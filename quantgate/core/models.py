@@ -14,6 +14,7 @@ import hashlib
 import importlib.util
 import os
 import shutil
+import socket
 import tempfile
 import weakref
 from dataclasses import dataclass
@@ -605,7 +606,7 @@ def load_causal_lm(model_dir: Path, dtype: Any, streamed: bool, scratch: Path | 
     scratch = scratch if scratch is not None else quantgate_home() / "scratch"
     scratch.mkdir(parents=True, exist_ok=True)
     _sweep(scratch)
-    folder = Path(tempfile.mkdtemp(prefix=f"streamed-{os.getpid()}-", dir=scratch))
+    folder = Path(tempfile.mkdtemp(prefix=f"{_scratch_prefix()}-", dir=scratch))
     try:
         with load_offloaded_model(), patch_attr(PreTrainedModel, "_initialize_weights", offloaded_left_alone):
             # no CPU memory for any module: every tensor "on disk" (its own file, or the scratch's)
@@ -639,15 +640,23 @@ def release_every_scratch() -> None:
     for finalizer in list(_SCRATCHES):
         found = finalizer.peek()  # (the model, rmtree, (folder, True), {}); None once run
         # only this process's own: a forked child inherits its parent's entries, and the parent's models
-        if found is not None and Path(found[2][0]).name.startswith(f"streamed-{os.getpid()}-"):
+        if found is not None and Path(found[2][0]).name.startswith(f"{_scratch_prefix()}-"):
             finalizer()
 
 
+def _scratch_prefix(pid: int | None = None) -> str:
+    """A scratch directory's name: its machine and process (a QUANTGATE_HOME may be shared by the
+    nodes of a cluster: only this machine's processes are looked up)."""
+    host = "".join(char if char.isalnum() else "_" for char in socket.gethostname())
+    return f"streamed-{host}-{os.getpid() if pid is None else pid}"
+
+
 def _sweep(scratch: Path) -> None:
-    """Remove the scratch directories of processes that are gone (killed before they could: the
-    kernel's OOM killer, a power cut); a directory's name carries its process id."""
-    for folder in scratch.glob("streamed-*-*"):
-        pid = folder.name.split("-")[1]
+    """Remove the scratch directories of this machine's processes that are gone (killed before they
+    could: the kernel's OOM killer, a power cut)."""
+    mine = _scratch_prefix(0)[: -len("0")]  # "streamed-HOST-"
+    for folder in scratch.glob(f"{mine}*-*"):
+        pid = folder.name[len(mine):].split("-")[0]
         if pid.isdigit() and int(pid) != os.getpid() and not Path(f"/proc/{pid}").exists():
             shutil.rmtree(folder, ignore_errors=True)
 
