@@ -19,8 +19,8 @@ class _Dumps:
     def __init__(self, value: dict[str, Any]) -> None:
         self.value = value
 
-    def model_dump(self, mode: str = "python") -> dict[str, Any]:
-        return dict(self.value)
+    def model_dump(self, mode: str = "python", exclude: set[str] | None = None) -> dict[str, Any]:
+        return {name: value for name, value in self.value.items() if name not in (exclude or set())}
 
 
 def _plan() -> Any:
