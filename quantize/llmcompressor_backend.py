@@ -184,8 +184,10 @@ def restore_storage_dtype(model: Any, storage_dtype: str) -> None:
                 if parameter is not None and parameter.is_floating_point() and parameter.dtype != target:
                     parameter.data = parameter.data.to(target)
                 continue
-            # streamed (memory.Placement.streamed): the offload cache keeps a tensor's dtype on an
-            # update, so the tensor is replaced (a new file in the scratch directory)
+            # an offloaded module: a streamed model's (its tensors on disk), or an in-memory one's after
+            # llmcompressor's oneshot (which puts its modules behind a CPU offload cache). The cache
+            # keeps a tensor's dtype on an update, so the tensor is replaced (streamed: a new file in
+            # the scratch directory)
             offloaded = module._parameters.offloaded_values[name]
             if offloaded is None or not offloaded.is_floating_point() or offloaded.dtype == target:
                 continue
