@@ -82,7 +82,14 @@ def prepare_model(model: Any) -> Any:
     """The model as llmcompressor quantizes it: a mixture of experts' fused 3-D expert tensors
     (transformers 5) become one Linear layer per expert, which `oneshot` would otherwise do only
     after the group-size plan was made without them (and GPTQ and AWQ left the experts 16-bit)."""
-    if not any(parameter.dim() == 3 for parameter in model.parameters()):
+    from compressed_tensors.offload import disable_onloading
+
+    # Shapes only: a streamed model's parameters are read from disk where accessed, and
+    # parameters() keeps every tensor it yields until it ends (the whole model in FP32), so the
+    # offloaded placeholders, which carry the shapes, are looked at instead.
+    with disable_onloading():
+        fused = any(parameter.dim() == 3 for parameter in model.parameters())
+    if not fused:
         return model  # no fused experts (and llmcompressor's import, seconds, spared)
     from llmcompressor.modeling.moe.linearize import linearize_moe
 
