@@ -3,6 +3,7 @@ cgroup of its own limited to --cap bytes, which must either run to its verdicts 
 preflight in one line (exit 2), and never be ended by the kernel's OOM killer.
 
     sudo .venv/bin/python benchmarks/memory_cap.py --cap 6e9 benchmarks/plans/qwen-1.5b.yaml [--out DIR] [--json PATH]
+    sudo .venv/bin/python benchmarks/memory_cap.py --cap 20e9 [--json PATH] -- COMMAND...   # any command, its output passed through
 
 Needs root and a cgroup memory controller (v1 at /sys/fs/cgroup/memory, or v2): the cgroup is made
 under the one this process is in, the run's process moved into it before it execs, and removed
@@ -73,25 +74,30 @@ def peak_and_oom(folder: Path, version: str) -> tuple[int | None, int | None]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("plan")
+    parser.add_argument("plan", nargs="?")
     parser.add_argument("--cap", type=float, required=True, help="bytes the run may use (6e9: 6 GB)")
     parser.add_argument("--out", type=Path, help="the run directory (default: the plan's)")
     parser.add_argument("--json", type=Path)
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    given = argv[argv.index("--") + 1 :] if "--" in argv else []
+    args = parser.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
+    if bool(given) == bool(args.plan):
+        parser.error("give a plan or, after --, a command (one of the two)")
     folder, version = make_cgroup(int(args.cap))
     procs = folder / "cgroup.procs"
-    command = [sys.executable, "-m", "quantgate.cli", "run", args.plan, *(["--out", str(args.out)] if args.out else [])]
+    command = given or [sys.executable, "-m", "quantgate.cli", "run", args.plan, *(["--out", str(args.out)] if args.out else [])]
     start = time.perf_counter()
     try:
-        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True,
+        done = subprocess.run(command, cwd=ROOT, capture_output=not given, text=True,
                               preexec_fn=lambda: procs.write_text(str(os.getpid())))
         seconds = time.perf_counter() - start
         peak, oom = peak_and_oom(folder, version)
     finally:
         folder.rmdir()
-    errors = [line for line in done.stderr.splitlines() if line.startswith("quantgate: error:")]
-    result = {"plan": args.plan, "cap_bytes": int(args.cap), "cgroup": version, "exit": done.returncode, "seconds": round(seconds, 1),
-              "error": errors[-1] if errors else None, "stderr_lines": len(done.stderr.splitlines()), "peak_bytes": peak,
+    stderr = (done.stderr or "").splitlines()
+    errors = [line for line in stderr if line.startswith("quantgate: error:")]
+    result = {"plan": args.plan, "command": given or None, "cap_bytes": int(args.cap), "cgroup": version, "exit": done.returncode,
+              "seconds": round(seconds, 1), "error": errors[-1] if errors else None, "stderr_lines": len(stderr), "peak_bytes": peak,
               "oom_kills": oom, "killed_by_signal": done.returncode < 0}
     print(json.dumps(result, indent=1))
     if args.json:

@@ -6,7 +6,8 @@ child process, its wall time, CPU seconds and peak memory against the model's pa
         [--out /tmp/model-cost] [--json PATH]
 
 The models must be pulled (`quantgate models pull smollm2-135m`; the 1.5B model:
-`make pull-qwen2.5-coder-1.5b`). Stages, each the `quantgate` command a user would type:
+`make pull-qwen2.5-coder-1.5b`), or be local model directories (a 7B-shaped model with random
+weights: benchmarks/shaped_model.py; run it under a cap with benchmarks/memory_cap.py --cap 20e9 -- ...). Stages, each the `quantgate` command a user would type:
 calibrate (16 x 256 tokens of the demo source), quantize gptq-int4, quantize smoothquant-w8a8,
 measure (the gptq-int4 checkpoint, headers only), evaluate the baseline on the first --items of
 wiki-text@v1, evaluate gptq-int4 against it (KL from the baseline's top-k cache), both with the
@@ -39,6 +40,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from quantgate.core.artifacts import read_json, write_json  # noqa: E402 - after the path above
+from quantgate.core.memory import shape  # noqa: E402 - after the path above
 from quantgate.core.models import demo_model_dir  # noqa: E402 - after the path above
 
 EVALSET = "wiki-text@v1"
@@ -107,10 +109,13 @@ def run_stage(stage: str, arguments: list[str], work: Path) -> StageCost:
 
 def measure_model(name: str, items: int, out: Path, placement: str = "auto",
                   formats: tuple[str, ...] = ("gptq-int4", "smoothquant-w8a8")) -> ModelCost:
-    model = demo_model_dir(name)
-    manifest = read_json(model / "manifest.json")
-    parameters = int(manifest["conversion"]["parameters"])
-    work = out / name
+    if Path(name).is_dir():  # a local model directory (benchmarks/shaped_model.py's): its parameters from its headers
+        model = Path(name).resolve()
+        parameters = shape(model).parameters
+    else:
+        model = demo_model_dir(name)
+        parameters = int(read_json(model / "manifest.json")["conversion"]["parameters"])
+    work = out / model.name
     calibration, checkpoints, results = work / "calibration", work / "checkpoints", work / "results"
     where = ["--placement", placement]
     stages: list[tuple[str, list[str]]] = [
@@ -138,7 +143,7 @@ def measure_model(name: str, items: int, out: Path, placement: str = "auto",
         costs.append(cost)
         print(f"{name}: {stage}: {cost['wall_s']:.1f} s, {cost['cpu_s']:.1f} CPU s, peak {cost['peak_rss_bytes'] / 2**30:.2f} GiB "
               f"(load {cost['load_average'][0]:.1f} -> {cost['load_average'][1]:.1f})", flush=True)
-    return ModelCost(model=name, parameters=parameters, fp32_bytes=4 * parameters, placement=placement, stages=costs)
+    return ModelCost(model=model.name, parameters=parameters, fp32_bytes=4 * parameters, placement=placement, stages=costs)
 
 
 def table(models: list[ModelCost], items: int) -> str:
@@ -198,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--formats", default="gptq-int4,smoothquant-w8a8", help="the quantizations measured (gptq-int4 first: "
                         "measure and evaluate read it)")
     args = parser.parse_args(arguments)
-    missing = [name for name in args.models.split(",") if not (demo_model_dir(name) / "manifest.json").is_file()]
+    missing = [name for name in args.models.split(",") if not Path(name).is_dir() and not (demo_model_dir(name) / "manifest.json").is_file()]
     if missing:
         print(f"model_cost: not pulled: {', '.join(missing)} (quantgate models pull NAME; the 1.5B model: make pull-qwen2.5-coder-1.5b)",
               file=sys.stderr)
