@@ -278,3 +278,44 @@ def test_offsets_take_the_items_after_them_and_key_apart(tiny_model: Path, tmp_p
     assert "offset" not in evalsets.run(plain, tiny_model, tmp_path / "plain").record("arc-easy@v1")["settings"]
     with pytest.raises(InputError, match="offset"):
         evalsets.run(plain, tiny_model, tmp_path / "mismatch", baseline_results=tmp_path / "base")
+
+
+def test_the_output_layer_applied_here_scores_as_the_models_own_logits(tiny_model_template: Path, tmp_path: Path,
+                                                                       text_runs: list, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The model asked for a few positions' logits (the head check's, then one) and the output
+    layer applied here to the decoder's output: the same bits as the model's logits everywhere."""
+    import torch
+
+    from quantgate.evalsets import text_eval
+    from tests.factories import build_tiny_llama
+
+    other = build_tiny_llama(tmp_path / "other", seed=1)
+    original_init = text_eval._HeadInputs.__init__
+    kept: list[int] = []  # positions the model's own output layer was applied at, per forward
+
+    def init(self, model, selective: bool) -> None:
+        original_init(self, model)
+        self.module.register_forward_hook(lambda module, inputs, output: kept.append(int(inputs[0].shape[1])))
+        if not selective:  # the model's logits at every position, as before
+            self.selective = False
+
+    runs = {}
+    for way in ("selective", "whole"):
+        monkeypatch.setattr(text_eval._HeadInputs, "__init__", lambda self, model, way=way: init(self, model, way == "selective"))
+        kept.clear()
+        cfg = config("wiki-text", limit=3, batch_size=2, use_cache=False)
+        baseline = evalsets.run(cfg, tiny_model_template, tmp_path / way / "baseline")
+        evalsets.run(cfg, other, tmp_path / way / "candidate", baseline_results=baseline.path)
+        runs[way] = (text_runs[-2], text_runs[-1], list(kept))
+    for side in (0, 1):  # the baseline, the candidate
+        selective, whole = runs["selective"][side], runs["whole"][side]
+        assert selective.metrics == whole.metrics and selective.items == whole.items
+        assert selective.details["head"]["rebuilt_from_hidden_states"] and whole.details["head"]["rebuilt_from_hidden_states"]
+        assert set(selective.tensors) == set(whole.tensors)
+        assert all(torch.equal(selective.tensors[name], whole.tensors[name]) for name in whole.tensors)
+        assert all(torch.equal(selective.token_values[name], whole.token_values[name]) for name in whole.token_values)
+    # selective: the check's positions on a model's first batch, one position after; whole: every position
+    whole_kept, selective_kept = runs["whole"][2], runs["selective"][2]
+    assert len(selective_kept) == len(whole_kept) == 2 * 2  # two models, two batches of the 3 items each (batch size 2)
+    first = min(max(whole_kept), text_eval.HEAD_CHECK_POSITIONS)
+    assert selective_kept == [first, 1, first, 1] and max(whole_kept) > 1
