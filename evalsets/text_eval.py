@@ -281,6 +281,7 @@ def evaluate_text(
                             actual = rebuilt
                             head_inputs[span] = hidden
                     logprobs = torch.log_softmax(actual, dim=-1)
+                    del actual  # one [tokens, vocabulary] FP32 copy fewer while the baseline's are rebuilt (core.memory.SCORED_COPIES)
                     targets = torch.tensor(encoded[index][0])
                     nll[index] = float(-logprobs.gather(-1, targets[:, None]).double().sum())
                     ids, values, residual = agreement.topk_cache(logprobs, top_k)
@@ -381,8 +382,8 @@ def _compare(baseline: BaselineSide, span: slice, logprobs: Any, checks: dict[st
     import torch
 
     if baseline.exact:
-        rebuilt = head_logits(baseline.head_inputs[span], baseline.head_weight, baseline.head_bias)
-        return _kl_rows(torch.log_softmax(rebuilt, dim=-1), logprobs)
+        # the rebuilt logits are dropped as soon as their log-softmax exists
+        return _kl_rows(torch.log_softmax(head_logits(baseline.head_inputs[span], baseline.head_weight, baseline.head_bias), dim=-1), logprobs)
     cached = (baseline.topk_ids[span], baseline.topk_logprobs[span], baseline.topk_residual[span])
     for row, position in enumerate(baseline.exact_positions):
         if span.start <= position < span.stop:
