@@ -83,9 +83,10 @@ def child(figures: Path, arguments: list[str]) -> int:
     """Run one quantgate command in this process and write its VmHWM, and the largest RssAnon a
     thread sampled, as it ends. VmHWM counts file pages mapped into the process too: a streamed
     load maps the model's safetensors files and reads every tensor through the mapping (the 7B
-    shape's load: 14.3 GB of them, 0.9 GB anonymous at most), clean page cache that the kernel
+    shape's load: 14.3 GiB of them at its end), clean page cache that the kernel
     takes back under a memory cap; the anonymous peak is what the stage must keep resident, and
-    a run under a cgroup cap (benchmarks/memory_cap.py) is what shows it fits."""
+    a run under a cgroup cap (benchmarks/memory_cap.py) is what shows it fits. Sampled every
+    ANON_EVERY_S, the anonymous peak is a lower bound: a tensor that lives less long is missed."""
     import threading
 
     from quantgate.cli import main

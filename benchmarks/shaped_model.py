@@ -28,6 +28,7 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 # Qwen2.5-7B's config.json (hub: Qwen/Qwen2.5-7B), the fields that decide the tensors' shapes.
 SHAPES = {
@@ -40,6 +41,7 @@ SHAPES = {
     },
 }
 SHARD_BYTES = 2 * 10**9
+MARKER = "RANDOM-WEIGHTS.txt"  # what this script writes into every model it makes, and looks for before replacing one
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json",
                    "vocab.json", "merges.txt", "generation_config.json")
 
@@ -59,8 +61,37 @@ def build(shape: str, layers: int | None, tokenizer_from: Path, out: Path, seed:
     tensors = {name: tuple(tensor.shape) for name, tensor in skeleton.state_dict().items()}
     generator = torch.Generator().manual_seed(seed)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        total = _write(tensors, config, generator, staging, save_file)
+        for file in TOKENIZER_FILES:
+            if (tokenizer_from / file).exists():
+                shutil.copy2(tokenizer_from / file, staging / file)
+        (staging / MARKER).write_text(
+            f"Random weights (N(0, {config.initializer_range}), seed {seed}) in {shape}'s shape with "
+            f"{config.num_hidden_layers} layers, made by benchmarks/shaped_model.py: for cost measurements only; "
+            "its quality numbers mean nothing.\n")
+        staging.chmod(0o755)
+        for file in staging.iterdir():
+            file.chmod(0o644)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    # the old model (one this script made: main checks) set aside, the new one renamed in, the old removed
+    old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old.", dir=out.parent)) / "model" if out.exists() else None
+    if old is not None:
+        out.rename(old)
+    os.replace(staging, out)
+    if old is not None:
+        shutil.rmtree(old.parent)
+    return total
+
+
+def _write(tensors: dict[str, tuple[int, ...]], config: Any, generator: Any, staging: Path, save_file: Any) -> int:
+    """The weights, tensor by tensor, into shards of at most SHARD_BYTES with their index; config.json."""
+    import torch
+
     weight_map: dict[str, str] = {}
-    shard: dict[str, torch.Tensor] = {}
+    shard: dict[str, Any] = {}
     shard_bytes = 0
     shards: list[list[str]] = []
 
@@ -94,19 +125,6 @@ def build(shape: str, layers: int | None, tokenizer_from: Path, out: Path, seed:
     index = {"metadata": {"total_size": 2 * total}, "weight_map": {key: final[value] for key, value in weight_map.items()}}
     (staging / "model.safetensors.index.json").write_text(json.dumps(index, indent=1) + "\n")
     config.save_pretrained(staging)
-    for file in TOKENIZER_FILES:
-        if (tokenizer_from / file).exists():
-            shutil.copy2(tokenizer_from / file, staging / file)
-    (staging / "RANDOM-WEIGHTS.txt").write_text(
-        f"Random weights (N(0, {config.initializer_range}), seed {seed}) in {shape}'s shape with "
-        f"{config.num_hidden_layers} layers, made by benchmarks/shaped_model.py: for cost measurements only; "
-        "its quality numbers mean nothing.\n")
-    staging.chmod(0o755)
-    for file in staging.iterdir():
-        file.chmod(0o644)
-    if out.exists():
-        shutil.rmtree(out)
-    os.replace(staging, out)
     return total
 
 
@@ -125,6 +143,11 @@ def main(argv: list[str] | None = None) -> int:
     if arguments.layers is not None and arguments.layers < 1:
         print("error: --layers must be at least 1", file=sys.stderr)
         return 2
+    out = arguments.out.resolve()
+    if out.exists() and not (out / MARKER).is_file():
+        print(f"error: {arguments.out} exists and is not a model this script made (no {MARKER}): not replaced", file=sys.stderr)
+        return 2
+    arguments.out = out
     arguments.out.parent.mkdir(parents=True, exist_ok=True)
     total = build(arguments.shape, arguments.layers, arguments.tokenizer_from, arguments.out, arguments.seed)
     print(f"{arguments.out}: {total / 1e9:.2f}B parameters, random weights in {arguments.shape}'s shape")

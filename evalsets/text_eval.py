@@ -105,20 +105,30 @@ class _HeadInputs:
         self.usable = isinstance(self.module, torch.nn.Linear)
         self.last: Any = None
         self.final: Any = None
-        self._hook = self.module.register_forward_hook(self._keep) if self.usable else None
         decoder = model.get_decoder() if self.usable and hasattr(model, "get_decoder") else None
         takes = "logits_to_keep" in inspect.signature(type(model).forward).parameters
-        self.selective = decoder is not None and decoder is not model and takes
+        self.selective = isinstance(decoder, torch.nn.Module) and decoder is not model and takes
+        self._hook = self.module.register_forward_hook(self._keep) if self.usable else None
         self._decoder_hook = decoder.register_forward_hook(self._keep_final) if self.selective else None
 
     def _keep(self, module: Any, inputs: tuple[Any, ...], output: Any) -> None:
         self.last = inputs[0].detach()
 
     def _keep_final(self, module: Any, inputs: tuple[Any, ...], output: Any) -> None:
-        hidden = getattr(output, "last_hidden_state", None)
-        if hidden is None:
+        import torch
+
+        hidden = output if torch.is_tensor(output) else getattr(output, "last_hidden_state", None)
+        if hidden is None and isinstance(output, tuple) and output and torch.is_tensor(output[0]):
             hidden = output[0]
-        self.final = hidden.detach()
+        self.final = hidden.detach() if hidden is not None else None
+
+    def stop_selective(self) -> None:
+        """The model's own logits from here on: the decoder's output is no longer kept."""
+        self.selective = False
+        self.final = None
+        if self._decoder_hook is not None:
+            self._decoder_hook.remove()
+            self._decoder_hook = None
 
     def close(self) -> None:
         for hook in (self._hook, self._decoder_hook):
@@ -251,16 +261,20 @@ def evaluate_text(
                 # every position's distribution is the output layer applied here to the decoder's output.
                 selective = capture.selective and head_ok is not False
                 checked = _check_positions(item_tokens[chunk[0]]) if selective and head_ok is None else []
-                if selective:
-                    inputs["logits_to_keep"] = torch.tensor(checked, device=device) if checked else 1
+                if selective:  # (an index on the CPU: transformers indexes the hidden states with it on any device)
+                    inputs["logits_to_keep"] = torch.tensor(checked) if checked else 1
                 logits = model(**inputs).logits
                 if checked:  # once per model, on the longest item: is the decoder's output the head's input, and the head a plain Linear?
-                    check_hidden = capture.final[0, checked].float().cpu()
-                    rebuilt = head_logits(check_hidden, weight_fp32, None if bias is None else bias.cpu())
-                    same_inputs = torch.equal(capture.final[:, checked], capture.last)
-                    head_difference = head_difference_beyond_rounding(rebuilt, logits[0].float().cpu(), logits.dtype)
-                    head_ok = same_inputs and head_difference <= HEAD_TOLERANCE
+                    final, last = capture.final, capture.last
+                    same_inputs = (final is not None and last is not None and final.shape[:2] == (len(chunk), width)
+                                   and torch.equal(final[:, checked].to(last.device), last))
+                    if same_inputs:
+                        rebuilt = head_logits(final[0, checked].float().cpu(), weight_fp32, None if bias is None else bias.cpu())
+                        head_difference = head_difference_beyond_rounding(rebuilt, logits[0].float().cpu(), logits.dtype)
+                        del rebuilt
+                    head_ok = same_inputs and head_difference is not None and head_difference <= HEAD_TOLERANCE
                     if not head_ok:  # the model's own logits, everywhere, from here on
+                        capture.stop_selective()
                         logits = model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"]).logits
                 for row, index in enumerate(chunk):
                     count = item_tokens[index]
@@ -280,6 +294,7 @@ def evaluate_text(
                         if head_ok:
                             actual = rebuilt
                             head_inputs[span] = hidden
+                        del rebuilt
                     logprobs = torch.log_softmax(actual, dim=-1)
                     del actual  # one [tokens, vocabulary] FP32 copy fewer while the baseline's are rebuilt (core.memory.SCORED_COPIES)
                     targets = torch.tensor(encoded[index][0])

@@ -319,3 +319,34 @@ def test_the_output_layer_applied_here_scores_as_the_models_own_logits(tiny_mode
     assert len(selective_kept) == len(whole_kept) == 2 * 2  # two models, two batches of the 3 items each (batch size 2)
     first = min(max(whole_kept), text_eval.HEAD_CHECK_POSITIONS)
     assert selective_kept == [first, 1, first, 1] and max(whole_kept) > 1
+
+
+def test_a_decoder_whose_output_is_not_the_heads_input_is_scored_from_the_models_own_logits(
+        tiny_model_template: Path, tmp_path: Path, text_runs: list, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Something between the decoder and the output layer (here a pre-hook scaling the layer's input):
+    the check finds it, and the set is scored from the model's own logits, as with the check made
+    on every position's logits (forced to fail there too)."""
+    import torch
+
+    from quantgate.evalsets import text_eval
+
+    original_init = text_eval._HeadInputs.__init__
+
+    def init(self, model, selective: bool) -> None:
+        model.get_output_embeddings().register_forward_pre_hook(lambda module, inputs: (inputs[0] * 1.5,))
+        original_init(self, model)
+        if not selective:
+            self.selective = False
+
+    runs = {}
+    for way in ("selective", "whole"):
+        monkeypatch.setattr(text_eval._HeadInputs, "__init__", lambda self, model, way=way: init(self, model, way == "selective"))
+        if way == "whole":  # the model's logits everywhere: its own scaled head rebuilds, so the check is made to fail
+            monkeypatch.setattr(text_eval, "HEAD_TOLERANCE", -1.0)
+        cfg = config("wiki-text", limit=3, batch_size=2, use_cache=False)
+        evalsets.run(cfg, tiny_model_template, tmp_path / way)
+        runs[way] = text_runs[-1]
+    selective, whole = runs["selective"], runs["whole"]
+    assert not selective.details["head"]["rebuilt_from_hidden_states"] and not whole.details["head"]["rebuilt_from_hidden_states"]
+    assert selective.metrics == whole.metrics and selective.items == whole.items
+    assert all(torch.equal(selective.tensors[name], whole.tensors[name]) for name in ("topk_ids", "topk_logprobs", "topk_residual"))

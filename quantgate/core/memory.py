@@ -167,25 +167,25 @@ _LAYER = re.compile(r"(?:^|\.)(?:layers|h|blocks|block)\.(\d+)\.")
 # and the largest tensor outside the layers (the embedding or the output layer) onloaded in FP32;
 # in scoring: one item's distributions, SCORED_COPIES of tokens x vocabulary in FP32 (this model's
 # log-softmax, the baseline's logits rebuilt from its cache and their log-softmax); in both, the
-# output layer's weight kept in FP32 to score with (the model's own [batch, tokens, vocabulary]
-# logits are not made: evalsets.text_eval). A quantization: the onloaded layer and largest tensor,
-# and the larger of calibrating (its calibration rows through one layer: inputs, outputs and the
-# MLP's inner width, FP32; GPTQ's Hessians, one an input of each of the layer's linear layers, and
-# two more copies of the largest while it is inverted), saving (the checkpoint shard being written,
-# at most SHARD_BYTES: transformers gathers a shard before it writes it) and its smoke check (the
-# compressed checkpoint loaded again). Decompressing a compressed checkpoint streamed holds about
-# a byte a weight more (the 1.5B model's gptq-int4: 1.72 GiB more anonymous memory than its
-# baseline's evaluation, 3705b16), counted for every evaluation (a plan's candidates are the
-# baseline's size). A quantization's libraries (llmcompressor, its tracing and calibration data)
-# hold QUANTIZE_LIBRARIES more than an evaluation's: a streamed quantization of the demo model
-# peaked at 1.43 GB anonymous, 1.74 GB VmHWM, against 1.38 GB of the other terms (chosen after
-# seeing it). Issue 37's goal is 1.5x the 16-bit bytes plus 1 GiB; what these come to against
-# measured peaks is in docs/models.md, "Streamed stages".
+# output layer's weight kept in FP32 to score with, and a candidate's baseline's output layer in
+# FP32 (evalsets.evaluate.load_side; counted for every evaluation: a plan's candidates are its
+# baseline's size). The model's own [batch, tokens, vocabulary] logits are not made where the model
+# takes `logits_to_keep` (evalsets.text_eval; the serve check's greedy reference still makes a few
+# prompts' logits). A quantization: the onloaded layer and largest tensor, and the larger of
+# calibrating (its calibration rows through one layer: inputs, outputs and the MLP's inner width,
+# FP32; GPTQ's Hessians, one an input width of each of the layer's linear layers, and two more
+# copies of the largest while it is inverted: a dense layer's, from hidden_size and
+# intermediate_size, which a mixture of experts' experts exceed) and saving (the checkpoint shard
+# being written, at most SHARD_BYTES: transformers gathers a shard before it writes it); its smoke
+# check holds what an evaluation's forward does. A quantization's libraries (llmcompressor, its
+# tracing and calibration data) hold QUANTIZE_LIBRARIES more than an evaluation's: a streamed
+# quantization of the demo model peaked at 1.43 GB anonymous, 1.74 GB VmHWM, against 1.29 GB of
+# the other terms (chosen after seeing it). What these come to against measured peaks is in
+# docs/models.md, "Streamed stages" (issue 37's goal: 1.5x the 16-bit bytes plus 1 GiB).
 STREAMED_LAYERS = 3
 SCORED_COPIES = 3
 SHARD_BYTES = 2 * 10**9
 QUANTIZE_LIBRARIES = 5 * 10**8
-CHECKPOINT_BYTES_PER_WEIGHT = 1  # a quantized checkpoint: at most a byte a weight (8-bit formats)
 # 4-bit weights packed eight to an int32 (compressed-tensors' pack-quantized `weight_packed`)
 _PACKED = {"I32": 8}
 
@@ -250,19 +250,17 @@ def stage_needs(found: ModelShape, stage: str, work: Work = Work()) -> StageNeed
     """`stage` ("quantize" or "evaluate"): its estimated peak in memory (the measured factors on the
     FP32 bytes) and streamed (the terms above)."""
     onloaded = FP32_BYTES * (STREAMED_LAYERS * found.largest_layer + found.largest_other)
-    # a compressed checkpoint loaded streamed (a candidate evaluated, the smoke check's reload)
-    compressed = CHECKPOINT_BYTES_PER_WEIGHT * found.parameters
     if stage == "quantize":
         in_memory = math.ceil(QUANTIZE_FACTOR * FP32_BYTES * found.parameters)
         rows = work.rows * work.row_tokens * FP32_BYTES * (4 * found.hidden + 2 * found.intermediate)
         # attention's four and the MLP's two take the hidden width in, the MLP's last its inner width
         hessians = FP32_BYTES * (6 * found.hidden**2 + 3 * found.intermediate**2)
         shard = min(SHARD_BYTES, found.parameters)  # the shard being written: at most a byte a weight (8-bit)
-        streamed = QUANTIZE_LIBRARIES + onloaded + max(rows + hessians, shard, compressed)
+        streamed = QUANTIZE_LIBRARIES + onloaded + max(rows + hessians, shard)
     else:
         in_memory = math.ceil(EVALUATE_FACTOR * FP32_BYTES * found.parameters)
-        head = FP32_BYTES * found.largest_other
-        streamed = head + max(onloaded, FP32_BYTES * SCORED_COPIES * work.tokens * found.vocabulary) + compressed
+        heads = 2 * FP32_BYTES * found.largest_other  # this model's, kept to score with, and its baseline's
+        streamed = heads + max(onloaded, FP32_BYTES * SCORED_COPIES * work.tokens * found.vocabulary)
     return StageNeeds(BASE_BYTES + in_memory, BASE_BYTES + streamed)
 
 
