@@ -71,8 +71,8 @@ def build(shape: str, layers: int | None, tokenizer_from: Path, out: Path, seed:
             f"{config.num_hidden_layers} layers, made by benchmarks/shaped_model.py: for cost measurements only; "
             "its quality numbers mean nothing.\n")
         staging.chmod(0o755)
-        for file in staging.iterdir():
-            file.chmod(0o644)
+        for written in staging.iterdir():
+            written.chmod(0o644)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise

@@ -109,7 +109,7 @@ class _HeadInputs:
         takes = "logits_to_keep" in inspect.signature(type(model).forward).parameters
         self.selective = isinstance(decoder, torch.nn.Module) and decoder is not model and takes
         self._hook = self.module.register_forward_hook(self._keep) if self.usable else None
-        self._decoder_hook = decoder.register_forward_hook(self._keep_final) if self.selective else None
+        self._decoder_hook = decoder.register_forward_hook(self._keep_final) if self.selective and decoder is not None else None
 
     def _keep(self, module: Any, inputs: tuple[Any, ...], output: Any) -> None:
         self.last = inputs[0].detach()
