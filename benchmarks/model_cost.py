@@ -75,10 +75,6 @@ def status_bytes(field: str) -> int:
     raise RuntimeError(f"no {field} in /proc/self/status (Linux only)")
 
 
-def vmhwm_bytes() -> int:
-    return status_bytes("VmHWM")
-
-
 def child(figures: Path, arguments: list[str]) -> int:
     """Run one quantgate command in this process and write its VmHWM, and the largest RssAnon a
     thread sampled, as it ends. VmHWM counts file pages mapped into the process too: a streamed
@@ -108,7 +104,7 @@ def child(figures: Path, arguments: list[str]) -> int:
     finally:
         done.set()
         peak_anon[0] = max(peak_anon[0], status_bytes("RssAnon"))
-        figures.write_text(json.dumps({"peak_rss_bytes": vmhwm_bytes(), "peak_anon_bytes": peak_anon[0]}))
+        figures.write_text(json.dumps({"peak_rss_bytes": status_bytes("VmHWM"), "peak_anon_bytes": peak_anon[0]}))
     return code
 
 

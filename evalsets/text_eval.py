@@ -227,6 +227,7 @@ def evaluate_text(
     # the output layer in FP32 once (a no-op for a model computing in FP32), not again for every item
     weight_fp32: Any = weight.float().cpu() if weight is not None else None
     bias = getattr(capture.module, "bias", None) if capture.usable else None
+    bias_cpu: Any = None if bias is None else bias.detach().cpu()  # once, not for every item
 
     topk_ids = torch.zeros((total, top_k), dtype=torch.int32)
     topk_logprobs = torch.zeros((total, top_k), dtype=torch.float32)
@@ -269,7 +270,7 @@ def evaluate_text(
                     same_inputs = (final is not None and last is not None and final.shape[:2] == (len(chunk), width)
                                    and torch.equal(final[:, checked].to(last.device), last))
                     if same_inputs:
-                        rebuilt = head_logits(final[0, checked].float().cpu(), weight_fp32, None if bias is None else bias.cpu())
+                        rebuilt = head_logits(final[0, checked].float().cpu(), weight_fp32, bias_cpu)
                         head_difference = head_difference_beyond_rounding(rebuilt, logits[0].float().cpu(), logits.dtype)
                         del rebuilt
                     head_ok = same_inputs and head_difference is not None and head_difference <= HEAD_TOLERANCE
@@ -281,13 +282,13 @@ def evaluate_text(
                     span = slice(starts[index], starts[index] + count)
                     if selective and head_ok:
                         hidden = capture.final[row, :count].float().cpu()
-                        actual = head_logits(hidden, weight_fp32, None if bias is None else bias.cpu())
+                        actual = head_logits(hidden, weight_fp32, bias_cpu)
                         head_inputs[span] = hidden
                     else:
                         actual = logits[row, :count].float().cpu()
                     if not selective and head_ok is not False:
                         hidden = capture.last[row, :count].float().cpu()
-                        rebuilt = head_logits(hidden, weight_fp32, None if bias is None else bias.cpu())
+                        rebuilt = head_logits(hidden, weight_fp32, bias_cpu)
                         if head_ok is None:  # checked once per model, on the longest item
                             head_difference = head_difference_beyond_rounding(rebuilt, actual, logits.dtype)
                             head_ok = head_difference <= HEAD_TOLERANCE

@@ -644,17 +644,21 @@ def release_every_scratch() -> None:
             finalizer()
 
 
-def _scratch_prefix(pid: int | None = None) -> str:
-    """A scratch directory's name: its machine and process (a QUANTGATE_HOME may be shared by the
+def _host_prefix() -> str:
+    """The start of this machine's scratch directories' names (a QUANTGATE_HOME may be shared by the
     nodes of a cluster: only this machine's processes are looked up)."""
-    host = "".join(char if char.isalnum() else "_" for char in socket.gethostname())
-    return f"streamed-{host}-{os.getpid() if pid is None else pid}"
+    return "streamed-" + "".join(char if char.isalnum() else "_" for char in socket.gethostname()) + "-"
+
+
+def _scratch_prefix(pid: int | None = None) -> str:
+    """A scratch directory's name: its machine and its process (this one's by default)."""
+    return f"{_host_prefix()}{os.getpid() if pid is None else pid}"
 
 
 def _sweep(scratch: Path) -> None:
     """Remove the scratch directories of this machine's processes that are gone (killed before they
     could: the kernel's OOM killer, a power cut)."""
-    mine = _scratch_prefix(0)[: -len("0")]  # "streamed-HOST-"
+    mine = _host_prefix()
     for folder in scratch.glob(f"{mine}*-*"):
         pid = folder.name[len(mine):].split("-")[0]
         if pid.isdigit() and int(pid) != os.getpid() and not Path(f"/proc/{pid}").exists():
