@@ -3,7 +3,7 @@ cgroup of its own limited to --cap bytes, which must either run to its verdicts 
 preflight in one line (exit 2), and never be ended by the kernel's OOM killer.
 
     sudo .venv/bin/python benchmarks/memory_cap.py --cap 6e9 benchmarks/plans/qwen-1.5b.yaml [--out DIR] [--json PATH]
-    sudo .venv/bin/python benchmarks/memory_cap.py --cap 20e9 [--json PATH] -- COMMAND...   # any command, its output passed through
+    sudo .venv/bin/python benchmarks/memory_cap.py --cap 20e9 [--json PATH] -- COMMAND...   # any command, its output passed through (stderr kept for its error line)
 
 Needs root and a cgroup memory controller (v1 at /sys/fs/cgroup/memory, or v2): the cgroup is made
 under the one this process is in, the run's process moved into it before it execs, and removed
@@ -88,17 +88,23 @@ def main(argv: list[str] | None = None) -> int:
     command = given or [sys.executable, "-m", "quantgate.cli", "run", args.plan, *(["--out", str(args.out)] if args.out else [])]
     start = time.perf_counter()
     try:
-        done = subprocess.run(command, cwd=ROOT, capture_output=not given, text=True,
-                              preexec_fn=lambda: procs.write_text(str(os.getpid())))
+        # a command's stderr is passed through as it comes and kept, so its error line is reported
+        with subprocess.Popen(command, cwd=ROOT, stdout=None if given else subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                              preexec_fn=lambda: procs.write_text(str(os.getpid()))) as process:
+            assert process.stderr is not None
+            stderr = []
+            for line in process.stderr:
+                stderr.append(line.rstrip("\n"))
+                if given:
+                    sys.stderr.write(line)
         seconds = time.perf_counter() - start
         peak, oom = peak_and_oom(folder, version)
     finally:
         folder.rmdir()
-    stderr = (done.stderr or "").splitlines()
     errors = [line for line in stderr if line.startswith("quantgate: error:")]
-    result = {"plan": args.plan, "command": given or None, "cap_bytes": int(args.cap), "cgroup": version, "exit": done.returncode,
+    result = {"plan": args.plan, "command": given or None, "cap_bytes": int(args.cap), "cgroup": version, "exit": process.returncode,
               "seconds": round(seconds, 1), "error": errors[-1] if errors else None, "stderr_lines": len(stderr), "peak_bytes": peak,
-              "oom_kills": oom, "killed_by_signal": done.returncode < 0}
+              "oom_kills": oom, "killed_by_signal": process.returncode < 0}
     print(json.dumps(result, indent=1))
     if args.json:
         args.json.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")

@@ -428,6 +428,12 @@ class EvaluateConfig(Strict):
             raise ValueError("engine settings apply to --backend vllm only")
         return self
 
+    def keyed(self) -> dict[str, JsonValue]:
+        """The settings as a cache key hashes them: all of them, as JSON, but the placement (where
+        the model is kept gives the same numbers, so a run resumed with less memory reuses what
+        it made)."""
+        return self.model_dump(mode="json", exclude={"placement"})
+
     def offset_for(self, name: str, spec: str) -> int:
         return self.offsets.get(spec, self.offsets.get(name, 0))
 

@@ -70,6 +70,36 @@ def test_streamed_needs_grow_with_a_layer_and_the_activations_not_with_the_depth
     assert wider == 0 and longer == memory.SCORED_COPIES * 4096 * 150_000 * 4 - max(onloaded, memory.SCORED_COPIES * 512 * 150_000 * 4)
 
 
+def test_a_mixture_of_experts_counts_every_experts_hessian(tmp_path: Path) -> None:
+    # Qwen2-MoE's config names (Qwen1.5-MoE-A2.7B's widths): 60 experts of 1408, a shared expert of
+    # 5632; the dense MLP's intermediate_size is there too and no layer uses it
+    import json
+
+    import torch
+    from safetensors.torch import save_file
+
+    save_file({"model.layers.0.mlp.gate.weight": torch.zeros(60, 8)}, str(tmp_path / "model.safetensors"))
+    config = {"hidden_size": 2048, "intermediate_size": 5632, "moe_intermediate_size": 1408, "num_experts": 60,
+              "shared_expert_intermediate_size": 5632, "vocab_size": 151936}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    found = memory.shape(tmp_path)
+    assert (found.experts, found.expert_intermediate, found.shared_intermediate) == (60, 1408, 5632)
+    h = 2048
+    assert found.hessian_bytes() == 4 * (4 * h**2 + 60 * (2 * h**2 + 1408**2) + (2 * h**2 + 5632**2) + 2 * 5632**2)
+    dense = memory.ModelShape(**{**vars(found), "experts": 0, "expert_intermediate": 0, "shared_intermediate": 0})
+    assert dense.hessian_bytes() == 4 * (6 * h**2 + 3 * 5632**2)
+    # 2.9 GB against the dense formula's 0.5 GB: the difference is in the streamed quantization's estimate
+    added = memory.stage_needs(found, "quantize").streamed - memory.stage_needs(dense, "quantize").streamed
+    assert added == found.hessian_bytes() - dense.hessian_bytes() > 2 * 10**9
+    # DeepSeek's names: n_routed_experts, and n_shared_experts of moe_intermediate_size each
+    config = {"hidden_size": 1024, "intermediate_size": 4096, "moe_intermediate_size": 512, "n_routed_experts": 16, "n_shared_experts": 2}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    found = memory.shape(tmp_path)
+    assert (found.experts, found.expert_intermediate, found.shared_intermediate) == (16, 512, 1024)
+    # its first layers' dense MLP (4096 wide) needs more than a layer of experts: the larger is counted
+    assert found.hessian_bytes() == 4 * (6 * 1024**2 + 3 * 4096**2)
+
+
 def _tensors(checkpoint: Path) -> dict[str, tuple[str, tuple[int, ...], bytes]]:
     from safetensors.torch import load_file
 

@@ -22,13 +22,16 @@ class _Dumps:
     def model_dump(self, mode: str = "python", exclude: set[str] | None = None) -> dict[str, Any]:
         return {name: value for name, value in self.value.items() if name not in (exclude or set())}
 
+    def keyed(self) -> dict[str, Any]:  # EvaluateConfig.keyed: all but the placement
+        return self.model_dump(mode="json", exclude={"placement"})
+
 
 def _plan() -> Any:
     policy = SimpleNamespace(identity={"name": "default", "sha256": "p" * 8}, policy=SimpleNamespace(metrics={"wiki": {}, "arc": {}}))
     env = SimpleNamespace(identity=lambda: {"engine": "vllm", "version": "0.6"})
     return SimpleNamespace(
         golden_shas={"wiki@v1": "a" * 8, "arc@v1": "b" * 8}, version="9.9.9", identity_key={"sha256": "m" * 8},
-        profile_key={"reference": {"bandwidth": 1}}, first_look_cfg=_Dumps({"limit": {"wiki@v1": 8}}),
+        profile_key={"reference": {"bandwidth": 1}}, first_look_cfg=_Dumps({"limit": {"wiki@v1": 8}, "placement": "streamed"}),
         quantize_cfgs={"gptq-int4": _Dumps({"format": "gptq-int4", "group_size": 128})}, policy=policy,
         eval_settings={"batch_size": 4}, looks_json={"wiki@v1": [8, 16]}, serve_cfg=_Dumps({"tokens": 16}), serving_env=env)
 

@@ -173,9 +173,7 @@ _LAYER = re.compile(r"(?:^|\.)(?:layers|h|blocks|block)\.(\d+)\.")
 # takes `logits_to_keep` (evalsets.text_eval; the serve check's greedy reference still makes a few
 # prompts' logits). A quantization: the onloaded layer and largest tensor, and the larger of
 # calibrating (its calibration rows through one layer: inputs, outputs and the MLP's inner width,
-# FP32; GPTQ's Hessians, one an input width of each of the layer's linear layers, and two more
-# copies of the largest while it is inverted: a dense layer's, from hidden_size and
-# intermediate_size, which a mixture of experts' experts exceed) and saving (the checkpoint shard
+# FP32; GPTQ's Hessians, ModelShape.hessian_bytes, every expert's in a mixture of experts) and saving (the checkpoint shard
 # being written, at most SHARD_BYTES: transformers gathers a shard before it writes it); its smoke
 # check holds what an evaluation's forward does. A quantization's libraries (llmcompressor, its
 # tracing and calibration data) hold QUANTIZE_LIBRARIES more than an evaluation's: a streamed
@@ -200,6 +198,23 @@ class ModelShape:
     vocabulary: int = 0  # config.json's vocab_size (0: not given)
     hidden: int = 0  # hidden_size
     intermediate: int = 0  # intermediate_size (the MLP's inner width)
+    experts: int = 0  # routed experts in a mixture-of-experts layer (0: every MLP is dense)
+    expert_intermediate: int = 0  # one expert's inner width (moe_intermediate_size, else intermediate_size)
+    shared_intermediate: int = 0  # the shared experts' inner width, all of them together (0: none)
+
+    def hessian_bytes(self) -> int:
+        """GPTQ's Hessians for the largest decoder layer, FP32: one an input width square for each
+        linear layer (attention's four and a dense MLP's two take the hidden width in, the MLP's last
+        its inner width), every expert's at once in a mixture of experts (llmcompressor calibrates a
+        whole layer before it compresses any of its modules), and two more copies of the largest
+        while it is inverted."""
+        dense = 6 * self.hidden**2 + self.intermediate**2 + 2 * max(self.hidden, self.intermediate) ** 2
+        if not self.experts:
+            return FP32_BYTES * dense
+        mlps = [(self.experts, self.expert_intermediate)] + ([(1, self.shared_intermediate)] if self.shared_intermediate else [])
+        widest = max(self.hidden, self.expert_intermediate, self.shared_intermediate)
+        moe = 4 * self.hidden**2 + sum(count * (2 * self.hidden**2 + inner**2) for count, inner in mlps) + 2 * widest**2
+        return FP32_BYTES * max(dense, moe)  # a model may keep dense MLPs in some layers (DeepSeek's first)
 
 
 def shape(model_dir: Path) -> ModelShape:
@@ -224,8 +239,15 @@ def shape(model_dir: Path) -> ModelShape:
         value = text.get(key)
         return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
+    # the names the families' configs give a mixture of experts: Qwen2/3-MoE and OLMoE num_experts,
+    # Mixtral and gpt-oss num_local_experts, DeepSeek n_routed_experts (with n_shared_experts of
+    # moe_intermediate_size each); Qwen2-MoE's shared expert its own shared_expert_intermediate_size
+    experts = number("num_experts") or number("num_local_experts") or number("n_routed_experts")
+    expert_inner = number("moe_intermediate_size") or number("intermediate_size")
+    shared = number("shared_expert_intermediate_size") or number("n_shared_experts") * expert_inner
     return ModelShape(parameters=total, largest_layer=max(layers.values(), default=0), largest_other=other,
-                      vocabulary=number("vocab_size"), hidden=number("hidden_size"), intermediate=number("intermediate_size"))
+                      vocabulary=number("vocab_size"), hidden=number("hidden_size"), intermediate=number("intermediate_size"),
+                      experts=experts, expert_intermediate=expert_inner if experts else 0, shared_intermediate=shared if experts else 0)
 
 
 @dataclass(frozen=True)
@@ -253,8 +275,7 @@ def stage_needs(found: ModelShape, stage: str, work: Work = Work()) -> StageNeed
     if stage == "quantize":
         in_memory = math.ceil(QUANTIZE_FACTOR * FP32_BYTES * found.parameters)
         rows = work.rows * work.row_tokens * FP32_BYTES * (4 * found.hidden + 2 * found.intermediate)
-        # attention's four and the MLP's two take the hidden width in, the MLP's last its inner width
-        hessians = FP32_BYTES * (6 * found.hidden**2 + 3 * found.intermediate**2)
+        hessians = found.hessian_bytes()
         shard = min(SHARD_BYTES, found.parameters)  # the shard being written: at most a byte a weight (8-bit)
         streamed = QUANTIZE_LIBRARIES + onloaded + max(rows + hessians, shard)
     else:

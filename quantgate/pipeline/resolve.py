@@ -136,10 +136,8 @@ class ResolvedPlan:
 
     @property
     def eval_settings(self) -> dict[str, JsonValue]:
-        """The evaluation settings as JSON: hashed into a cache key as they are, no field read, but
-        for the placement (where the model is kept: the same numbers either way, so a run resumed
-        with less memory reuses what it made)."""
-        return self.eval_cfg.model_dump(mode="json", exclude={"placement"})
+        """The evaluation settings as a cache key hashes them, no field read (EvaluateConfig.keyed)."""
+        return self.eval_cfg.keyed()
 
     @property
     def own_split(self) -> Split:

@@ -137,7 +137,7 @@ def baseline_measure_key(plan: ResolvedPlan) -> str:
 
 def baseline_evaluate_key(plan: ResolvedPlan) -> str:
     """The baseline at every set's first look: the sets, the settings, the evaluator and the libraries."""
-    return sha256_json({"stage": "evaluate", "model": plan.identity_key, "config": plan.first_look_cfg.model_dump(mode="json", exclude={"placement"}),
+    return sha256_json({"stage": "evaluate", "model": plan.identity_key, "config": plan.first_look_cfg.keyed(),
                         "sets": plan.golden_shas, "evaluator": EVALUATOR_VERSION, "libraries": library_versions(),
                         "quantgate": plan.version})
 
