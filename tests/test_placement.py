@@ -230,6 +230,41 @@ def test_streaming_an_evaluation_on_a_gpu_is_refused_before_any_work(quant_model
     assert not (tmp_path / "run").exists()
 
 
+def test_a_streamed_run_without_the_disk_for_its_scratch_is_refused_before_any_work(
+        quant_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cli: Callable[..., Any]) -> None:
+    """A streamed quantization writes its changed weights to the scratch directory and a streamed
+    candidate its decompressed ones, in FP32: a disk with less free than that refuses the plan in
+    preflight, in one line (exit 2), not after the quantization; in memory the disk is not asked."""
+    monkeypatch.setattr(memory, "allowance", lambda: memory.Allowance(6 * 10**9, "the memory cgroup /sys/fs/cgroup/test (limit 6.0 GB)"))
+    needs = memory.scratch_needs(memory.shape(quant_model))
+    assert needs == 4 * memory.shape(quant_model).parameters
+    monkeypatch.setattr(memory, "disk_free", lambda folder: memory.Allowance(needs - 1, f"the disk of {folder}"))
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(yaml.safe_dump(plan_mapping(quant_model, tmp_path, formats=["gptq-int4"], placement="streamed")))
+    result = cli("run", plan, "--quiet")
+    assert result.code == 2 and result.err.count("\n") == 1, result.err
+    assert result.err.startswith("quantgate: error: plan: streamed from disk, a stage writes up to about") and "scratch" in result.err
+    assert "QUANTGATE_HOME" in result.err and not (tmp_path / "run").exists()
+    # in memory nothing is written there: the same disk does not stop it
+    resolved = Pipeline(from_mapping(plan_mapping(quant_model, tmp_path, formats=["gptq-int4"], placement="memory")),
+                        show_progress=False).preflight()
+    assert resolved.quantize_placement is Placement.memory
+    # enough free: the streamed plan passes preflight
+    monkeypatch.setattr(memory, "disk_free", lambda folder: memory.Allowance(needs, f"the disk of {folder}"))
+    resolved = Pipeline(from_mapping(plan_mapping(quant_model, tmp_path, formats=["gptq-int4"], placement="streamed")),
+                        show_progress=False).preflight()
+    assert resolved.quantize_placement is Placement.streamed
+
+
+def test_disk_free_reads_the_nearest_existing_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import shutil
+
+    asked = []
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: asked.append(Path(path)) or shutil._ntuple_diskusage(10, 4, 6))  # type: ignore[attr-defined]
+    found = memory.disk_free(tmp_path / "not" / "yet")  # the scratch directory is made on first use
+    assert asked == [tmp_path] and found.bytes == 6 and str(tmp_path / "not" / "yet") in found.source
+
+
 def test_a_search_counts_its_sensitivity_in_memory(quant_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The search's sensitivity takes gradients of every weight: in memory whatever the placement."""
     monkeypatch.setattr(memory, "stage_needs", lambda found, stage, work=None: memory.StageNeeds(memory=12 * 10**9, streamed=4 * 10**9))
