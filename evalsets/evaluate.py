@@ -45,6 +45,7 @@ from quantgate.core.models import (
     max_sequence_length,
     quantgate_home,
     resolve_model,
+    scratch_root,
     tokenizer_hash,
     weights_sha256,
 )
@@ -333,7 +334,7 @@ class Evaluator:
     def loaded(self, device: str, dtype: str, streamed: bool = False) -> _LoadedModel:
         if (device, dtype, streamed) not in self._loaded:
             self._loaded[(device, dtype, streamed)] = _LoadedModel(self.model_dir, device, dtype, streamed,
-                                                                   (self.home or quantgate_home()) / "scratch")
+                                                                   scratch_root(self.home))
         return self._loaded[(device, dtype, streamed)]
 
     def placement(self, cfg: EvaluateConfig, device: str) -> memory.Chosen:

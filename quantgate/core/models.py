@@ -143,6 +143,12 @@ def quantgate_home() -> Path:
     return Path(cache) / "quantgate"
 
 
+def scratch_root(home: Path | None = None) -> Path:
+    """Where streamed models write their tensors (load_causal_lm): HOME/scratch, on disk (the
+    system's temporary directory may be memory)."""
+    return (home or quantgate_home()) / "scratch"
+
+
 def demo_model_dir(name: str, home: Path | None = None) -> Path:
     return (home or quantgate_home()) / "models" / name
 
@@ -603,7 +609,7 @@ def load_causal_lm(model_dir: Path, dtype: Any, streamed: bool, scratch: Path | 
             return
         initialize(self, module, is_custom_code)
 
-    scratch = scratch if scratch is not None else quantgate_home() / "scratch"
+    scratch = scratch if scratch is not None else scratch_root()
     scratch.mkdir(parents=True, exist_ok=True)
     _sweep(scratch)
     folder = Path(tempfile.mkdtemp(prefix=f"{_scratch_prefix()}-", dir=scratch))

@@ -19,7 +19,7 @@ from quantgate.core.errors import InputError, ModelError, did_you_mean
 from quantgate.core.formats import PRECISION_CLASSES
 from quantgate.core.ids import GateId, SetRef
 from quantgate.core.metrics import metric
-from quantgate.core.models import DEMO_MODELS, demo_model_dir, pull, quantgate_home, resolve_model
+from quantgate.core.models import DEMO_MODELS, demo_model_dir, pull, resolve_model, scratch_root
 from quantgate.core.validation import is_path, validated
 from quantgate.evalsets.evaluate import default_device, model_identity
 from quantgate.evalsets.results import ModelIdentity
@@ -392,7 +392,7 @@ def _memory(plan: RunPlan, model_dir: Path, quantize_cfgs: Mapping[str, quantize
     if memory.Placement.streamed in (quantizing.placement, evaluating.placement) and quantize_cfgs:
         # a streamed quantization writes its changed weights to the scratch directory, a streamed
         # candidate its decompressed ones: refused now rather than after hours of quantizing
-        scratch = quantgate_home() / "scratch"
+        scratch = scratch_root()
         written, free = memory.scratch_needs(found), memory.disk_free(scratch)
         if free.bytes < written:
             raise InputError(f"plan: streamed from disk, a stage writes up to about {memory.gb(written)} (4 bytes a weight) to its "
