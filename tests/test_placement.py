@@ -10,6 +10,7 @@ import json
 import math
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -260,7 +261,7 @@ def test_disk_free_reads_the_nearest_existing_folder(tmp_path: Path, monkeypatch
     import shutil
 
     asked = []
-    monkeypatch.setattr(shutil, "disk_usage", lambda path: asked.append(Path(path)) or shutil._ntuple_diskusage(10, 4, 6))  # type: ignore[attr-defined]
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: asked.append(Path(path)) or SimpleNamespace(total=10, used=4, free=6))
     found = memory.disk_free(tmp_path / "not" / "yet")  # the scratch directory is made on first use
     assert asked == [tmp_path] and found.bytes == 6 and str(tmp_path / "not" / "yet") in found.source
 
