@@ -351,3 +351,49 @@ def test_the_engine_default_serves_hang_after_its_load_ends_within_what_is_left_
     skipped, seconds = engine_default(_hanging_in_first_pass(tmp_path / "never", (0.2,)), 4.0, "skipped")
     assert seconds < 1.0 and skipped is not None and not skipped.served and not (tmp_path / "skipped" / "engine-default").exists()
     assert str(skipped.reason).startswith("the engine-default serve not started: 4.0 s left of the serve check's 4 s cap")
+
+
+# --- memory: a serve that would not fit is pending, never started ---------------------------------
+
+
+def test_a_serve_that_does_not_fit_in_memory_is_pending_and_no_worker_starts(quant_model: Path, tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM's CPU worker needs the checkpoint's bytes and more (core.memory.serve_needs): where what
+    this process may use is less, the check is pending here and says so, and no worker is started
+    (measured under a 6.5 GB cap: the 1.5B baseline's worker was killed by the OOM killer)."""
+    from quantgate.core import memory
+
+    monkeypatch.setenv(launch.ZYGOTE_SWITCH, "0")
+    started = tmp_path / "started"
+    env = _fake_python(tmp_path / "env", f"open({str(started)!r}, 'w').write('x'); sys.exit(3)")
+    needs = memory.serve_needs(quant_model, kv_bytes=CFG.kv_cache_mib * 2**20, scored_positions=CFG.prompt_tokens * max(CFG.batch_sizes))
+    assert needs > memory.SERVE_BASE_BYTES + CFG.kv_cache_mib * 2**20
+    monkeypatch.setattr(memory, "allowance", lambda: memory.Allowance(needs - 1, "the memory cgroup /test (limit 1.0 GB)"))
+    record = serve_check.check(quant_model, None, CFG, env, tmp_path / "work", reference_probe=0.01, reference_load=1.0)
+    assert record.status == serve_check.PENDING and not record.served and not started.exists()
+    assert record.reason is not None and f"serving it needs about {memory.gb(needs)} of memory" in record.reason
+    assert "the memory cgroup /test (limit 1.0 GB) leaves" in record.reason and "quantgate serving check --run" in record.reason
+    # with a byte more, it is started (the fake worker fails: no longer a memory verdict)
+    monkeypatch.setattr(memory, "allowance", lambda: memory.Allowance(needs, "the memory cgroup /test (limit 1.0 GB)"))
+    with pytest.raises(serving.ServingError):
+        serve_check.check(quant_model, None, CFG, env, tmp_path / "work2", reference_probe=0.01, reference_load=1.0)
+    assert started.exists()
+
+
+def test_serve_needs_counts_what_vllms_cpu_worker_holds(tmp_path: Path) -> None:
+    """The terms on a made-up checkpoint: every byte of the files, the integer tensors again, the
+    output layer packed again, the KV cache and the scored logits up to the scheduler's batch."""
+    import torch
+    from safetensors.torch import save_file
+
+    from quantgate.core import memory
+
+    (tmp_path / "config.json").write_text(json.dumps({"vocab_size": 100, "hidden_size": 8}))
+    save_file({"lm_head.weight": torch.zeros(100, 8, dtype=torch.bfloat16),
+               "model.layers.0.mlp.weight_packed": torch.zeros(8, 1, dtype=torch.int32),
+               "model.layers.0.mlp.weight_scale": torch.zeros(8, 1, dtype=torch.bfloat16)}, str(tmp_path / "model.safetensors"))
+    files = 100 * 8 * 2 + 8 * 4 + 8 * 2
+    assert memory.serve_needs(tmp_path, kv_bytes=1000, scored_positions=10) == \
+        memory.SERVE_BASE_BYTES + files + 8 * 4 + 2 * 100 * 8 + 1000 + 4 * 100 * 10
+    many = memory.serve_needs(tmp_path, kv_bytes=0, scored_positions=10**6)
+    assert many - memory.serve_needs(tmp_path, kv_bytes=0, scored_positions=0) == 4 * 100 * memory.VLLM_BATCHED_TOKENS

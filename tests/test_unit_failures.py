@@ -168,3 +168,25 @@ def test_a_failed_unit_makes_the_run_exit_5_even_when_every_verdict_is_approved(
     mapping["policy"] = str(write_policy(tmp_path / "lenient.yaml", LENIENT_POLICY))
     result = pipeline.run(from_mapping(mapping), show_progress=False)
     assert result.all_approved and result.failed_units and result.exit_code == Exit.UNIT_FAILED
+
+
+def test_preflight_says_when_serving_the_baseline_would_not_fit_in_memory(quant_model: Path, tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A plan whose baseline vLLM's CPU worker would not hold in what this process may use: a note
+    before any work (the serve checks will be pending here, not killed); none where it fits."""
+    from quantgate.core import memory
+    from quantgate.pipeline.resolve import resolve_plan, serving_memory_note
+
+    monkeypatch.setenv(environment.PYTHON_ENV, str(_fake_serving_python(tmp_path, "time.sleep(300)")))
+    resolved = resolve_plan(from_mapping(_serving_plan(quant_model, tmp_path)), show_progress=False)
+    cfg = resolved.serve_cfg
+    assert cfg is not None
+    needs = memory.serve_needs(quant_model, kv_bytes=cfg.kv_cache_mib * 2**20,
+                               scored_positions=cfg.items * resolved.plan.evaluation.max_tokens)
+    monkeypatch.setattr(memory, "allowance", lambda: memory.Allowance(needs, "the memory cgroup /test (limit 9.9 GB)"))
+    assert serving_memory_note(resolved) is None
+    monkeypatch.setattr(memory, "allowance", lambda: memory.Allowance(needs - 1, "the memory cgroup /test (limit 9.9 GB)"))
+    note = serving_memory_note(resolved)
+    assert note is not None and note.startswith(f"serving: vLLM's CPU worker needs up to about {memory.gb(needs)} to serve the baseline")
+    assert "will be pending serving on this machine rather than started" in note
+    assert serving_memory_note(replace(resolved, serve_cfg=None)) is None  # no serve stage: nothing to say

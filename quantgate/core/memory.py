@@ -295,6 +295,38 @@ def scratch_needs(found: ModelShape) -> int:
     return FP32_BYTES * found.parameters
 
 
+# ---- the serve stage: vLLM's CPU worker --------------------------------------------------------
+# vLLM's CPU worker serving the serve check's request (docs/models.md, "Serving"), measured as the
+# anonymous memory of its process, sampled every 100 ms, on AVX-512 without AMX, vLLM 0.32, a 512 MiB
+# KV cache, 16 wiki-text prompts (1,817 positions) scored at once: SmolLM2-135M in BF16 peaked at
+# 2.11 GB (0.27 GB of weights), Qwen2.5-Coder-1.5B in BF16 at 6.65 GB (3.55 GB), its
+# smoothquant-w8a8 checkpoint at 5.75 GB (2.24 GB) and its gptq-int4 checkpoint at 4.96 GB (1.60 GB).
+# What it holds: vLLM, torch and the engine with the load's transients (SERVE_BASE_BYTES, the
+# 135M model's peak less its other terms, rounded up); the weights as the file holds them; the
+# quantized layers a second time (the CPU kernels repack them: the W8A8 and W4A16 checkpoints'
+# steady state holds about twice their integer bytes); the output layer again, packed for oneDNN
+# beside its weight (vLLM's vocab_parallel_embedding keeps both); the KV cache; and the FP32 logits
+# of the positions it scores at once (prompt log-probabilities: up to the scheduler's
+# VLLM_BATCHED_TOKENS, the max_num_batched_tokens vLLM's CPU build logs). Chosen after seeing these
+# four peaks: the estimate is 3% to 19% over each of them.
+SERVE_BASE_BYTES = int(1.2e9)
+VLLM_BATCHED_TOKENS = 4096
+_INTEGER_DTYPES = frozenset({"I8", "U8", "I32", "F8_E4M3", "F8_E5M2"})
+
+
+def serve_needs(model_dir: Path, *, kv_bytes: int, scored_positions: int) -> int:
+    """The peak of vLLM's CPU worker serving `model_dir` with a KV cache of `kv_bytes`, scoring
+    `scored_positions` prompt positions in all (the terms are above SERVE_BASE_BYTES)."""
+    found = read_checkpoint(model_dir)
+    tensors = found.tensors.values()
+    weights = sum(entry.nbytes for entry in tensors)
+    repacked = sum(entry.nbytes for entry in tensors if entry.dtype in _INTEGER_DTYPES)
+    found_shape = shape(model_dir)
+    head = 2 * found_shape.vocabulary * found_shape.hidden
+    logits = FP32_BYTES * found_shape.vocabulary * min(scored_positions, VLLM_BATCHED_TOKENS)
+    return SERVE_BASE_BYTES + weights + repacked + head + kv_bytes + logits
+
+
 def disk_free(folder: Path) -> Allowance:
     """Free space on the disk `folder` is on (or will be on: its nearest existing parent)."""
     existing = folder

@@ -326,7 +326,7 @@ def resolve_plan(loaded: LoadedPlan, show_progress: bool = True, verbose: bool =
             stderr.print(f"quantgate: warning: plan: {line}", highlight=False, soft_wrap=True, markup=False)
         if resolved.memory_note is not None:
             stderr.print(f"quantgate: note: {resolved.memory_note}", highlight=False, soft_wrap=True, markup=False)
-        for line in unservable_here(resolved):
+        for line in [*unservable_here(resolved), *filter(None, [serving_memory_note(resolved)])]:
             stderr.print(f"quantgate: note: {line}", highlight=False, soft_wrap=True, markup=False)
     return resolved
 
@@ -433,6 +433,28 @@ def unservable_here(resolved: ResolvedPlan) -> list[str]:
             lines.append(f"{fmt} ({scheme}): {env.label} on {device.describe_class(device_class)} has {gap.computes.value} for it "
                          f"({gap.source}); it will be pending serving on this machine")
     return lines
+
+
+def serving_memory_note(resolved: ResolvedPlan) -> str | None:
+    """Before any work, where vLLM's CPU worker would not hold the baseline in what this process
+    may use (core.memory.serve_needs, its prompts counted at the serve check's items of the plan's
+    longest): the serve check says so and is pending rather than started (evalsets.served), and
+    so is each candidate's that does not fit; None where it fits, or where nothing is served on
+    this machine's CPU (no serve stage, the CUDA build, a cluster's nodes)."""
+    cfg, env = resolved.serve_cfg, resolved.serving_env
+    if cfg is None or env is None or env.engine == "vllm" or resolved.plan.executor.kind != "local":
+        return None
+    limit = memory.allowance()
+    try:
+        needs = memory.serve_needs(resolved.model_dir, kv_bytes=cfg.kv_cache_mib * 2**20,
+                                   scored_positions=cfg.items * resolved.plan.evaluation.max_tokens)
+    except InputError:  # no safetensors to read: the serve stage says what it can
+        return None
+    if limit is None or limit.bytes >= needs:
+        return None
+    return (f"serving: vLLM's CPU worker needs up to about {memory.gb(needs)} to serve the baseline, and {limit.source} leaves "
+            f"{memory.gb(limit.bytes)}: its serve check, and each candidate's that does not fit, will be pending serving on this "
+            "machine rather than started (serve them where memory allows: quantgate serving check --run)")
 
 
 def _with_serving(resolved: ResolvedPlan) -> ResolvedPlan:
