@@ -36,6 +36,7 @@ from quantgate.core.artifacts import (
 from quantgate.core.console import progress_bar, stderr
 from quantgate.core.cpu import cpu_flags, native_bf16
 from quantgate.core.errors import InputError, IntegrityError, OutputExistsError
+from quantgate.core.headers import read_checkpoint
 from quantgate.core.ids import SetRef
 from quantgate.core.memory import Placement
 from quantgate.core.models import (
@@ -345,11 +346,16 @@ class Evaluator:
             if cfg.placement is Placement.streamed:
                 raise InputError(f"placement: streamed evaluation runs on the CPU, not on {device}")
             return memory.Chosen(Placement.memory, f"evaluate: in memory on {device}")
-        if cfg.placement is not Placement.auto:
-            return memory.choose(cfg.placement, memory.StageNeeds(0, 0), None, "evaluate")
-        work = memory.Work(batch=cfg.batch_size, tokens=cfg.max_tokens)
-        return memory.choose(cfg.placement, memory.stage_needs(memory.shape(self.model_dir), "evaluate", work),
-                             memory.allowance(), "evaluate")
+        if cfg.placement is Placement.auto:
+            work = memory.Work(batch=cfg.batch_size, tokens=cfg.max_tokens)
+            chosen = memory.choose(cfg.placement, memory.stage_needs(memory.shape(self.model_dir), "evaluate", work),
+                                   memory.allowance(), "evaluate")
+        else:
+            chosen = memory.choose(cfg.placement, memory.StageNeeds(0, 0), None, "evaluate")
+        if chosen.placement is Placement.streamed and "quantization_config" in (read_checkpoint(self.model_dir).config or {}):
+            # a checkpoint's weights are decompressed to the scratch directory
+            memory.check_scratch_disk(memory.shape(self.model_dir), scratch_root(), "evaluate")
+        return chosen
 
     def cache_keys(self, cfg: EvaluateConfig) -> dict[str, str]:
         """Set spec -> the cache key this model's results on it would have under `cfg`, without a

@@ -28,6 +28,7 @@ from quantgate.core.models import (
     load_causal_lm,
     release_scratch,
     resolve_model,
+    scratch_root,
     tokenizer_hash,
 )
 from quantgate.quantize import llmcompressor_backend
@@ -224,12 +225,16 @@ def _architecture(model_dir: Path) -> str | None:
 
 def choose_placement(model_dir: Path, requested: Placement, calibration_set: calibration.CalibrationSet) -> memory.Chosen:
     """The path this quantization takes (memory.choose), from the model's headers, its calibration
-    rows and this process's allowance."""
-    if requested is not Placement.auto:
-        return memory.choose(requested, memory.StageNeeds(0, 0), None, "quantize")
-    rows, tokens = (int(size) for size in calibration_set.input_ids.shape)
-    work = memory.Work(rows=rows, row_tokens=tokens)
-    return memory.choose(requested, memory.stage_needs(memory.shape(model_dir), "quantize", work), memory.allowance(), "quantize")
+    rows and this process's allowance; InputError where streamed and the scratch disk is short."""
+    if requested is Placement.auto:
+        rows, tokens = (int(size) for size in calibration_set.input_ids.shape)
+        work = memory.Work(rows=rows, row_tokens=tokens)
+        chosen = memory.choose(requested, memory.stage_needs(memory.shape(model_dir), "quantize", work), memory.allowance(), "quantize")
+    else:
+        chosen = memory.choose(requested, memory.StageNeeds(0, 0), None, "quantize")
+    if chosen.placement is Placement.streamed:  # it writes the weights it quantizes to the scratch directory
+        memory.check_scratch_disk(memory.shape(model_dir), scratch_root(), "quantize")
+    return chosen
 
 
 def _load_model(model_dir: Path, dtype: Any, streamed: bool = False, scratch: Path | None = None) -> Any:

@@ -295,3 +295,33 @@ def test_scratch_directories_of_dead_processes_on_this_machine_are_swept(tmp_pat
         folder.mkdir()
     models._sweep(tmp_path)
     assert not gone.exists() and alive.exists() and other_host.exists()
+
+
+def test_single_commands_streamed_without_the_disk_for_their_scratch_are_refused(
+        quant_model: Path, quant_calibration: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cli: Callable[..., Any]) -> None:
+    """`quantize --placement streamed` writes the weights it quantizes to the scratch directory, an
+    evaluation of a compressed checkpoint streamed its decompressed weights: each is refused in one
+    line, exit 2, nothing at --out, where the disk has less free; a streamed baseline writes
+    nothing there and is not asked."""
+    from quantgate import evalsets
+
+    needs = memory.scratch_needs(memory.shape(quant_model))
+    monkeypatch.setattr(memory, "disk_free", lambda folder: memory.Allowance(needs - 1, f"the disk of {folder}"))
+    out = tmp_path / "out"
+    result = cli("quantize", "--model", quant_model, "--format", "gptq-int4", "--calibration", quant_calibration, "--out", out,
+                 "--placement", "streamed")
+    assert result.code == 2 and result.err.count("\n") == 1, result.err
+    assert result.err.startswith("quantgate: error: quantize: streamed from disk, a stage writes up to about") and not out.exists()
+    compressed = tmp_path / "compressed"
+    compressed.mkdir()
+    config = json.loads((quant_model / "config.json").read_text())
+    (compressed / "config.json").write_text(json.dumps({**config, "quantization_config": {"format": "pack-quantized"}}))
+    for found in quant_model.iterdir():  # its weights, tokenizer and the rest as they are
+        if found.name != "config.json":
+            (compressed / found.name).symlink_to(found)
+    cfg = evalsets.EvaluateConfig(evalsets=("wiki-text",), placement=Placement.streamed)
+    with pytest.raises(InputError, match=r"^evaluate: streamed from disk, a stage writes up to about"):
+        evalsets.Evaluator(compressed).placement(cfg, "cpu")
+    assert evalsets.Evaluator(quant_model).placement(cfg, "cpu").placement is Placement.streamed
+    monkeypatch.setattr(memory, "disk_free", lambda folder: memory.Allowance(needs, f"the disk of {folder}"))
+    assert evalsets.Evaluator(compressed).placement(cfg, "cpu").placement is Placement.streamed

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from quantgate.core.errors import InputError
 from quantgate.core.headers import read_checkpoint
 
 GB = 1e9
@@ -333,6 +334,17 @@ def disk_free(folder: Path) -> Allowance:
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
     return Allowance(shutil.disk_usage(existing).free, f"the disk of {folder}")
+
+
+def check_scratch_disk(found: ModelShape, scratch: Path, what: str) -> None:
+    """InputError (one line, starting with `what`) where the disk of `scratch` has less free than
+    a streamed stage may write there (scratch_needs): refused before the work, rather than after
+    hours of quantizing."""
+    written, free = scratch_needs(found), disk_free(scratch)
+    if free.bytes < written:
+        raise InputError(f"{what}: streamed from disk, a stage writes up to about {gb(written)} (4 bytes a weight) to its "
+                         f"scratch directory {scratch}, and {free.source} has {gb(free.bytes)} free: free some, or set "
+                         "QUANTGATE_HOME to a larger disk")
 
 
 Taken = Literal["memory", "streamed"]  # a Placement as records keep the one a stage took

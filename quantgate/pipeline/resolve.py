@@ -341,18 +341,6 @@ class _Fits:
     evaluate: memory.Placement
 
 
-def _check_scratch_disk(found: memory.ModelShape) -> None:
-    """A streamed quantization writes its changed weights to the scratch directory, a streamed
-    candidate its decompressed ones: InputError (one line) now, rather than after hours of quantizing,
-    where the scratch disk has less free than that."""
-    scratch = scratch_root()
-    written, free = memory.scratch_needs(found), memory.disk_free(scratch)
-    if free.bytes < written:
-        raise InputError(f"plan: streamed from disk, a stage writes up to about {memory.gb(written)} (4 bytes a weight) to its "
-                         f"scratch directory {scratch}, and {free.source} has {memory.gb(free.bytes)} free: free some, or set "
-                         "QUANTGATE_HOME to a larger disk")
-
-
 def _memory(plan: RunPlan, model_dir: Path, quantize_cfgs: Mapping[str, quantize.QuantizeConfig]) -> _Fits:
     """Where each model stage keeps the model (the plan's placement; auto: in memory where it fits,
     else streamed from disk), how many models this process keeps loaded, and a note saying what was
@@ -402,7 +390,7 @@ def _memory(plan: RunPlan, model_dir: Path, quantize_cfgs: Mapping[str, quantize
                          f"({said}; the libraries included), and {limit.source} leaves {memory.gb(limit.bytes)}: "
                          f"give the run more memory{hint}")
     if memory.Placement.streamed in (quantizing.placement, evaluating.placement) and quantize_cfgs:
-        _check_scratch_disk(found)
+        memory.check_scratch_disk(found, scratch_root(), "plan")  # a quantization's, or a candidate's decompressed weights
     notes = [chosen.reason for chosen in (quantizing, evaluating) if chosen.placement is memory.Placement.streamed]
     # the baseline and a candidate kept loaded between looks, a quantization beside them
     both = need(quantizing, quantize_needs) + 2 * need(evaluating, evaluate_needs) - 2 * memory.BASE_BYTES
