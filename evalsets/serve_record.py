@@ -198,6 +198,9 @@ class ServeRecord(Record):
     status: Status
     engine: dict[str, str]  # the serving environment's identity (serving.ServingEnv.identity)
     reason: str | None = None  # why not served, or pending
+    # pending because vLLM's CPU worker would not fit in what the check's process could use: what it
+    # needs (core.memory.serve_needs); such a record is never reused, the next run checks memory again
+    memory_needed_bytes: int | None = None
     checkpoint: str | None = None
     settings: dict[str, JsonValue] | None = None  # the ServeCheckConfig it ran with, as written
     quantized_activations: bool | None = None

@@ -52,6 +52,7 @@ import os
 import platform
 import statistics
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, TypedDict, cast
 
@@ -301,8 +302,8 @@ def check(checkpoint: Path, results: EvaluationResults | None, cfg: ServeCheckCo
     short = _memory_short(checkpoint, env, cfg, positions=sum(map(len, gated.prompts())) if gated else cfg.prompt_tokens * max(cfg.batch_sizes))
     if short is not None:  # started, the kernel's OOM killer would end the worker (or this run) part-way
         where = f"{env.label} on {device.describe_class(device_class)}"
-        return ServeRecord.model_validate({**record, "status": PENDING, "reason": f"{where}: {short}", "answer_cap_spent_seconds": 0.0},
-                                          strict=False)
+        return ServeRecord.model_validate({**record, "status": PENDING, "reason": f"{where}: {short.reason}",
+                                           "memory_needed_bytes": short.needs, "answer_cap_spent_seconds": 0.0}, strict=False)
     note: _RetryNote = {}
     try:
         response = _run_retrying_a_probe_stop(env, request, work, cfg, settings=settings, probe=limit, deadline=deadline, note=note,
@@ -333,7 +334,13 @@ def check(checkpoint: Path, results: EvaluationResults | None, cfg: ServeCheckCo
     return ServeRecord.model_validate(record, strict=False)
 
 
-def _memory_short(checkpoint: Path, env: serving.ServingEnv, cfg: ServeCheckConfig, *, positions: int) -> str | None:
+@dataclass(frozen=True)
+class _MemoryShort:
+    needs: int  # what serving needs (core.memory.serve_needs)
+    reason: str
+
+
+def _memory_short(checkpoint: Path, env: serving.ServingEnv, cfg: ServeCheckConfig, *, positions: int) -> _MemoryShort | None:
     """Why vLLM's CPU worker cannot serve `checkpoint` beside this process in the memory it may use
     (core.memory.serve_needs against what this process's limits leave now); None where it fits, or
     where the engine keeps the weights on a GPU."""
@@ -343,9 +350,9 @@ def _memory_short(checkpoint: Path, env: serving.ServingEnv, cfg: ServeCheckConf
     needs = memory.serve_needs(checkpoint, kv_bytes=cfg.kv_cache_mib * MIB, scored_positions=positions)
     if limit is None or limit.bytes >= needs:
         return None
-    return (f"serving it needs about {memory.gb(needs)} of memory (vLLM's CPU worker: its weights, KV cache and scored logits), "
-            f"and {limit.source} leaves {memory.gb(limit.bytes)}; pending on this machine: serve it where memory allows "
-            "(quantgate serving check --run)")
+    return _MemoryShort(needs, f"serving it needs about {memory.gb(needs)} of memory (vLLM's CPU worker: its weights, KV cache "
+                               f"and scored logits), and {limit.source} leaves {memory.gb(limit.bytes)}; pending on this machine: "
+                               "serve it where memory allows (quantgate serving check --run)")
 
 
 def scheme_entries(engine: str, device_class: str, schemes: list[str], settings: dict[str, str], log: str | None) -> list[SchemeServed]:

@@ -356,6 +356,7 @@ def test_the_engine_default_serves_hang_after_its_load_ends_within_what_is_left_
 # --- memory: a serve that would not fit is pending, never started ---------------------------------
 
 
+@pytest.mark.serve_memory
 def test_a_serve_that_does_not_fit_in_memory_is_pending_and_no_worker_starts(quant_model: Path, tmp_path: Path,
                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """vLLM's CPU worker needs the checkpoint's bytes and more (core.memory.serve_needs): where what
@@ -371,6 +372,7 @@ def test_a_serve_that_does_not_fit_in_memory_is_pending_and_no_worker_starts(qua
     monkeypatch.setattr(memory, "allowance", lambda: memory.Allowance(needs - 1, "the memory cgroup /test (limit 1.0 GB)"))
     record = serve_check.check(quant_model, None, CFG, env, tmp_path / "work", reference_probe=0.01, reference_load=1.0)
     assert record.status == serve_check.PENDING and not record.served and not started.exists()
+    assert record.memory_needed_bytes == needs  # the runner does not reuse such a record (test_unit_failures)
     assert record.reason is not None and f"serving it needs about {memory.gb(needs)} of memory" in record.reason
     assert "the memory cgroup /test (limit 1.0 GB) leaves" in record.reason and "quantgate serving check --run" in record.reason
     # with a byte more, it is started (the fake worker fails: no longer a memory verdict)

@@ -71,6 +71,39 @@ def test_a_serve_that_hangs_or_dies_leaves_its_format_pending_and_the_run_finish
     assert not (run / "serve" / "fp8-e4m3.json").exists()  # nothing cached: the next run serves it again
 
 
+@pytest.mark.serve_memory
+def test_a_serve_pending_for_want_of_memory_is_checked_again_by_the_next_run(quant_model: Path, tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A serve check pending because vLLM's CPU worker would not fit depends on this moment's free
+    memory, which its key cannot hold: the next run checks again rather than reusing it (every
+    other stage is reused), and a verdict pending on it stays pending, exit 4, no unit failed."""
+    from quantgate.core import memory
+
+    monkeypatch.setenv("QUANTGATE_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv(environment.PYTHON_ENV, str(_fake_serving_python(tmp_path, "time.sleep(300)")))  # never started
+    checked: list[Path] = []
+
+    def too_large(model_dir: Path, **_: int) -> int:
+        checked.append(Path(model_dir))
+        return 10**15
+
+    monkeypatch.setattr(memory, "serve_needs", too_large)
+    runs = [pipeline.run(from_mapping(_serving_plan(quant_model, tmp_path)), show_progress=False) for _ in range(2)]
+    run = tmp_path / "run"
+    for result in runs:
+        assert result.exit_code == Exit.PENDING and not result.failed_units
+        verdict = result.verdicts["fp8-e4m3"].to_json()
+        assert verdict["quality"] == "passed" and verdict["verdict"] == "pending"
+        serving = [gate for gate in verdict["gates"] if gate["gate"].startswith("serving")]
+        assert [gate["decided_by"] for gate in serving] == ["pending"]
+    for name in ("baseline", "fp8-e4m3"):
+        stored = read_json(run / "serve" / f"{name}.json")["value"]
+        assert stored["status"] == "pending" and stored["memory_needed_bytes"] == 10**15
+    # each run checks the baseline's serve and the candidate's again (preflight's note is not printed
+    # without progress); a reused record would have been read back without a check
+    assert checked == [quant_model, run / "checkpoints" / "fp8-e4m3"] * 2
+
+
 def test_a_quantization_that_raises_and_an_evaluation_out_of_memory_do_not_end_the_run(
         quant_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from quantgate import quantize

@@ -101,7 +101,7 @@ def check_command(
     """Serve a checkpoint in vLLM and compare it with what was gated: exit 0 served, 4 pending, 1 not served, 5 failed.
 
     Exit codes (quantgate/core/exitcodes.py): 0 served (with --run: served as gated here); 1 vLLM does not serve it (with
-    --run: the serving gates block it here); 4 pending: this engine has no usable path for its scheme here; 5 the serve
+    --run: the serving gates block it here); 4 pending: this engine has no usable path for its scheme here, or this machine lacks the memory to serve it; 5 the serve
     failed (died or never answered: one line says why; nothing is written at --out); 6 with --run, the verdict it would attest is unsigned, signed by
     a key the trust file does not hold, or its policy, baseline or results are not those signed; 2 bad input.
 

@@ -302,14 +302,17 @@ def scratch_needs(found: ModelShape) -> int:
 # KV cache, 16 wiki-text prompts (1,817 positions) scored at once: SmolLM2-135M in BF16 peaked at
 # 2.11 GB (0.27 GB of weights), Qwen2.5-Coder-1.5B in BF16 at 6.65 GB (3.55 GB), its
 # smoothquant-w8a8 checkpoint at 5.75 GB (2.24 GB) and its gptq-int4 checkpoint at 4.96 GB (1.60 GB).
-# What it holds: vLLM, torch and the engine with the load's transients (SERVE_BASE_BYTES, the
-# 135M model's peak less its other terms, rounded up); the weights as the file holds them; the
+# What it holds: vLLM, torch and the engine with the load's transients (SERVE_BASE_BYTES: each
+# peak less its other terms leaves 0.89 GB at 135M and 0.99 GB at the 1.5B model in BF16; the larger,
+# rounded up, with 0.2 GB to spare); the weights as the file holds them; the
 # quantized layers a second time (the CPU kernels repack them: the W8A8 and W4A16 checkpoints'
 # steady state holds about twice their integer bytes); the output layer again, packed for oneDNN
 # beside its weight (vLLM's vocab_parallel_embedding keeps both); the KV cache; and the FP32 logits
 # of the positions it scores at once (prompt log-probabilities: up to the scheduler's
 # VLLM_BATCHED_TOKENS, the max_num_batched_tokens vLLM's CPU build logs). Chosen after seeing these
-# four peaks: the estimate is 3% to 19% over each of them.
+# four peaks: the estimate is 3% to 19% over each of them. Not measured: an FP8 checkpoint (its F8
+# tensors are counted as repacked, as the integer ones are) and an FP32 one (its output layer's
+# packed copy is counted at 2 bytes an element).
 SERVE_BASE_BYTES = int(1.2e9)
 VLLM_BATCHED_TOKENS = 4096
 _INTEGER_DTYPES = frozenset({"I8", "U8", "I32", "F8_E4M3", "F8_E5M2"})

@@ -178,14 +178,16 @@ class StageCache:
         except (IntegrityError, InputError, OSError, ValueError, KeyError):
             return None  # damaged since: made again
 
-    def json(self, *, kind: str, label: str, path: Path, key: str, produce: Callable[[], V]) -> V:
+    def json(self, *, kind: str, label: str, path: Path, key: str, produce: Callable[[], V],
+             reuse: Callable[[dict[str, JsonValue]], bool] | None = None) -> V:
         """The value stored at `path` when it was made with `key`; else `produce()`, stored with its key.
         What is stored under `key` is what `produce` returned for the same inputs (the key names
         them all, the stage's version among them) and its bytes still match their sha256: it is
-        handed back as the stage's type."""
+        handed back as the stage's type. `reuse`: False for a stored value that depends on more than
+        its key (a serve check pending on this moment's free memory): made again."""
         started = self.begin(label)
         stored = _stored(path, key)
-        if stored is not None:
+        if stored is not None and (reuse is None or reuse(stored)):
             self.finish(kind, label, "reused", started)
             return cast(V, stored)
         value = produce()

@@ -26,6 +26,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
+from pydantic import JsonValue
+
 from quantgate import calibration, evalsets, quantize
 from quantgate.core import memory
 from quantgate.core.artifacts import (
@@ -486,17 +488,18 @@ class _Run:
             raise UnitFailed(record) from error
 
     def stored(self, stage: JsonStage[..., T], *names: str, key: str, label: str, work: Callable[[], object],
-               attempt: str | None = None, needs: Sequence[str] = (), task: str | None = None) -> T:
+               attempt: str | None = None, needs: Sequence[str] = (), task: str | None = None,
+               reuse: Callable[[dict[str, JsonValue]], bool] | None = None) -> T:
         """A JSON stage's artifact (quantgate.pipeline.stages) for `names`, read back as its record:
-        reused when it was stored with `key`, else `work` (the stage's unit, run by the executor as
-        `task`, default `label`; a stage without a unit: run here) and stored. `attempt`: its unit
-        log's name, when a failure of its own fails this unit only (`_Run.attempt`)."""
+        reused when it was stored with `key` (and `reuse` accepts it), else `work` (the stage's unit,
+        run by the executor as `task`, default `label`; a stage without a unit: run here) and stored.
+        `attempt`: its unit log's name, when a failure of its own fails this unit only (`_Run.attempt`)."""
         path = stage.where(self.dir, *names)
         run = partial(self.call, stage.kind, task or label, work, needs=needs) if stage.unit is not None else work
 
         def cached() -> T:
-            return stage.read(self.cache.json(kind=stage.kind, label=label, path=path, key=key, produce=lambda: _stored_json(run())),
-                              str(path))
+            return stage.read(self.cache.json(kind=stage.kind, label=label, path=path, key=key, produce=lambda: _stored_json(run()),
+                                              reuse=reuse), str(path))
 
         return cached() if attempt is None else self.attempt(stage.kind, label, attempt, cached)
 
@@ -791,8 +794,10 @@ class _Run:
         # on a cluster: a node whose engine serves the checkpoint's schemes (serving.device.node_resources)
         needs = [device.serve_resource(scheme) for scheme in device.checkpoint_schemes(read_checkpoint(model).config)]
         try:
+            # pending for want of memory: served again next run, which may have more (the key cannot know)
             record = self.stored(SERVE, name, key=key, label=label, attempt=name, needs=needs, work=SERVE.task(
-                model, results, cfg, env, work=self.dir.serve_work(name), reference_probe=reference, reference_load=reference_load))
+                model, results, cfg, env, work=self.dir.serve_work(name), reference_probe=reference, reference_load=reference_load),
+                reuse=lambda value: value.get("memory_needed_bytes") is None)
         except UnitFailed as failed:  # nothing cached: the next run serves it again; the verdict is pending
             # the class it was to serve on is known though nothing served: the summary names it, not "unknown"
             device_class = device.local_class("cuda" if env.engine == "vllm" else "cpu")
