@@ -204,12 +204,14 @@ def test_a_failed_unit_makes_the_run_exit_5_even_when_every_verdict_is_approved(
 
 
 def test_preflight_says_when_serving_the_baseline_would_not_fit_in_memory(quant_model: Path, tmp_path: Path,
-                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+                                                                          monkeypatch: pytest.MonkeyPatch,
+                                                                          capsys: pytest.CaptureFixture[str]) -> None:
     """A plan whose baseline vLLM's CPU worker would not hold in what this process may use: a note
     before any work (the serve checks will be pending here, not killed); none where it fits."""
     from quantgate.core import memory
     from quantgate.pipeline.resolve import resolve_plan, serving_memory_note
 
+    real_allowance = memory.allowance
     monkeypatch.setenv(environment.PYTHON_ENV, str(_fake_serving_python(tmp_path, "time.sleep(300)")))
     resolved = resolve_plan(from_mapping(_serving_plan(quant_model, tmp_path)), show_progress=False)
     cfg = resolved.serve_cfg
@@ -223,3 +225,10 @@ def test_preflight_says_when_serving_the_baseline_would_not_fit_in_memory(quant_
     assert note is not None and note.startswith(f"serving: vLLM's CPU worker needs up to about {memory.gb(needs)} to serve the baseline")
     assert "will be pending serving on this machine rather than started" in note
     assert serving_memory_note(replace(resolved, serve_cfg=None)) is None  # no serve stage: nothing to say
+    # and preflight prints it, before any work (this machine's allowance: the stages fit, serving not)
+    monkeypatch.setattr(memory, "allowance", real_allowance)
+    monkeypatch.setattr(memory, "serve_needs", lambda *args, **kwargs: 10**15)
+    capsys.readouterr()
+    resolve_plan(from_mapping(_serving_plan(quant_model, tmp_path)), show_progress=True)
+    printed = " ".join(capsys.readouterr().err.split())
+    assert "quantgate: note: serving: vLLM's CPU worker needs up to about 1000000.0 GB to serve the baseline" in printed
