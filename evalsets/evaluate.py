@@ -352,9 +352,10 @@ class Evaluator:
                                    memory.allowance(), "evaluate")
         else:
             chosen = memory.choose(cfg.placement, memory.StageNeeds(0, 0), None, "evaluate")
-        if chosen.placement is Placement.streamed and "quantization_config" in (read_checkpoint(self.model_dir).config or {}):
-            # a checkpoint's weights are decompressed to the scratch directory
-            memory.check_scratch_disk(memory.shape(self.model_dir), scratch_root(), "evaluate")
+        if chosen.placement is Placement.streamed:
+            found = read_checkpoint(self.model_dir)
+            if "quantization_config" in (found.config or {}):  # a checkpoint's weights are decompressed to the scratch directory
+                memory.check_scratch_disk(memory.shape(self.model_dir, found), scratch_root(), "evaluate")
         return chosen
 
     def cache_keys(self, cfg: EvaluateConfig) -> dict[str, str]:

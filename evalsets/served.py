@@ -299,10 +299,10 @@ def check(checkpoint: Path, results: EvaluationResults | None, cfg: ServeCheckCo
         record["gated"] = gated.describe()
     else:
         record["not_compared"] = missing
-    short = _memory_short(checkpoint, env, cfg, positions=sum(map(len, gated.prompts())) if gated else cfg.prompt_tokens * max(cfg.batch_sizes))
+    short = memory_short(checkpoint, env, cfg, positions=sum(map(len, gated.prompts())) if gated else cfg.prompt_tokens * max(cfg.batch_sizes))
     if short is not None:  # started, the kernel's OOM killer would end the worker (or this run) part-way
         where = f"{env.label} on {device.describe_class(device_class)}"
-        return ServeRecord.model_validate({**record, "status": PENDING, "reason": f"{where}: {short.reason}",
+        return ServeRecord.model_validate({**record, "status": PENDING, "reason": f"{where}: {short.reason()}",
                                            "memory_needed_bytes": short.needs, "answer_cap_spent_seconds": 0.0}, strict=False)
     note: _RetryNote = {}
     try:
@@ -335,24 +335,27 @@ def check(checkpoint: Path, results: EvaluationResults | None, cfg: ServeCheckCo
 
 
 @dataclass(frozen=True)
-class _MemoryShort:
-    needs: int  # what serving needs (core.memory.serve_needs)
-    reason: str
+class MemoryShort:
+    """vLLM's CPU worker would not fit: what it needs (core.memory.serve_needs) and what is left."""
+
+    needs: int
+    limit: memory.Allowance
+
+    def reason(self) -> str:
+        return (f"serving it needs about {memory.gb(self.needs)} of memory (vLLM's CPU worker: its weights, KV cache and scored "
+                f"logits), and {self.limit.source} leaves {memory.gb(self.limit.bytes)}; pending on this machine: serve it "
+                "where memory allows (quantgate serving check --run)")
 
 
-def _memory_short(checkpoint: Path, env: serving.ServingEnv, cfg: ServeCheckConfig, *, positions: int) -> _MemoryShort | None:
-    """Why vLLM's CPU worker cannot serve `checkpoint` beside this process in the memory it may use
-    (core.memory.serve_needs against what this process's limits leave now); None where it fits, or
-    where the engine keeps the weights on a GPU."""
+def memory_short(checkpoint: Path, env: serving.ServingEnv, cfg: ServeCheckConfig, *, positions: int) -> MemoryShort | None:
+    """Whether vLLM's CPU worker cannot serve `checkpoint`, scoring `positions` prompt positions,
+    beside this process in the memory it may use now (the serve check; preflight, for the
+    baseline); None where it fits, or where the engine keeps the weights on a GPU."""
     if env.engine == "vllm":  # the CUDA build: the weights and the KV cache are on the GPU
         return None
     limit = memory.allowance()
     needs = memory.serve_needs(checkpoint, kv_bytes=cfg.kv_cache_mib * MIB, scored_positions=positions)
-    if limit is None or limit.bytes >= needs:
-        return None
-    return _MemoryShort(needs, f"serving it needs about {memory.gb(needs)} of memory (vLLM's CPU worker: its weights, KV cache "
-                               f"and scored logits), and {limit.source} leaves {memory.gb(limit.bytes)}; pending on this machine: "
-                               "serve it where memory allows (quantgate serving check --run)")
+    return MemoryShort(needs, limit) if limit is not None and limit.bytes < needs else None
 
 
 def scheme_entries(engine: str, device_class: str, schemes: list[str], settings: dict[str, str], log: str | None) -> list[SchemeServed]:

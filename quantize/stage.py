@@ -226,14 +226,15 @@ def _architecture(model_dir: Path) -> str | None:
 def choose_placement(model_dir: Path, requested: Placement, calibration_set: calibration.CalibrationSet) -> memory.Chosen:
     """The path this quantization takes (memory.choose), from the model's headers, its calibration
     rows and this process's allowance; InputError where streamed and the scratch disk is short."""
+    found = memory.shape(model_dir) if requested is not Placement.memory else None
     if requested is Placement.auto:
         rows, tokens = (int(size) for size in calibration_set.input_ids.shape)
         work = memory.Work(rows=rows, row_tokens=tokens)
-        chosen = memory.choose(requested, memory.stage_needs(memory.shape(model_dir), "quantize", work), memory.allowance(), "quantize")
+        chosen = memory.choose(requested, memory.stage_needs(found or memory.shape(model_dir), "quantize", work), memory.allowance(), "quantize")
     else:
         chosen = memory.choose(requested, memory.StageNeeds(0, 0), None, "quantize")
     if chosen.placement is Placement.streamed:  # it writes the weights it quantizes to the scratch directory
-        memory.check_scratch_disk(memory.shape(model_dir), scratch_root(), "quantize")
+        memory.check_scratch_disk(found or memory.shape(model_dir), scratch_root(), "quantize")
     return chosen
 
 

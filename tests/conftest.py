@@ -83,7 +83,7 @@ def serve_memory_unchecked(request: pytest.FixtureRequest, monkeypatch: pytest.M
     process may use) passes, but in tests marked `serve_memory`: a test of a fake or a tiny
     worker must not turn pending on a machine that happens to have little memory free."""
     if request.node.get_closest_marker("serve_memory") is None:
-        monkeypatch.setattr(serve_check, "_memory_short", lambda *args, **kwargs: None)
+        monkeypatch.setattr(serve_check, "memory_short", lambda *args, **kwargs: None)
 
 
 # Where this machine's serving environment (vLLM) is built: the real cache home's, found at import,

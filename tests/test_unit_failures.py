@@ -203,6 +203,7 @@ def test_a_failed_unit_makes_the_run_exit_5_even_when_every_verdict_is_approved(
     assert result.all_approved and result.failed_units and result.exit_code == Exit.UNIT_FAILED
 
 
+@pytest.mark.serve_memory
 def test_preflight_says_when_serving_the_baseline_would_not_fit_in_memory(quant_model: Path, tmp_path: Path,
                                                                           monkeypatch: pytest.MonkeyPatch,
                                                                           capsys: pytest.CaptureFixture[str]) -> None:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Literal
 
 from quantgate.core.errors import InputError
-from quantgate.core.headers import read_checkpoint
+from quantgate.core.headers import CheckpointFiles, read_checkpoint
 
 GB = 1e9
 # What a run's process holds besides its models: Python, torch, transformers, llmcompressor,
@@ -219,9 +219,9 @@ class ModelShape:
         return FP32_BYTES * max(dense, moe)  # a model may keep dense MLPs in some layers (DeepSeek's first)
 
 
-def shape(model_dir: Path) -> ModelShape:
-    """The model's ModelShape (no tensor is read)."""
-    found = read_checkpoint(model_dir)
+def shape(model_dir: Path, found: CheckpointFiles | None = None) -> ModelShape:
+    """The model's ModelShape (no tensor is read; `found`: its headers where already read)."""
+    found = found if found is not None else read_checkpoint(model_dir)
     layers: dict[int, int] = {}
     other = 0
     total = 0
@@ -325,7 +325,7 @@ def serve_needs(model_dir: Path, *, kv_bytes: int, scored_positions: int) -> int
     tensors = found.tensors.values()
     weights = sum(entry.nbytes for entry in tensors)
     repacked = sum(entry.nbytes for entry in tensors if entry.dtype in _INTEGER_DTYPES)
-    found_shape = shape(model_dir)
+    found_shape = shape(model_dir, found)
     head = 2 * found_shape.vocabulary * found_shape.hidden
     logits = FP32_BYTES * found_shape.vocabulary * min(scored_positions, VLLM_BATCHED_TOKENS)
     return SERVE_BASE_BYTES + weights + repacked + head + kv_bytes + logits

@@ -21,6 +21,7 @@ from quantgate.core.ids import GateId, SetRef
 from quantgate.core.metrics import metric
 from quantgate.core.models import DEMO_MODELS, demo_model_dir, pull, resolve_model, scratch_root
 from quantgate.core.validation import is_path, validated
+from quantgate.evalsets import served
 from quantgate.evalsets.evaluate import default_device, model_identity
 from quantgate.evalsets.results import ModelIdentity
 from quantgate.evalsets.served import ServeCheckConfig
@@ -430,19 +431,17 @@ def serving_memory_note(resolved: ResolvedPlan) -> str | None:
     so is each candidate's that does not fit; None where it fits, or where nothing is served on
     this machine's CPU (no serve stage, the CUDA build, a cluster's nodes)."""
     cfg, env = resolved.serve_cfg, resolved.serving_env
-    if cfg is None or env is None or env.engine == "vllm" or resolved.plan.executor.kind != "local":
+    if cfg is None or env is None or resolved.plan.executor.kind != "local":
         return None
-    limit = memory.allowance()
     try:
-        needs = memory.serve_needs(resolved.model_dir, kv_bytes=cfg.kv_cache_mib * 2**20,
-                                   scored_positions=cfg.items * resolved.plan.evaluation.max_tokens)
+        short = served.memory_short(resolved.model_dir, env, cfg, positions=cfg.items * resolved.plan.evaluation.max_tokens)
     except InputError:  # no safetensors to read: the serve stage says what it can
         return None
-    if limit is None or limit.bytes >= needs:
+    if short is None:
         return None
-    return (f"serving: vLLM's CPU worker needs up to about {memory.gb(needs)} to serve the baseline, and {limit.source} leaves "
-            f"{memory.gb(limit.bytes)}: its serve check, and each candidate's that does not fit, will be pending serving on this "
-            "machine rather than started (serve them where memory allows: quantgate serving check --run)")
+    return (f"serving: vLLM's CPU worker needs up to about {memory.gb(short.needs)} to serve the baseline, and {short.limit.source} "
+            f"leaves {memory.gb(short.limit.bytes)}: its serve check, and each candidate's that does not fit, will be pending serving "
+            "on this machine rather than started (serve them where memory allows: quantgate serving check --run)")
 
 
 def _with_serving(resolved: ResolvedPlan) -> ResolvedPlan:
