@@ -5,7 +5,10 @@ the run"):
 1. the fork itself: a unit that does nothing, forked from a process that imported the whole stack
    (torch, transformers, llmcompressor, quantgate's stages), its value pickled back: per unit;
 2. what a child pays that the run's own process did not: the model it loads again (a child's kept
-   evaluator dies with it), timed as the evaluator loads it, in a fresh child each time.
+   evaluator dies with it), timed as the evaluator loads it, in a fresh child each time;
+3. the libraries a quantization and an evaluation import (llmcompressor, lm-eval, datasets), timed
+   in a child forked before the run imported them and in one forked after (the executor's
+   `preload`, which a run does before its first unit of each kind), and the preload itself.
 
     .venv/bin/python benchmarks/unit_fork_overhead.py [--model smollm2-135m] [--units 20] [--loads 3]
 
@@ -19,12 +22,22 @@ import resource
 import time
 
 from quantgate.core.models import resolve_model
-from quantgate.pipeline import units  # noqa: F401 - the stack a run's process has imported
+from quantgate.evalsets import lm_eval_tasks
+from quantgate.pipeline import units  # noqa: F401 - quantgate's own modules, which a run's process has imported
 from quantgate.pipeline.executor import LocalExecutor, run_forked
+from quantgate.quantize import llmcompressor_backend
 
 
 def _rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _imports() -> float:
+    """Seconds to import what a quantization and an evaluation import, in this process."""
+    started = time.perf_counter()
+    llmcompressor_backend.preload()
+    lm_eval_tasks.preload()
+    return time.perf_counter() - started
 
 
 def _load(model: str) -> float:
@@ -50,11 +63,17 @@ def main() -> None:
         for _ in range(args.units):
             run_forked("empty", lambda: None, executor.threads)
         empty = (time.perf_counter() - started) / args.units
+        imports_before = run_forked("imports", _imports, executor.threads)
+        preload = _imports()  # in the run, as the executor's preload does before the first unit of a kind
+        imports_after = run_forked("imports", _imports, executor.threads)
         loads = [run_forked("load", lambda: _load(args.model), executor.threads) for _ in range(args.loads)]
     finally:
         executor.close()
     print(json.dumps({"parent_peak_rss_mib": round(_rss_mib(), 1), "threads": executor.threads,
-                      "empty_unit_ms": round(empty * 1000, 2), "model": args.model,
+                      "empty_unit_ms": round(empty * 1000, 2),
+                      "unit_imports_s": {"without_preload": round(imports_before, 2), "preload_in_the_run": round(preload, 2),
+                                         "with_preload": round(imports_after, 3)},
+                      "model": args.model,
                       "model_load_s": [round(load, 3) for load in loads]}, indent=2))
 
 

@@ -493,6 +493,19 @@ def requests_per_item(golden: GoldenSet, items: list[GoldenItem]) -> float:
     return 1.0
 
 
+def preload() -> None:
+    """Import what an evaluation imports (lm-eval, its HF model, its task machinery, datasets,
+    transformers) in this process, so that the units a run forks from it find them loaded instead
+    of importing them again (docs/reliability.md, "No unit ends the run")."""
+    import datasets  # noqa: F401
+    import lm_eval  # noqa: F401
+    import lm_eval.api.task  # noqa: F401
+    import lm_eval.evaluator  # noqa: F401
+    import lm_eval.models.huggingface  # noqa: F401
+    import lm_eval.tasks  # noqa: F401
+    import transformers  # noqa: F401
+
+
 def run_task(
     lm: Any,
     golden: GoldenSet,

@@ -24,6 +24,18 @@ from quantgate.quantize.presets import PRESETS, Algorithm, Preset, get_preset
 if TYPE_CHECKING:
     from compressed_tensors.quantization import QuantizationScheme
 
+def preload() -> None:
+    """Import what a quantization imports (llmcompressor, its modifiers, compressed-tensors,
+    transformers) in this process, so that the units a run forks from it find them loaded instead
+    of importing them again (docs/reliability.md, "No unit ends the run")."""
+    import compressed_tensors.quantization  # noqa: F401
+    import llmcompressor  # noqa: F401
+    import llmcompressor.modifiers.gptq  # noqa: F401
+    import llmcompressor.modifiers.quantization  # noqa: F401
+    import llmcompressor.modifiers.transform  # noqa: F401
+    import transformers  # noqa: F401
+
+
 # ---- architectures: what llmcompressor knows of them, as data -------------------------------
 
 # Linear layers that vLLM's mixture-of-experts blocks load unquantized whatever the checkpoint

@@ -485,3 +485,57 @@ def test_a_process_that_initialised_cuda_runs_its_units_here_not_in_a_child(monk
         assert executor.call("evaluate", "evaluate x", os.getpid) == os.getpid()
     finally:
         executor.close()
+
+
+PRELOADED = """
+import json, sys
+from quantgate.pipeline.executor import LocalExecutor
+LIBRARIES = ("lm_eval.models.huggingface", "llmcompressor")
+def seen():
+    return [name in sys.modules for name in LIBRARIES]
+executor = LocalExecutor(threads=1)
+before = seen()
+measure = executor.call("measure", "measure x", seen)  # a unit in this process: nothing imported for it
+evaluate = executor.call("evaluate", "evaluate x", seen)  # forked: lm-eval imported in the run first
+quantize = executor.call("quantize", "quantize x", seen)  # and llmcompressor
+executor.close()
+print(json.dumps({"before": before, "measure": measure, "evaluate": evaluate[0], "quantize": quantize, "after": seen()}))
+"""
+
+
+def test_a_forked_unit_finds_its_kinds_libraries_imported_by_the_run() -> None:
+    """The run imports lm-eval before its first evaluation unit and llmcompressor before its first
+    quantization, so each forked child finds them loaded instead of importing them again."""
+    answer = _python(PRELOADED)
+    assert answer == {"before": [False, False], "measure": [False, False], "evaluate": True, "quantize": [True, True],
+                      "after": [True, True]}
+
+
+def test_the_preload_runs_once_a_kind_not_on_an_accelerator_build_and_a_failing_one_is_left_to_the_unit(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    loads: list[str] = []
+
+    def load_evaluation() -> None:
+        loads.append("evaluate")
+        os.environ["QUANTGATE_TEST_PRELOADED"] = "1"  # what the child inherits from the run
+
+    def failing() -> None:
+        loads.append("quantize")
+        raise ImportError("no module named llmcompressor")
+
+    monkeypatch.setattr(executors, "_PRELOADS", {"evaluate": load_evaluation, "quantize": failing})
+    monkeypatch.setattr(executors, "_preloaded", set())
+    monkeypatch.delenv("QUANTGATE_TEST_PRELOADED", raising=False)
+    executor = LocalExecutor(threads=1)
+    try:
+        monkeypatch.setattr(executors, "_accelerator_build", lambda: True)  # a CUDA build: each unit imports its own
+        assert executor.call("evaluate", "evaluate x", lambda: os.environ.get("QUANTGATE_TEST_PRELOADED")) is None
+        assert loads == []
+        monkeypatch.setattr(executors, "_accelerator_build", lambda: False)
+        for _ in range(2):
+            assert executor.call("evaluate", "evaluate x", lambda: os.environ.get("QUANTGATE_TEST_PRELOADED")) == "1"
+        assert executor.call("quantize", "quantize x", lambda: "ran") == "ran"  # its preload failed: the unit still runs
+        assert executor.call("quantize", "quantize x", lambda: "ran") == "ran"
+        assert loads == ["evaluate", "quantize"]  # once a kind
+    finally:
+        executor.close()
