@@ -2,13 +2,15 @@
 the local executor's quantize, evaluate and sensitivity units; docs/reliability.md, "No unit ends
 the run"):
 
-1. the fork itself: a unit that does nothing, forked from a process that imported the whole stack
-   (torch, transformers, llmcompressor, quantgate's stages), its value pickled back: per unit;
+1. the fork itself: a unit that does nothing, its value pickled back, per unit: forked from a
+   process that imported torch and quantgate's stages, and again after it imported what the units
+   import (llmcompressor, lm-eval, datasets: a larger process to fork);
 2. what a child pays that the run's own process did not: the model it loads again (a child's kept
    evaluator dies with it), timed as the evaluator loads it, in a fresh child each time;
 3. the libraries a quantization and an evaluation import (llmcompressor, lm-eval, datasets), timed
-   in a child forked before the run imported them and in one forked after (the executor's
-   `preload`, which a run does before its first unit of each kind), and the preload itself.
+   in a child forked before the run imported them and in one forked after (what the executor's
+   `preload` does before a run's first unit of each kind, on a torch without an accelerator build),
+   and the preload itself.
 
     .venv/bin/python benchmarks/unit_fork_overhead.py [--model smollm2-135m] [--units 20] [--loads 3]
 
@@ -66,11 +68,15 @@ def main() -> None:
         imports_before = run_forked("imports", _imports, executor.threads)
         preload = _imports()  # in the run, as the executor's preload does before the first unit of a kind
         imports_after = run_forked("imports", _imports, executor.threads)
+        started = time.perf_counter()
+        for _ in range(args.units):
+            run_forked("empty", lambda: None, executor.threads)
+        empty_after = (time.perf_counter() - started) / args.units
         loads = [run_forked("load", lambda: _load(args.model), executor.threads) for _ in range(args.loads)]
     finally:
         executor.close()
     print(json.dumps({"parent_peak_rss_mib": round(_rss_mib(), 1), "threads": executor.threads,
-                      "empty_unit_ms": round(empty * 1000, 2),
+                      "empty_unit_ms": round(empty * 1000, 2), "empty_unit_ms_after_preload": round(empty_after * 1000, 2),
                       "unit_imports_s": {"without_preload": round(imports_before, 2), "preload_in_the_run": round(preload, 2),
                                          "with_preload": round(imports_after, 3)},
                       "model": args.model,

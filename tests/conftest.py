@@ -10,6 +10,7 @@ import torch
 
 from quantgate import calibration, quantize, serving
 from quantgate.cli import main
+from quantgate.core import memory
 from quantgate.core.models import pull
 from quantgate.evalsets import served as serve_check
 from tests.factories import build_tiny_llama
@@ -84,6 +85,13 @@ def serve_memory_unchecked(request: pytest.FixtureRequest, monkeypatch: pytest.M
     worker must not turn pending on a machine that happens to have little memory free."""
     if request.node.get_closest_marker("serve_memory") is None:
         monkeypatch.setattr(serve_check, "memory_short", lambda *args, **kwargs: None)
+
+
+@pytest.fixture(autouse=True)
+def nothing_preloaded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The memory estimates as a fresh process makes them: what an earlier test's run preloaded in
+    this worker (pipeline.executor.preload, core.memory.note_preloaded) is not taken off them."""
+    monkeypatch.setitem(memory._preloaded, "bytes", 0)
 
 
 # Where this machine's serving environment (vLLM) is built: the real cache home's, found at import,

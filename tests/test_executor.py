@@ -8,6 +8,7 @@ tests/test_ray.py runs the same on a real two-node cluster."""
 from __future__ import annotations
 
 import faulthandler
+import io
 import json
 import os
 import pickle
@@ -489,7 +490,9 @@ def test_a_process_that_initialised_cuda_runs_its_units_here_not_in_a_child(monk
 
 PRELOADED = """
 import json, sys
+from quantgate.pipeline import executor as executors
 from quantgate.pipeline.executor import LocalExecutor
+executors._accelerator_build = lambda: False  # what a CPU build of torch answers: the same test on a CUDA build
 LIBRARIES = ("lm_eval.models.huggingface", "llmcompressor")
 def seen():
     return [name in sys.modules for name in LIBRARIES]
@@ -499,15 +502,16 @@ measure = executor.call("measure", "measure x", seen)  # a unit in this process:
 evaluate = executor.call("evaluate", "evaluate x", seen)  # forked: lm-eval imported in the run first
 quantize = executor.call("quantize", "quantize x", seen)  # and llmcompressor
 executor.close()
-print(json.dumps({"before": before, "measure": measure, "evaluate": evaluate[0], "quantize": quantize, "after": seen()}))
+print(json.dumps({"before": before, "measure": measure, "evaluate": evaluate, "quantize": quantize, "after": seen()}))
 """
 
 
 def test_a_forked_unit_finds_its_kinds_libraries_imported_by_the_run() -> None:
     """The run imports lm-eval before its first evaluation unit and llmcompressor before its first
-    quantization, so each forked child finds them loaded instead of importing them again."""
+    quantization (each kind its own), so each forked child finds them loaded instead of importing
+    them again."""
     answer = _python(PRELOADED)
-    assert answer == {"before": [False, False], "measure": [False, False], "evaluate": True, "quantize": [True, True],
+    assert answer == {"before": [False, False], "measure": [False, False], "evaluate": [True, False], "quantize": [True, True],
                       "after": [True, True]}
 
 
@@ -517,7 +521,7 @@ def test_the_preload_runs_once_a_kind_not_on_an_accelerator_build_and_a_failing_
 
     def load_evaluation() -> None:
         loads.append("evaluate")
-        os.environ["QUANTGATE_TEST_PRELOADED"] = "1"  # what the child inherits from the run
+        monkeypatch.setenv("QUANTGATE_TEST_PRELOADED", "1")  # what the child inherits from the run
 
     def failing() -> None:
         loads.append("quantize")
@@ -526,6 +530,7 @@ def test_the_preload_runs_once_a_kind_not_on_an_accelerator_build_and_a_failing_
     monkeypatch.setattr(executors, "_PRELOADS", {"evaluate": load_evaluation, "quantize": failing})
     monkeypatch.setattr(executors, "_preloaded", set())
     monkeypatch.delenv("QUANTGATE_TEST_PRELOADED", raising=False)
+    monkeypatch.setattr(executors, "_fd_backed", lambda stream: True)  # a terminal's streams, not pytest's capture
     executor = LocalExecutor(threads=1)
     try:
         monkeypatch.setattr(executors, "_accelerator_build", lambda: True)  # a CUDA build: each unit imports its own
@@ -539,3 +544,16 @@ def test_the_preload_runs_once_a_kind_not_on_an_accelerator_build_and_a_failing_
         assert loads == ["evaluate", "quantize"]  # once a kind
     finally:
         executor.close()
+
+
+def test_no_preload_where_the_runs_streams_are_no_descriptors(monkeypatch: pytest.MonkeyPatch) -> None:
+    """In a notebook (or under a test's capture) a forked child swaps its streams for buffers whose
+    text goes back with its answer; libraries imported in the run would have bound their loggers to
+    the run's streams, past the swap. There each unit imports its own, as before."""
+    loads: list[str] = []
+    monkeypatch.setattr(executors, "_PRELOADS", {"evaluate": lambda: loads.append("evaluate")})
+    monkeypatch.setattr(executors, "_preloaded", set())
+    monkeypatch.setattr(executors, "_accelerator_build", lambda: False)
+    monkeypatch.setattr(sys, "stdout", io.StringIO())
+    executors.preload("evaluate")
+    assert loads == []

@@ -78,6 +78,19 @@ def test_in_memory_needs_follow_the_parameters_with_the_measured_factors(quant_m
     assert quantize.memory == memory.BASE_BYTES + math.ceil(memory.QUANTIZE_FACTOR * 4 * found.parameters)
 
 
+def test_libraries_the_run_preloaded_are_not_counted_again(quant_model: Path) -> None:
+    """A unit forked after the run imported its libraries (executor.preload) shares those pages:
+    the allowance it reads has them taken off already, so its estimates count that much less."""
+    found = memory.shape(quant_model)
+    before = memory.stage_needs(found, "evaluate")
+    memory.note_preloaded(400 * 10**6)
+    after = memory.stage_needs(found, "evaluate")
+    assert (before.memory - after.memory, before.streamed - after.streamed) == (400 * 10**6, 400 * 10**6)
+    memory.note_preloaded(10 * memory.BASE_BYTES)  # never below nothing
+    assert memory.stage_needs(found, "evaluate").memory == math.ceil(memory.EVALUATE_FACTOR * 4 * found.parameters)
+    assert memory.resident_bytes() > 10**7  # this process's VmRSS, read
+
+
 def _allow(monkeypatch: pytest.MonkeyPatch, fraction_between: float, model: Path) -> None:
     """This process allowed a point between what one model at a time needs in memory (0) and two (1)."""
     found = memory.shape(model)

@@ -137,6 +137,29 @@ def address_space(status: Path = Path("/proc/self/status")) -> Allowance | None:
     return Allowance(max(0, soft - mapped), f"the address-space limit (RLIMIT_AS {gb(soft)})")
 
 
+# What the run's process imported for its units before forking them (pipeline.executor.preload),
+# in bytes of its resident set: a forked child shares those pages, which the allowance it reads has
+# already taken off (MemAvailable, a cgroup's usage), so its estimates count that much less of
+# BASE_BYTES. Zero in preflight and in a single command (nothing preloaded).
+_preloaded = {"bytes": 0}
+
+
+def note_preloaded(grown: int) -> None:
+    """The run's process grew by `grown` bytes importing its units' libraries (executor.preload)."""
+    _preloaded["bytes"] += grown
+
+
+def resident_bytes(status: Path = Path("/proc/self/status")) -> int:
+    """This process's resident set (VmRSS), in bytes; 0 where it cannot be read (not Linux)."""
+    try:
+        for line in status.read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
 def allowance() -> Allowance | None:
     """The least of what limits this process; None where nothing could be read (not Linux)."""
     found = [item for item in (mem_available(), address_space(), *cgroup_allowances()) if item is not None]
@@ -284,7 +307,8 @@ def stage_needs(found: ModelShape, stage: str, work: Work = Work()) -> StageNeed
         in_memory = math.ceil(EVALUATE_FACTOR * FP32_BYTES * found.parameters)
         heads = 2 * FP32_BYTES * found.largest_other  # this model's, kept to score with, and its baseline's
         streamed = heads + max(onloaded, FP32_BYTES * SCORED_COPIES * work.tokens * found.vocabulary)
-    return StageNeeds(BASE_BYTES + in_memory, BASE_BYTES + streamed)
+    base = max(0, BASE_BYTES - _preloaded["bytes"])  # the libraries the run already holds are shared, not counted again
+    return StageNeeds(base + in_memory, base + streamed)
 
 
 def scratch_needs(found: ModelShape) -> int:

@@ -31,7 +31,7 @@ from typing import Any, Protocol, TypedDict, TypeVar, cast
 
 # ray and torch are imported where used: Ray is an optional extra a local run never loads, and
 # torch is a worker's (it sets the task's threads)
-from quantgate.core import artifacts
+from quantgate.core import artifacts, memory
 from quantgate.core.console import stderr
 from quantgate.core.errors import InputError, QuantgateError
 from quantgate.core.exitcodes import Exit
@@ -326,26 +326,34 @@ _preloaded: set[Callable[[], None]] = set()
 
 
 def _accelerator_build() -> bool:
-    """Whether this process's torch was built for an accelerator (CUDA, ROCm, XPU). llmcompressor
+    """Whether this process's torch was built for an accelerator (CUDA, ROCm, XPU, MPS, a plug-in
+    device; `torch.accelerator`, a compile-time check that does not poison a fork). llmcompressor
     asks for one when it is imported, and a CUDA driver initialised in the run does not survive the
     fork of a unit that uses it: there each unit imports its libraries itself, as before."""
     import torch
 
-    return bool(torch.version.cuda or getattr(torch.version, "hip", None) or getattr(torch.version, "xpu", None))
+    return torch.accelerator.current_accelerator() is not None or bool(torch.version.cuda or getattr(torch.version, "hip", None))
 
 
 def preload(kind: str) -> None:
     """Before the run forks its first unit of `kind`: that kind's libraries imported here, once
-    (_PRELOADS), where the run's torch has no accelerator build. An import that fails here is left
-    to the unit, which fails as a unit, with the error in its log."""
+    (_PRELOADS), and what they added to this process's resident set noted for the memory estimates
+    (core.memory.note_preloaded: a child shares those pages with the run). Not where the run's torch
+    has an accelerator build, nor where this process's streams are no descriptors (a notebook, a
+    test's capture): the libraries bind their loggers to the streams they find when imported, and a
+    child's replacement streams (_captured_streams) would no longer reach them. An import that fails
+    here is left to the unit, which fails as a unit with its own error; this one goes to the unit's
+    log (the run calls units inside it)."""
     load = _PRELOADS.get(kind)
-    if load is None or load in _preloaded or _accelerator_build():
+    if load is None or load in _preloaded or _accelerator_build() or not (_fd_backed(sys.stdout) and _fd_backed(sys.stderr)):
         return
     _preloaded.add(load)
+    before = memory.resident_bytes()
     try:
         load()
-    except Exception:  # noqa: BLE001, S110 - the unit imports it again and fails with its own error and log
-        pass
+    except (Exception, SystemExit):  # noqa: BLE001 - the unit imports it again and fails with its own error
+        traceback.print_exc()
+    memory.note_preloaded(max(0, memory.resident_bytes() - before))
 
 
 class LocalExecutor:
