@@ -8,6 +8,7 @@ from __future__ import annotations
 # writing a task's YAML needs none of them.
 import contextlib
 import functools
+import importlib
 import json
 import logging
 import math
@@ -493,17 +494,17 @@ def requests_per_item(golden: GoldenSet, items: list[GoldenItem]) -> float:
     return 1.0
 
 
+# What an evaluation unit imports, in the order it imports them (preload)
+EVALUATION_LIBRARIES = ("transformers", "datasets", "lm_eval", "lm_eval.api.task", "lm_eval.evaluator", "lm_eval.models.huggingface",
+                        "lm_eval.tasks")
+
+
 def preload() -> None:
-    """Import what an evaluation imports (lm-eval, its HF model, its task machinery, datasets,
-    transformers) in this process, so that the units a run forks from it find them loaded instead
-    of importing them again (docs/reliability.md, "No unit ends the run")."""
-    import datasets  # noqa: F401
-    import lm_eval  # noqa: F401
-    import lm_eval.api.task  # noqa: F401
-    import lm_eval.evaluator  # noqa: F401
-    import lm_eval.models.huggingface  # noqa: F401
-    import lm_eval.tasks  # noqa: F401
-    import transformers  # noqa: F401
+    """Import what an evaluation imports (EVALUATION_LIBRARIES) in this process, so that the units
+    a run forks from it find them loaded instead of importing them again (docs/reliability.md,
+    "No unit ends the run")."""
+    for name in EVALUATION_LIBRARIES:
+        importlib.import_module(name)
 
 
 def run_task(

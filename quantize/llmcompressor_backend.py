@@ -6,6 +6,7 @@ from __future__ import annotations
 
 # llmcompressor, compressed_tensors and torch are imported where used: they take seconds to
 # import, and building the group-size plan or `quantgate --help` needs none of them.
+import importlib
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,16 +25,17 @@ from quantgate.quantize.presets import PRESETS, Algorithm, Preset, get_preset
 if TYPE_CHECKING:
     from compressed_tensors.quantization import QuantizationScheme
 
+# What a quantization unit imports (preload)
+QUANTIZATION_LIBRARIES = ("transformers", "compressed_tensors.quantization", "llmcompressor", "llmcompressor.modifiers.gptq",
+                          "llmcompressor.modifiers.quantization", "llmcompressor.modifiers.transform")
+
+
 def preload() -> None:
-    """Import what a quantization imports (llmcompressor, its modifiers, compressed-tensors,
-    transformers) in this process, so that the units a run forks from it find them loaded instead
-    of importing them again (docs/reliability.md, "No unit ends the run")."""
-    import compressed_tensors.quantization  # noqa: F401
-    import llmcompressor  # noqa: F401
-    import llmcompressor.modifiers.gptq  # noqa: F401
-    import llmcompressor.modifiers.quantization  # noqa: F401
-    import llmcompressor.modifiers.transform  # noqa: F401
-    import transformers  # noqa: F401
+    """Import what a quantization imports (QUANTIZATION_LIBRARIES) in this process, so that the
+    units a run forks from it find them loaded instead of importing them again
+    (docs/reliability.md, "No unit ends the run")."""
+    for name in QUANTIZATION_LIBRARIES:
+        importlib.import_module(name)
 
 
 # ---- architectures: what llmcompressor knows of them, as data -------------------------------
