@@ -140,7 +140,7 @@ def address_space(status: Path = Path("/proc/self/status")) -> Allowance | None:
 # What the run's process imported for its units before forking them (pipeline.executor.preload),
 # in bytes of its resident set: a forked child shares those pages, which the allowance it reads has
 # already taken off (MemAvailable, a cgroup's usage), so its estimates count that much less of
-# BASE_BYTES. Zero in preflight and in a single command (nothing preloaded).
+# BASE_BYTES. Zero until a run in this process preloaded (a single command, a run's first preflight).
 _preloaded = {"bytes": 0}
 
 
